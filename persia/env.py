@@ -1,0 +1,148 @@
+"""Where this process sits in the job, read from the environment.
+
+``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` are set for NN-worker processes by
+torch's launcher; ``REPLICA_INDEX`` and ``REPLICA_SIZE`` are set for data loaders
+and services by ``persia-launcher``.
+
+Nothing is read at import time: the first getter call reads the environment and
+the values are cached until :func:`reload_env` (PERSIA reads once and never again).
+
+What the getters return, as PERSIA's API does:
+
+- ``get_rank``, ``get_local_rank``, ``get_world_size``: ``None`` when ``RANK`` is
+  unset (not an NN-worker process); when any of the three is set, all three must be.
+- ``get_replica_index``, ``get_replica_size``: ``0`` and ``1`` when both are unset.
+  Unlike PERSIA they are read whether or not ``RANK`` is set (PERSIA returns ``None``
+  for them inside NN workers).
+
+An empty variable counts as unset. A malformed or inconsistent value is a
+:class:`~shared.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from shared.errors import ConfigError
+
+__all__ = [
+    "get_local_rank",
+    "get_rank",
+    "get_replica_index",
+    "get_replica_size",
+    "get_world_size",
+    "reload_env",
+]
+
+
+@dataclass(frozen=True)
+class _Env:
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    replica_index: int
+    replica_size: int
+
+
+_lock = threading.Lock()
+_cached: _Env | None = None
+
+
+def _read_int(name: str, minimum: int) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}: expected an integer >= {minimum}, got {raw!r}"
+        ) from None
+    if value < minimum:
+        raise ConfigError(
+            f"environment variable {name}: expected an integer >= {minimum}, got {value}"
+        )
+    return value
+
+
+def _require_together(values: dict[str, int | None]) -> None:
+    given = [name for name, value in values.items() if value is not None]
+    missing = [name for name, value in values.items() if value is None]
+    if given and missing:
+        raise ConfigError(
+            f"environment variable {missing[0]} is not set but {', '.join(given)} "
+            f"{'is' if len(given) == 1 else 'are'}: set {', '.join(values)} together"
+        )
+
+
+def _check_below(name: str, value: int | None, bound_name: str, bound: int | None) -> None:
+    if value is not None and bound is not None and value >= bound:
+        raise ConfigError(
+            f"environment variable {name}: expected an integer below {bound_name}={bound}, got {value}"
+        )
+
+
+def _read_env() -> _Env:
+    dist = {
+        "RANK": _read_int("RANK", 0),
+        "LOCAL_RANK": _read_int("LOCAL_RANK", 0),
+        "WORLD_SIZE": _read_int("WORLD_SIZE", 1),
+    }
+    _require_together(dist)
+    _check_below("RANK", dist["RANK"], "WORLD_SIZE", dist["WORLD_SIZE"])
+    _check_below("LOCAL_RANK", dist["LOCAL_RANK"], "WORLD_SIZE", dist["WORLD_SIZE"])
+    replica = {
+        "REPLICA_INDEX": _read_int("REPLICA_INDEX", 0),
+        "REPLICA_SIZE": _read_int("REPLICA_SIZE", 1),
+    }
+    _require_together(replica)
+    _check_below("REPLICA_INDEX", replica["REPLICA_INDEX"], "REPLICA_SIZE", replica["REPLICA_SIZE"])
+    return _Env(
+        rank=dist["RANK"],
+        local_rank=dist["LOCAL_RANK"],
+        world_size=dist["WORLD_SIZE"],
+        replica_index=replica["REPLICA_INDEX"] if replica["REPLICA_INDEX"] is not None else 0,
+        replica_size=replica["REPLICA_SIZE"] if replica["REPLICA_SIZE"] is not None else 1,
+    )
+
+
+def _env() -> _Env:
+    global _cached
+    with _lock:
+        if _cached is None:
+            _cached = _read_env()
+        return _cached
+
+
+def reload_env() -> None:
+    """Forget the cached values; the next getter reads the environment again."""
+    global _cached
+    with _lock:
+        _cached = None
+
+
+def get_rank() -> int | None:
+    """Global rank of this NN-worker process (``RANK``), or None outside an NN worker."""
+    return _env().rank
+
+
+def get_local_rank() -> int | None:
+    """Rank of this process on its machine (``LOCAL_RANK``), or None outside an NN worker."""
+    return _env().local_rank
+
+
+def get_world_size() -> int | None:
+    """Number of NN-worker processes (``WORLD_SIZE``), or None outside an NN worker."""
+    return _env().world_size
+
+
+def get_replica_index() -> int:
+    """Index of this replica among the replicas of its service (``REPLICA_INDEX``, default 0)."""
+    return _env().replica_index
+
+
+def get_replica_size() -> int:
+    """Number of replicas of this service (``REPLICA_SIZE``, default 1)."""
+    return _env().replica_size

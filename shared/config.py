@@ -1,0 +1,574 @@
+"""PERSIA's two YAML files, loaded into frozen, typed dataclasses.
+
+``embedding_config.yml`` describes the sparse features (slots): their embedding
+width, pooling, hash stacking and feature groups. ``global_config.yml`` sizes the
+servers and names the job type. Key names and defaults are PERSIA's, so a PERSIA
+user's files load unchanged.
+
+Every wrong value is a :class:`~shared.errors.ConfigError` naming the file, the key
+path and what was expected::
+
+    embedding_config.yml: slots_config.age.dim: expected a positive integer, got "8x"
+
+An unknown key is a :class:`ConfigWarning` naming the closest known key (PERSIA's
+own example says ``push_interval_sec`` where the key is ``push_interval_seconds``);
+with ``strict=True`` it is an error instead.
+
+Defaults that differ from PERSIA's documentation come from PERSIA's Rust source
+(``persia-embedding-config``), which is what PERSIA actually ran with:
+``enable_metrics`` false, ``job_name`` "persia_default_jobname",
+``num_hashmap_internal_shards`` 100.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.errors import ConfigError
+
+__all__ = [
+    "CheckpointingConfig",
+    "CommonConfig",
+    "ConfigWarning",
+    "EmbeddingParameterServerConfig",
+    "EmbeddingSchema",
+    "EmbeddingWorkerConfig",
+    "GlobalConfig",
+    "HashStackConfig",
+    "InferConfig",
+    "JobType",
+    "MetricsConfig",
+    "SlotConfig",
+    "default_global_config",
+    "load_embedding_config",
+    "load_global_config",
+    "parse_embedding_config",
+    "parse_global_config",
+]
+
+
+class ConfigWarning(UserWarning):
+    """An unknown key in a config file (an error with ``strict=True``)."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class HashStackConfig:
+    """Hash stacking: each id becomes ``hash_stack_rounds`` ids in ``[0, rounds * embedding_size)``."""
+
+    hash_stack_rounds: int = 0
+    embedding_size: int = 0
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """One sparse feature: embedding width ``dim`` and how a sample's vectors are pooled."""
+
+    name: str
+    dim: int
+    embedding_summation: bool = True
+    sqrt_scaling: bool = False
+    sample_fixed_size: int = 10
+    hash_stack_config: HashStackConfig = HashStackConfig()
+
+
+@dataclass(frozen=True)
+class EmbeddingSchema:
+    """The parsed ``embedding_config.yml``.
+
+    ``slots_config`` keeps file order; ``feature_groups`` is ``((group, (slot, ...)), ...)``
+    in file order. Slots of one group share an index prefix, so their ids share one
+    embedding space; every other slot is a group of its own.
+    """
+
+    slots_config: tuple[SlotConfig, ...]
+    feature_index_prefix_bit: int = 8
+    feature_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    _by_name: dict[str, SlotConfig] = field(init=False, repr=False, compare=False)
+    _prefixes: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {s.name: s for s in self.slots_config})
+        groups = self.group_order()
+        limit = (1 << self.feature_index_prefix_bit) - 1
+        if len(groups) > limit:
+            raise ConfigError(
+                f"feature_index_prefix_bit: {self.feature_index_prefix_bit} bits hold at most "
+                f"{limit} feature groups, got {len(groups)} (explicit groups plus ungrouped "
+                f"slots); raise feature_index_prefix_bit or group slots in feature_groups"
+            )
+        shift = 64 - self.feature_index_prefix_bit
+        prefixes = {name: (g + 1) << shift for g, members in enumerate(groups) for name in members}
+        object.__setattr__(self, "_prefixes", prefixes)
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """Slot names in file order (the order of the embedding tensors)."""
+        return tuple(s.name for s in self.slots_config)
+
+    def slot(self, name: str) -> SlotConfig:
+        """The slot called ``name``; a ConfigError naming it when there is none."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown slot {json.dumps(name)}{_suggest(name, self._by_name)}; "
+                f"embedding_config.yml defines {list(self._by_name)}"
+            ) from None
+
+    def group_order(self) -> tuple[tuple[str, ...], ...]:
+        """PERSIA's group order: explicit groups in file order, then each ungrouped slot alone."""
+        grouped = {name for _, members in self.feature_groups for name in members}
+        explicit = tuple(members for _, members in self.feature_groups)
+        alone = tuple((s.name,) for s in self.slots_config if s.name not in grouped)
+        return explicit + alone
+
+    def slot_prefixes(self) -> dict[str, int]:
+        """Slot name -> index prefix ``(g + 1) << (64 - feature_index_prefix_bit)``."""
+        return dict(self._prefixes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML shape, so the schema can cross the wire and come back with :meth:`from_dict`."""
+        return {
+            "feature_index_prefix_bit": self.feature_index_prefix_bit,
+            "slots_config": {
+                s.name: {
+                    "dim": s.dim,
+                    "embedding_summation": s.embedding_summation,
+                    "sqrt_scaling": s.sqrt_scaling,
+                    "sample_fixed_size": s.sample_fixed_size,
+                    "hash_stack_config": dataclasses.asdict(s.hash_stack_config),
+                }
+                for s in self.slots_config
+            },
+            "feature_groups": {g: list(members) for g, members in self.feature_groups},
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, *, source: str = "<wire>") -> EmbeddingSchema:
+        """Validate and rebuild a schema from :meth:`to_dict`'s shape (unknown keys are errors)."""
+        return parse_embedding_config(data, source=source, strict=True)
+
+
+class JobType(str, enum.Enum):
+    """What the job does: train, evaluate, or serve inference."""
+
+    Train = "Train"
+    Eval = "Eval"
+    Infer = "Infer"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enable_metrics: bool = False
+    job_name: str = "persia_default_jobname"
+    push_interval_seconds: int = 10
+
+
+@dataclass(frozen=True)
+class CheckpointingConfig:
+    num_workers: int = 4
+
+
+@dataclass(frozen=True)
+class InferConfig:
+    servers: tuple[str, ...] = ()
+    embedding_checkpoint: str = ""
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    job_type: JobType = JobType.Train
+    metrics_config: MetricsConfig = MetricsConfig()
+    checkpointing_config: CheckpointingConfig = CheckpointingConfig()
+    infer_config: InferConfig = InferConfig()
+
+
+@dataclass(frozen=True)
+class EmbeddingParameterServerConfig:
+    capacity: int = 1_000_000_000
+    num_hashmap_internal_shards: int = 100
+    enable_incremental_update: bool = False
+    incremental_buffer_size: int = 1_000_000
+    incremental_dir: str = "/workspace/incremental_dir/"
+    incremental_channel_capacity: int = 1000
+
+
+@dataclass(frozen=True)
+class EmbeddingWorkerConfig:
+    forward_buffer_size: int = 1000
+    buffered_data_expired_sec: int = 1000
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """The parsed ``global_config.yml``."""
+
+    common_config: CommonConfig = CommonConfig()
+    embedding_parameter_server_config: EmbeddingParameterServerConfig = (
+        EmbeddingParameterServerConfig()
+    )
+    embedding_worker_config: EmbeddingWorkerConfig = EmbeddingWorkerConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML shape (job type as its name, servers as a list)."""
+        d = dataclasses.asdict(self)
+        d["common_config"]["job_type"] = self.common_config.job_type.value
+        d["common_config"]["infer_config"]["servers"] = list(
+            self.common_config.infer_config.servers
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, data: object, *, source: str = "<wire>") -> GlobalConfig:
+        return parse_global_config(data, source=source, strict=True)
+
+
+def default_global_config() -> GlobalConfig:
+    """PERSIA's defaults, used when no ``global_config.yml`` is given."""
+    return GlobalConfig()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _suggest(key: str, known: Any) -> str:
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {json.dumps(close[0])}?)" if close else ""
+
+
+class _Section:
+    """One mapping of the YAML tree: typed getters that name the key path in their errors.
+
+    Every getter records its key as known; :meth:`done` reports the keys nobody asked for.
+    """
+
+    def __init__(self, data: object, source: str, path: str, strict: bool):
+        if data is None:
+            data = {}
+        self.source, self.path, self.strict = source, path, strict
+        if not isinstance(data, Mapping):
+            self.fail("", "a mapping of keys to values", data)
+        self.data: Mapping[Any, Any] = data
+        self.known: list[str] = []
+
+    def where(self, key: str) -> str:
+        return ".".join(p for p in (self.path, key) if p)
+
+    def fail(self, key: str, expected: str, got: Any = ..., *, message: str | None = None) -> None:
+        text = message or f"expected {expected}" + ("" if got is ... else f", got {_show(got)}")
+        where = self.where(key)
+        raise ConfigError(f"{self.source}: {where + ': ' if where else ''}{text}")
+
+    def raw(self, key: str) -> Any:
+        self.known.append(key)
+        return self.data.get(key, ...)
+
+    def integer(
+        self, key: str, default: int, *, minimum: int = 1, maximum: int | None = None
+    ) -> int:
+        value = self.raw(key)
+        if value is ...:
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok or value < minimum or (maximum is not None and value > maximum):
+            if maximum is not None:
+                expected = f"an integer from {minimum} to {maximum}"
+            else:
+                expected = {0: "a non-negative integer", 1: "a positive integer"}.get(
+                    minimum, f"an integer >= {minimum}"
+                )
+            self.fail(key, expected, value)
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw(key)
+        if value is ...:
+            return default
+        if not isinstance(value, bool):
+            self.fail(key, "true or false", value)
+        return value
+
+    def string(self, key: str, default: str) -> str:
+        value = self.raw(key)
+        if value is ...:
+            return default
+        if not isinstance(value, str):
+            self.fail(key, "a string", value)
+        return value
+
+    def section(self, key: str) -> _Section:
+        value = self.raw(key)
+        return _Section(None if value is ... else value, self.source, self.where(key), self.strict)
+
+    def done(self) -> None:
+        for key in self.data:
+            if key in self.known:
+                continue
+            message = (
+                f"{self.source}: {self.where(str(key))}: unknown key, ignored"
+                f"{_suggest(str(key), self.known)}"
+            )
+            if self.strict:
+                raise ConfigError(message + " (strict mode)")
+            warnings.warn(message, ConfigWarning, stacklevel=4)
+
+
+# --------------------------------------------------------------------------- embedding_config
+
+
+def _parse_slot(name: Any, data: object, source: str, strict: bool) -> SlotConfig:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"{source}: slots_config: expected slot names to be non-empty strings, got {_show(name)}"
+        )
+    s = _Section(data, source, f"slots_config.{name}", strict)
+    if s.raw("index_prefix") is not ...:
+        s.fail(
+            "index_prefix",
+            "",
+            message="is computed from feature_groups and feature_index_prefix_bit and must not "
+            "be set; remove it",
+        )
+    if s.raw("dim") is ...:
+        s.fail("dim", "", message="is required: the embedding width, a positive integer")
+    dim = s.integer("dim", 0)
+    hs = s.section("hash_stack_config")
+    hash_stack = HashStackConfig(
+        hash_stack_rounds=hs.integer("hash_stack_rounds", 0, minimum=0),
+        embedding_size=hs.integer("embedding_size", 0, minimum=0),
+    )
+    if hash_stack.hash_stack_rounds > 0 and hash_stack.embedding_size == 0:
+        hs.fail("embedding_size", "a positive integer when hash_stack_rounds > 0", 0)
+    hs.done()
+    slot = SlotConfig(
+        name=name,
+        dim=dim,
+        embedding_summation=s.boolean("embedding_summation", True),
+        sqrt_scaling=s.boolean("sqrt_scaling", False),
+        sample_fixed_size=s.integer("sample_fixed_size", 10),
+        hash_stack_config=hash_stack,
+    )
+    s.done()
+    return slot
+
+
+def _parse_groups(top: _Section, slot_names: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    groups = top.section("feature_groups")
+    owner: dict[str, str] = {}
+    result = []
+    for group, members in groups.data.items():
+        groups.known.append(group)
+        if not isinstance(group, str) or not group:
+            groups.fail("", "group names to be non-empty strings", group)
+        if group in slot_names:
+            groups.fail(group, "", message="a feature group must not have the name of a slot")
+        if not isinstance(members, list) or not members:
+            groups.fail(group, "a non-empty list of slot names", members)
+        for i, slot in enumerate(members):
+            key = f"{group}[{i}]"
+            if not isinstance(slot, str) or slot not in slot_names:
+                groups.fail(
+                    key,
+                    "",
+                    message=f"unknown slot {_show(slot)}{_suggest(str(slot), slot_names)}; "
+                    f"every grouped slot must be defined in slots_config",
+                )
+            if slot in owner:
+                groups.fail(
+                    key,
+                    "",
+                    message=f"slot {json.dumps(slot)} is already in group "
+                    f"{json.dumps(owner[slot])}; a slot belongs to at most one group",
+                )
+            owner[slot] = group
+        result.append((group, tuple(members)))
+    groups.done()
+    return tuple(result)
+
+
+def parse_embedding_config(
+    data: object, *, source: str = "<dict>", strict: bool = False
+) -> EmbeddingSchema:
+    """Validate an already-loaded ``embedding_config.yml`` (a mapping) into an :class:`EmbeddingSchema`."""
+    top = _Section(data, source, "", strict)
+    bits = top.integer("feature_index_prefix_bit", 8, minimum=1, maximum=63)
+    raw_slots = top.raw("slots_config")
+    if raw_slots is ... or raw_slots is None:
+        top.fail("slots_config", "", message="is required: a mapping of slot name to its settings")
+    if not isinstance(raw_slots, Mapping) or not raw_slots:
+        top.fail("slots_config", "a non-empty mapping of slot name to its settings", raw_slots)
+    slots = tuple(_parse_slot(name, cfg, source, strict) for name, cfg in raw_slots.items())
+    groups = _parse_groups(top, [s.name for s in slots])
+    top.done()
+    try:
+        return EmbeddingSchema(
+            slots_config=slots, feature_index_prefix_bit=bits, feature_groups=groups
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- global_config
+
+
+def _parse_common(s: _Section) -> CommonConfig:
+    raw_job = s.raw("job_type")
+    job = JobType.Train
+    if raw_job is not ...:
+        by_lower = {j.value.lower(): j for j in JobType}
+        if not isinstance(raw_job, str) or raw_job.lower() not in by_lower:
+            s.fail("job_type", "one of Train, Eval, Infer", raw_job)
+        job = by_lower[raw_job.lower()]
+    m = s.section("metrics_config")
+    metrics = MetricsConfig(
+        enable_metrics=m.boolean("enable_metrics", MetricsConfig.enable_metrics),
+        job_name=m.string("job_name", MetricsConfig.job_name),
+        push_interval_seconds=m.integer(
+            "push_interval_seconds", MetricsConfig.push_interval_seconds
+        ),
+    )
+    m.done()
+    c = s.section("checkpointing_config")
+    checkpointing = CheckpointingConfig(num_workers=c.integer("num_workers", 4))
+    c.done()
+    i = s.section("infer_config")
+    servers = i.raw("servers")
+    if servers is ... or servers is None:
+        servers = []
+    if not isinstance(servers, list) or not all(isinstance(x, str) and x for x in servers):
+        i.fail("servers", 'a list of "host:port" strings', servers)
+    infer = InferConfig(
+        servers=tuple(servers), embedding_checkpoint=i.string("embedding_checkpoint", "")
+    )
+    i.done()
+    s.done()
+    return CommonConfig(job, metrics, checkpointing, infer)
+
+
+def _parse_ps(s: _Section) -> EmbeddingParameterServerConfig:
+    d = EmbeddingParameterServerConfig
+    cfg = EmbeddingParameterServerConfig(
+        capacity=s.integer("capacity", d.capacity),
+        num_hashmap_internal_shards=s.integer(
+            "num_hashmap_internal_shards", d.num_hashmap_internal_shards
+        ),
+        enable_incremental_update=s.boolean(
+            "enable_incremental_update", d.enable_incremental_update
+        ),
+        incremental_buffer_size=s.integer("incremental_buffer_size", d.incremental_buffer_size),
+        incremental_dir=s.string("incremental_dir", d.incremental_dir),
+        incremental_channel_capacity=s.integer(
+            "incremental_channel_capacity", d.incremental_channel_capacity
+        ),
+    )
+    s.done()
+    return cfg
+
+
+def _parse_worker(s: _Section) -> EmbeddingWorkerConfig:
+    d = EmbeddingWorkerConfig
+    cfg = EmbeddingWorkerConfig(
+        forward_buffer_size=s.integer("forward_buffer_size", d.forward_buffer_size),
+        buffered_data_expired_sec=s.integer(
+            "buffered_data_expired_sec", d.buffered_data_expired_sec
+        ),
+    )
+    s.done()
+    return cfg
+
+
+def parse_global_config(
+    data: object, *, source: str = "<dict>", strict: bool = False
+) -> GlobalConfig:
+    """Validate an already-loaded ``global_config.yml`` (a mapping, or None for all defaults)."""
+    top = _Section(data, source, "", strict)
+    cfg = GlobalConfig(
+        common_config=_parse_common(top.section("common_config")),
+        embedding_parameter_server_config=_parse_ps(
+            top.section("embedding_parameter_server_config")
+        ),
+        embedding_worker_config=_parse_worker(top.section("embedding_worker_config")),
+    )
+    top.done()
+    return cfg
+
+
+# --------------------------------------------------------------------------- files
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict:
+    loader.flatten_mapping(node)
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, (str, int, float, bool)):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {_show(key)}", key_node.start_mark
+                )
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: str | Path) -> tuple[object, str]:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read the file: {exc}") from exc
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader), source  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: {where}invalid YAML: {problem}") from exc
+
+
+def load_embedding_config(path: str | Path, *, strict: bool = False) -> EmbeddingSchema:
+    """Load and validate ``embedding_config.yml``."""
+    data, source = _read_yaml(path)
+    return parse_embedding_config(data, source=source, strict=strict)
+
+
+def load_global_config(path: str | Path, *, strict: bool = False) -> GlobalConfig:
+    """Load and validate ``global_config.yml`` (an empty file gives the defaults)."""
+    data, source = _read_yaml(path)
+    return parse_global_config(data, source=source, strict=strict)
