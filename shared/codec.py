@@ -1,0 +1,104 @@
+"""The wire codec: msgpack, with numpy arrays as an extension type.
+
+An array travels as extension ``NDARRAY_EXT_CODE`` whose payload is::
+
+    u16 little-endian header length | msgpack [dtype str, shape] | zero padding to 16 | raw bytes
+
+Decoding wraps the raw bytes with ``np.frombuffer`` (no copy beyond msgpack's own),
+so decoded arrays are read-only; copy one before writing to it. Object, structured
+and other non-numeric dtypes are refused both ways, so no pickle ever crosses the wire.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from shared.constants import MAX_ARRAY_DIMS, MAX_MESSAGE_BYTES, NDARRAY_EXT_CODE
+from shared.errors import ProtocolError
+
+_ALIGN = 16
+_ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
+_HEADER_LEN = struct.Struct("<H")
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None or dtype.hasobject:
+        raise ProtocolError(
+            f"numpy dtype {dtype} cannot cross the wire: expected bool, integer or float"
+        )
+
+
+def _encode_array(arr: np.ndarray) -> msgpack.ExtType:
+    _check_dtype(arr.dtype)
+    if arr.ndim > MAX_ARRAY_DIMS:
+        raise ProtocolError(f"array with {arr.ndim} dimensions: at most {MAX_ARRAY_DIMS} allowed")
+    arr = np.ascontiguousarray(arr)
+    header = msgpack.packb([arr.dtype.str, list(arr.shape)])
+    start = _HEADER_LEN.size + len(header)
+    pad = (-start) % _ALIGN
+    payload = b"".join(
+        (_HEADER_LEN.pack(len(header)), header, b"\0" * pad, arr.reshape(-1).view(np.uint8).data)
+    )
+    return msgpack.ExtType(NDARRAY_EXT_CODE, payload)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _encode_array(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (tuple, set, frozenset)):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+
+
+def _decode_array(payload: bytes) -> np.ndarray:
+    try:
+        (header_len,) = _HEADER_LEN.unpack_from(payload, 0)
+        start = _HEADER_LEN.size + header_len
+        dtype_str, shape = msgpack.unpackb(payload[_HEADER_LEN.size : start])
+        dtype = np.dtype(dtype_str)
+        shape = tuple(int(s) for s in shape)
+    except Exception as exc:
+        raise ProtocolError(f"malformed array header: {exc}") from exc
+    _check_dtype(dtype)
+    if len(shape) > MAX_ARRAY_DIMS or any(s < 0 for s in shape):
+        raise ProtocolError(f"malformed array shape {shape}")
+    offset = start + (-start) % _ALIGN
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(payload) - offset != count * dtype.itemsize:
+        raise ProtocolError(
+            f"array payload has {len(payload) - offset} bytes, shape {shape} of {dtype} needs "
+            f"{count * dtype.itemsize}"
+        )
+    return np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _ext_hook(code: int, payload: bytes) -> Any:
+    if code == NDARRAY_EXT_CODE:
+        return _decode_array(payload)
+    raise ProtocolError(f"unknown msgpack extension type {code}")
+
+
+def packb(obj: Any) -> bytes:
+    """Encode ``obj`` (dicts, lists, scalars, str, bytes, numpy arrays) as msgpack bytes."""
+    try:
+        return msgpack.packb(obj, default=_default, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode message: {exc}") from exc
+
+
+def unpackb(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+    """Decode msgpack bytes; arrays come back as read-only numpy views."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"message of {len(data)} bytes is over the {max_bytes}-byte cap")
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"body is not valid msgpack: {exc}") from exc

@@ -1,0 +1,81 @@
+"""Every registry key, TTL, default port, size cap and timeout Pyrsia uses, in one place.
+
+Nothing else in the code base spells a Redis key or picks a timeout by itself: it
+imports the value from here, so the whole protocol surface can be read at once.
+"""
+
+from __future__ import annotations
+
+# --- environment variables -------------------------------------------------------------
+ENV_REDIS_URL = "PERSIA_REDIS_URL"
+ENV_JOB_ID = "PERSIA_JOB_ID"
+ENV_EMBEDDING_CONFIG = "PERSIA_EMBEDDING_CONFIG"
+ENV_GLOBAL_CONFIG = "PERSIA_GLOBAL_CONFIG"
+ENV_NN_WORKER_ENTRY = "PERSIA_NN_WORKER_ENTRY"
+ENV_DATALOADER_ENTRY = "PERSIA_DATALOADER_ENTRY"
+ENV_ADVERTISE_HOST = "PERSIA_ADVERTISE_HOST"
+ENV_LOG_LEVEL = "LOG_LEVEL"
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_JOB_ID = "default"
+
+# --- registry (Redis) ------------------------------------------------------------------
+KEY_PREFIX = "pyrsia"
+"""Every key is ``pyrsia:<job id>:...`` so that several jobs can share one Redis."""
+
+
+def service_key(job_id: str, role: str, replica_index: int) -> str:
+    """Key holding one replica's registration record (a short-lived heartbeat)."""
+    return f"{KEY_PREFIX}:{job_id}:svc:{role}:{replica_index}"
+
+
+def service_pattern(job_id: str, role: str) -> str:
+    """SCAN pattern matching every replica of ``role``."""
+    return f"{KEY_PREFIX}:{job_id}:svc:{role}:*"
+
+
+def master_addr_key(job_id: str) -> str:
+    """Key where NN-worker rank 0 publishes the torch.distributed master address."""
+    return f"{KEY_PREFIX}:{job_id}:nn_master_addr"
+
+
+REGISTRATION_TTL_S = 6.0
+"""A replica that stops refreshing disappears from the registry after this long."""
+HEARTBEAT_INTERVAL_S = 1.5
+REDIS_SOCKET_TIMEOUT_S = 2.0
+REDIS_RECONNECT_BACKOFF_S = 0.5
+DISCOVERY_POLL_INTERVAL_S = 0.1
+DEFAULT_WAIT_TIMEOUT_S = 120.0
+"""How long a service or context waits for the replicas it needs before giving up."""
+
+# --- roles -----------------------------------------------------------------------------
+ROLE_EMBEDDING_PS = "embedding_parameter_server"
+ROLE_EMBEDDING_WORKER = "embedding_worker"
+ROLE_NN_WORKER = "nn_worker"
+ROLE_DATA_LOADER = "data_loader"
+ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER, ROLE_DATA_LOADER)
+
+# --- wire --------------------------------------------------------------------------------
+MSGPACK_CONTENT_TYPE = "application/msgpack"
+NDARRAY_EXT_CODE = 42
+MAX_MESSAGE_BYTES = 1 << 30
+"""Largest request or response body a service accepts (1 GiB)."""
+MAX_ARRAY_DIMS = 8
+
+# --- HTTP --------------------------------------------------------------------------------
+DEFAULT_BIND_HOST = "127.0.0.1"
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_RETRIES = 3
+RETRY_BACKOFF_S = 0.05
+RETRY_BACKOFF_MAX_S = 2.0
+BACKPRESSURE_BACKOFF_S = 0.005
+BACKPRESSURE_BACKOFF_MAX_S = 0.2
+CONNECTION_POOL_LIMIT = 64
+SHUTDOWN_GRACE_S = 10.0
+"""On SIGTERM a service finishes in-flight requests for at most this long, then exits."""
+
+# --- default ports (Procfile / compose) -------------------------------------------------
+DEFAULT_PS_PORT = 8887
+DEFAULT_EMBEDDING_WORKER_PORT = 8888
+DEFAULT_NN_WORKER_INGRESS_PORT = 0

@@ -1,0 +1,163 @@
+"""The one HTTP client of a process: pooled, time-limited, retrying, msgpack-speaking.
+
+``HttpClient.call(url, body)`` posts a msgpack body and returns the decoded answer.
+Every call has a timeout; idempotent calls are retried with exponential backoff on
+connection failures, timeouts and 503; ``until`` makes a call keep retrying 429
+(back-pressure) until a deadline. Failures surface as the project's exceptions
+(``shared.errors``): no aiohttp exception leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import aiohttp
+
+from shared.codec import packb, unpackb
+from shared.constants import (
+    BACKPRESSURE_BACKOFF_MAX_S,
+    BACKPRESSURE_BACKOFF_S,
+    CONNECT_TIMEOUT_S,
+    CONNECTION_POOL_LIMIT,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_RETRIES,
+    MSGPACK_CONTENT_TYPE,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
+)
+from shared.errors import (
+    BackPressureError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PersiaError,
+    ProtocolError,
+    RemoteError,
+    ServiceUnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+_BY_STATUS: dict[int, type[RemoteError]] = {
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    429: BackPressureError,
+}
+
+
+class RemoteBadRequestError(RemoteError):
+    """400: the peer refused our input; ``field`` and ``expected`` say why."""
+
+    @property
+    def field(self) -> str | None:
+        return self.body.get("field")
+
+
+def _remote_error(url: str, status: int, raw: bytes) -> PersiaError:
+    try:
+        body = unpackb(raw) if raw else {}
+        if not isinstance(body, dict):
+            body = {}
+    except ProtocolError:
+        body = {"message": raw[:200].decode("utf-8", "replace")}
+    message = f"{url} answered {status}: {body.get('message', '')}".rstrip(": ")
+    if status == 503:
+        return ServiceUnavailableError(message)
+    if status == 400:
+        return RemoteBadRequestError(message, status=status, body=body)
+    return _BY_STATUS.get(status, RemoteError)(message, status=status, body=body)
+
+
+class HttpClient:
+    """A pooled aiohttp session bound to the running event loop, created lazily."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        pool_limit: int = CONNECTION_POOL_LIMIT,
+    ):
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self._pool_limit = pool_limit
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._pool_limit, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),
+                headers={"Content-Type": MSGPACK_CONTENT_TYPE},
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def _once(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        session = self._get_session()
+        try:
+            async with session.request(
+                method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _remote_error(url, resp.status, raw)
+                if resp.content_type == "application/json":
+                    return json.loads(raw)
+                return unpackb(raw) if raw else None
+        except PersiaError:
+            raise
+        except asyncio.TimeoutError as exc:
+            raise ServiceUnavailableError(f"{url} did not answer within {timeout_s:.1f}s") from exc
+        except aiohttp.ClientError as exc:
+            raise ServiceUnavailableError(f"cannot reach {url}: {exc}") from exc
+
+    async def call(
+        self,
+        url: str,
+        body: Any = None,
+        *,
+        method: str = "POST",
+        idempotent: bool = False,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+        until: float | None = None,
+        encoded: bytes | None = None,
+    ) -> Any:
+        """Send ``body`` (msgpack-encoded) to ``url`` and return the decoded answer.
+
+        ``idempotent`` calls are retried ``retries`` times on unreachable peers,
+        timeouts and 503. With ``until`` (a ``time.monotonic()`` deadline) a 429 is
+        retried with backoff until the deadline instead of raised at once.
+        """
+        data = encoded if encoded is not None else (None if body is None else packb(body))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        attempts_left = (self.retries if retries is None else retries) if idempotent else 0
+        backoff = RETRY_BACKOFF_S
+        pressure_backoff = BACKPRESSURE_BACKOFF_S
+        while True:
+            try:
+                return await self._once(method, url, data, timeout)
+            except BackPressureError:
+                if until is None or time.monotonic() >= until:
+                    raise
+                await asyncio.sleep(pressure_backoff * (0.5 + random.random()))
+                pressure_backoff = min(pressure_backoff * 2, BACKPRESSURE_BACKOFF_MAX_S)
+            except ServiceUnavailableError as exc:
+                if attempts_left <= 0:
+                    raise
+                attempts_left -= 1
+                log.debug("retrying %s after %s", url, exc)
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)

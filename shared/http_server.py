@@ -1,0 +1,241 @@
+"""What every Pyrsia service's aiohttp app has in common.
+
+``make_app`` builds an app with ``GET /health``, ``GET /metrics`` (Prometheus text),
+the error middleware and request accounting; ``msgpack_handler`` turns
+``async def f(request, body) -> dict`` into a route that speaks msgpack; ``serve``
+runs an app on uvloop until SIGTERM/SIGINT and then drains it: stop taking work
+(new requests get 503), wait for in-flight requests up to a bound, run the app's
+cleanup (which deregisters from Redis), exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import prometheus_client as prom
+from aiohttp import web
+
+from shared.codec import packb, unpackb
+from shared.constants import MAX_MESSAGE_BYTES, MSGPACK_CONTENT_TYPE, SHUTDOWN_GRACE_S
+from shared.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    PersiaError,
+    ProtocolError,
+    RemoteError,
+    ServiceUnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request, Any], Awaitable[Any]]
+
+
+@dataclass
+class ServiceState:
+    """Readiness, drain state and in-flight accounting of one service."""
+
+    name: str
+    ready: bool = False
+    reason: str = "starting"
+    draining: bool = False
+    inflight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def set_ready(self) -> None:
+        self.ready, self.reason = True, "ready"
+
+    def set_not_ready(self, reason: str) -> None:
+        self.ready, self.reason = False, reason
+
+
+STATE = web.AppKey("pyrsia_state", ServiceState)
+METRICS = web.AppKey("pyrsia_metrics", prom.CollectorRegistry)
+
+_UNGUARDED = frozenset({"/health", "/metrics"})
+
+
+def error_body(error: str, message: str, **extra: Any) -> bytes:
+    """The msgpack body of an error answer: ``{"error", "message", ...}``."""
+    return packb({"error": error, "message": message, **extra})
+
+
+def _error_response(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(error, message, **extra), content_type=MSGPACK_CONTENT_TYPE
+    )
+
+
+def _status_for(exc: PersiaError) -> tuple[int, str]:
+    if isinstance(exc, (InvalidInputError, ProtocolError)):
+        return 400, "invalid_input"
+    if isinstance(exc, NotFoundError):
+        return 404, "not_found"
+    if isinstance(exc, ConflictError):
+        return 409, "conflict"
+    if isinstance(exc, RemoteError) and exc.status == 429:
+        return 429, "back_pressure"
+    if isinstance(exc, ServiceUnavailableError):
+        return 503, "unavailable"
+    if isinstance(exc, RemoteError):
+        return 502, "upstream_error"
+    return 500, "internal_error"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Map every failure to a status and a msgpack body; never leak a traceback."""
+    state = request.app[STATE]
+    guarded = request.path not in _UNGUARDED
+    if guarded and state.draining:
+        return _error_response(503, "unavailable", f"{state.name} is shutting down")
+    if guarded:
+        state.inflight += 1
+        state.idle.clear()
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(413, "too_large", exc.text or "request body too large")
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
+        raise
+    except PersiaError as exc:
+        status, kind = _status_for(exc)
+        extra = {}
+        if isinstance(exc, InvalidInputError):
+            extra = {"field": exc.field, "expected": exc.expected}
+        if status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.path, exc)
+        return _error_response(status, kind, str(exc), **extra)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _error_response(500, "internal_error", "internal error; see the service log")
+    finally:
+        if guarded:
+            state.inflight -= 1
+            if state.inflight == 0:
+                state.idle.set()
+
+
+def msgpack_handler(func: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Wrap ``func(request, body)`` so it takes and returns msgpack bodies."""
+
+    async def route(request: web.Request) -> web.Response:
+        raw = await request.read()
+        body = unpackb(raw) if raw else None
+        result = await func(request, body)
+        if isinstance(result, web.StreamResponse):
+            return result
+        return web.Response(body=packb(result), content_type=MSGPACK_CONTENT_TYPE)
+
+    route.__name__ = func.__name__
+    route.__doc__ = func.__doc__
+    return route
+
+
+def require_ready(request: web.Request) -> None:
+    """Raise 503 naming the reason when the service is not ready for work."""
+    state = request.app[STATE]
+    if not state.ready:
+        raise ServiceUnavailableError(f"{state.name} is not ready: {state.reason}")
+
+
+async def _health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = {
+        "service": state.name,
+        "ready": state.ready and not state.draining,
+        "reason": "shutting down" if state.draining else state.reason,
+        **state.details,
+    }
+    status = 200 if body["ready"] else 503
+    return web.json_response(body, status=status)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    payload = prom.generate_latest(request.app[METRICS])
+    return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
+
+
+def make_app(name: str, *, client_max_size: int = MAX_MESSAGE_BYTES) -> web.Application:
+    """An aiohttp app with health, metrics, error handling and drain support."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=client_max_size)
+    state = ServiceState(name=name)
+    state.idle.set()
+    app[STATE] = state
+    app[METRICS] = prom.CollectorRegistry()
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def install_uvloop() -> None:
+    """Use uvloop's event loop policy when it is installed (it is a dependency on Linux)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    on_started: Callable[[int], Awaitable[None]] | None = None,
+    grace_s: float = SHUTDOWN_GRACE_S,
+) -> None:
+    """Run ``app`` until SIGTERM/SIGINT, then drain it and clean up.
+
+    ``on_started(port)`` runs once the socket is bound (``port=0`` picks a free port);
+    it is where a service registers itself. Cleanup contexts run last, so a service
+    deregisters only after its in-flight work is done.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("%s listening on %s:%d", app[STATE].name, host, bound)
+        if on_started is not None:
+            await on_started(bound)
+        await stop.wait()
+        log.info("%s: signal received, draining", app[STATE].name)
+        await drain(app, grace_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    log.info("%s stopped", app[STATE].name)
+
+
+async def drain(app: web.Application, grace_s: float) -> None:
+    """Refuse new work and wait (at most ``grace_s``) for in-flight requests to end."""
+    state = app[STATE]
+    state.draining = True
+    start = time.monotonic()
+    try:
+        await asyncio.wait_for(state.idle.wait(), timeout=grace_s)
+    except asyncio.TimeoutError:
+        log.warning(
+            "%s: %d requests still running after %.1fs", state.name, state.inflight, grace_s
+        )
+    else:
+        log.info("%s drained in %.2fs", state.name, time.monotonic() - start)

@@ -1,0 +1,254 @@
+"""Service discovery on Redis.
+
+Each replica writes a small JSON record under ``pyrsia:<job>:svc:<role>:<index>`` with
+a TTL and refreshes it from a heartbeat task, so a replica that dies leaves the
+registry by itself. Because every heartbeat rewrites the record, a replica
+re-registers on its own after Redis restarts. Lookups remember the last answer for
+each role and fall back to it while Redis is down, so a Redis outage does not stop
+a running job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared.constants import (
+    DEFAULT_JOB_ID,
+    DEFAULT_REDIS_URL,
+    DEFAULT_WAIT_TIMEOUT_S,
+    DISCOVERY_POLL_INTERVAL_S,
+    ENV_JOB_ID,
+    ENV_REDIS_URL,
+    HEARTBEAT_INTERVAL_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    REGISTRATION_TTL_S,
+    master_addr_key,
+    service_key,
+    service_pattern,
+)
+from shared.errors import RegistryError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where the registry lives and which job's keys to use."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    job_id: str = DEFAULT_JOB_ID
+
+    @classmethod
+    def from_env(cls) -> RegistrySettings:
+        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` (read now, not at import)."""
+        return cls(
+            redis_url=os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL,
+            job_id=os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID,
+        )
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """One registered replica."""
+
+    role: str
+    replica_index: int
+    replica_size: int
+    address: str  # "host:port"
+    pid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ServiceRecord:
+        data = json.loads(raw)
+        return cls(
+            role=str(data["role"]),
+            replica_index=int(data["replica_index"]),
+            replica_size=int(data["replica_size"]),
+            address=str(data["address"]),
+            pid=int(data.get("pid", 0)),
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+class Registry:
+    """A job's view of the Redis registry: register, discover, wait, publish."""
+
+    def __init__(
+        self,
+        settings: RegistrySettings | None = None,
+        *,
+        ttl_s: float = REGISTRATION_TTL_S,
+        heartbeat_s: float = HEARTBEAT_INTERVAL_S,
+    ):
+        self.settings = settings or RegistrySettings.from_env()
+        self.ttl_s = ttl_s
+        self.heartbeat_s = heartbeat_s
+        self._redis = aioredis.Redis.from_url(
+            self.settings.redis_url,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+            decode_responses=True,
+        )
+        self._known: dict[str, dict[int, ServiceRecord]] = {}
+        self._heartbeats: list[asyncio.Task] = []
+        self._records: list[ServiceRecord] = []
+
+    async def ping(self) -> None:
+        """Raise RegistryError naming the URL when Redis cannot be reached."""
+        try:
+            await self._redis.ping()
+        except (RedisError, OSError) as exc:
+            raise RegistryError(
+                f"cannot reach Redis at {self.settings.redis_url} (set by {ENV_REDIS_URL}): {exc}"
+            ) from exc
+
+    # --- registration -----------------------------------------------------------------
+    async def register(self, record: ServiceRecord) -> None:
+        """Write ``record`` now and keep refreshing it until ``close``/``deregister``."""
+        await self.ping()
+        await self._write(record)
+        self._records.append(record)
+        self._heartbeats.append(asyncio.create_task(self._heartbeat(record)))
+        log.info("registered %s/%d at %s", record.role, record.replica_index, record.address)
+
+    async def _write(self, record: ServiceRecord) -> None:
+        key = service_key(self.settings.job_id, record.role, record.replica_index)
+        await self._redis.set(key, record.to_json(), px=int(self.ttl_s * 1000))
+
+    async def _heartbeat(self, record: ServiceRecord) -> None:
+        healthy = True
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._write(record)
+                if not healthy:
+                    log.info(
+                        "Redis is back: re-registered %s/%d", record.role, record.replica_index
+                    )
+                healthy = True
+            except (RedisError, OSError) as exc:
+                if healthy:
+                    log.warning(
+                        "Redis unreachable, heartbeat of %s/%d failing: %s",
+                        record.role,
+                        record.replica_index,
+                        exc,
+                    )
+                healthy = False
+
+    async def deregister(self) -> None:
+        """Stop heartbeats and delete this process's records (best effort)."""
+        for task in self._heartbeats:
+            task.cancel()
+        await asyncio.gather(*self._heartbeats, return_exceptions=True)
+        self._heartbeats.clear()
+        for record in self._records:
+            key = service_key(self.settings.job_id, record.role, record.replica_index)
+            try:
+                await self._redis.delete(key)
+            except (RedisError, OSError) as exc:
+                log.warning("could not deregister %s: %s", key, exc)
+        self._records.clear()
+
+    async def close(self) -> None:
+        await self.deregister()
+        await self._redis.aclose()
+
+    # --- discovery --------------------------------------------------------------------
+    async def discover(self, role: str) -> dict[int, ServiceRecord]:
+        """Registered replicas of ``role`` by index; the last known ones if Redis is down."""
+        try:
+            keys = [
+                k
+                async for k in self._redis.scan_iter(
+                    match=service_pattern(self.settings.job_id, role), count=1000
+                )
+            ]
+            values = await self._redis.mget(keys) if keys else []
+        except (RedisError, OSError) as exc:
+            if role in self._known:
+                log.warning("Redis unreachable (%s); using last known %s addresses", exc, role)
+                return dict(self._known[role])
+            raise RegistryError(
+                f"cannot reach Redis at {self.settings.redis_url} to find {role}: {exc}"
+            ) from exc
+        found: dict[int, ServiceRecord] = {}
+        for raw in values:
+            if raw is None:
+                continue
+            try:
+                rec = ServiceRecord.from_json(raw)
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring malformed registry record for %s: %r", role, raw[:100])
+                continue
+            found[rec.replica_index] = rec
+        self._known[role] = found
+        return dict(found)
+
+    async def wait_for(
+        self, role: str, count: int | None = None, *, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+    ) -> list[ServiceRecord]:
+        """Wait until replicas ``0..n-1`` of ``role`` are registered; return them in order.
+
+        ``count=None`` takes n from the replicas' own ``replica_size``. On timeout the
+        error names the role and the indices still missing.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = await self.discover(role)
+            expected = count
+            if expected is None and found:
+                expected = max(r.replica_size for r in found.values())
+            if expected is not None and all(i in found for i in range(expected)):
+                return [found[i] for i in range(expected)]
+            if time.monotonic() >= deadline:
+                if expected is None:
+                    missing = "no replica registered at all"
+                else:
+                    idx = [i for i in range(expected) if i not in found]
+                    missing = f"missing replica(s) {idx} of {expected}"
+                raise RegistryError(
+                    f"timed out after {timeout_s:.0f}s waiting for {role} in job "
+                    f"'{self.settings.job_id}' at {self.settings.redis_url}: {missing}"
+                )
+            await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
+
+    async def wait_for_any(
+        self, role: str, *, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+    ) -> list[ServiceRecord]:
+        """Wait until at least one replica of ``role`` is registered; return all found."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = await self.discover(role)
+            if found:
+                return [found[i] for i in sorted(found)]
+            if time.monotonic() >= deadline:
+                raise RegistryError(
+                    f"timed out after {timeout_s:.0f}s waiting for any {role} in job "
+                    f"'{self.settings.job_id}' at {self.settings.redis_url}"
+                )
+            await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
+
+    # --- small shared values ------------------------------------------------------------
+    async def publish_master_addr(self, address: str, ttl_s: float = 3600.0) -> None:
+        await self._redis.set(master_addr_key(self.settings.job_id), address, px=int(ttl_s * 1000))
+
+    async def get_master_addr(self) -> str | None:
+        try:
+            return await self._redis.get(master_addr_key(self.settings.job_id))
+        except (RedisError, OSError) as exc:
+            raise RegistryError(f"cannot reach Redis at {self.settings.redis_url}: {exc}") from exc

@@ -1,0 +1,71 @@
+"""Run one service replica: serve its app, register it, drain and deregister on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from aiohttp import web
+
+from shared.constants import ENV_ADVERTISE_HOST
+from shared.http_server import STATE, install_uvloop, serve
+from shared.registry import Registry, RegistrySettings, ServiceRecord
+
+log = logging.getLogger(__name__)
+
+REGISTRY = web.AppKey("pyrsia_registry", Registry)
+
+
+def advertise_host(bind_host: str) -> str:
+    """The host other services should dial: ``PERSIA_ADVERTISE_HOST``, else the bind host,
+    else (when bound to all interfaces) this machine's host name."""
+    explicit = os.environ.get(ENV_ADVERTISE_HOST)
+    if explicit:
+        return explicit
+    if bind_host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return bind_host
+
+
+async def run_service(
+    app: web.Application,
+    *,
+    role: str,
+    replica_index: int,
+    replica_size: int,
+    host: str,
+    port: int,
+    registry: Registry | None = None,
+) -> None:
+    """Serve ``app`` until SIGTERM, registered as ``role/replica_index`` while it runs.
+
+    The app may already hold a registry under ``REGISTRY`` (services that discover
+    peers need it before serving); it is closed when the service stops.
+    """
+    if registry is None:
+        registry = app.get(REGISTRY) or Registry(RegistrySettings.from_env())
+    await registry.ping()
+
+    async def on_started(bound_port: int) -> None:
+        record = ServiceRecord(
+            role=role,
+            replica_index=replica_index,
+            replica_size=replica_size,
+            address=f"{advertise_host(host)}:{bound_port}",
+            pid=os.getpid(),
+        )
+        await registry.register(record)
+        app[STATE].details.update(role=role, replica_index=replica_index, address=record.address)
+
+    try:
+        await serve(app, host, port, on_started=on_started)
+    finally:
+        await registry.close()
+
+
+def run(main_coro_factory) -> None:
+    """Run a service's async main on uvloop; exit code 0 after a clean drain."""
+    install_uvloop()
+    asyncio.run(main_coro_factory())

@@ -1,0 +1,31 @@
+"""Shared fixtures: a real redis-server per session, a fresh job id per test."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from shared.registry import RegistrySettings
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def job_env(redis_server, monkeypatch) -> dict[str, str]:
+    """Environment for this test's services: the session Redis and a job id of its own."""
+    env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"test-{uuid.uuid4().hex[:10]}"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def registry_settings(job_env) -> RegistrySettings:
+    return RegistrySettings(redis_url=job_env["PERSIA_REDIS_URL"], job_id=job_env["PERSIA_JOB_ID"])
