@@ -1,0 +1,322 @@
+"""Id preprocessing of one batch: hash stack, feature prefix, dedup per dim, routing.
+
+A batch's id-type features arrive in CSR form, one ``(name, ids, offsets)`` per
+slot: sample ``i`` of that slot owns ``ids[offsets[i]:offsets[i + 1]]``. Per slot,
+in PERSIA's order::
+
+    ids ──hash stack (R rounds)──▶ R bucket ids per occurrence
+        ──feature prefix──────────▶ id mod (2^(64-bits) - 1) + prefix(slot's group)
+    all slots of one dim ──dedup──▶ unique ids of that dim ──farmhash mod N──▶ PS replica
+
+``prepare_batch`` returns a ``PreparedBatch``: per dim group the unique ids and,
+per PS replica, which of them it owns (so one request per replica carries every
+dim group); per slot a ``SlotPlan`` telling pooling where each occurrence's
+vectors go. Raw (unsummed) slots keep only the first ``sample_fixed_size`` ids of
+each sample: the others would never reach the model, so they are not looked up.
+Everything is vectorized or compiled; nothing loops over ids in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.embedding_worker import kernels
+from shared.errors import ConfigError, InvalidInputError
+from shared.farmhash import farmhash64, replica_of
+
+FEATURES_FIELD = "id_type_features"
+
+
+class _HashStack(Protocol):
+    hash_stack_rounds: int
+    embedding_size: int
+
+
+class _Slot(Protocol):
+    name: str
+    dim: int
+    embedding_summation: bool
+    sqrt_scaling: bool
+    sample_fixed_size: int
+    hash_stack_config: _HashStack
+
+
+class _Schema(Protocol):
+    feature_index_prefix_bit: int
+
+    @property
+    def slot_names(self) -> Any: ...
+
+    def slot(self, name: str) -> Any: ...
+
+    def slot_prefixes(self) -> dict[str, int]: ...
+
+
+def hash_stack(ids: np.ndarray, rounds: int, embedding_size: int) -> np.ndarray:
+    """PERSIA's hash stack: (n, rounds) bucket ids, bucket r = h(r+1) mod E + r*E.
+
+    h0 = id and h(r+1) = farmhash64(h(r)), so an id is spread over ``rounds``
+    tables of ``embedding_size`` rows each, which bounds the table size of a slot
+    with a huge id space.
+    """
+    if rounds < 1 or embedding_size < 1:
+        raise ConfigError(
+            "hash_stack_config: expected hash_stack_rounds >= 1 and embedding_size >= 1, "
+            f"got {rounds} and {embedding_size}"
+        )
+    h = np.asarray(ids, dtype=np.uint64)
+    size = np.uint64(embedding_size)
+    out = np.empty((h.shape[0], rounds), dtype=np.uint64)
+    for r in range(rounds):  # a loop over rounds, not ids
+        h = farmhash64(h)
+        out[:, r] = h % size + np.uint64(r * embedding_size)
+    return out
+
+
+def add_prefix(ids: np.ndarray, prefix: int, bits: int) -> np.ndarray:
+    """id mod (2^(64-bits) - 1) + prefix: the slot's feature group goes into the top ``bits``."""
+    spacing = np.uint64((1 << (64 - bits)) - 1)
+    return np.asarray(ids, dtype=np.uint64) % spacing + np.uint64(prefix)
+
+
+@dataclass(frozen=True, eq=False)
+class SlotPlan:
+    """Where one slot's looked-up vectors go in its output tensor.
+
+    Occurrence ``o`` (a kept id of the slot, in input order) adds its ``rounds``
+    vectors ``vectors[inverse[o*rounds : (o+1)*rounds]]`` (indices into its dim
+    group's unique ids) to output row ``rows[o]``; each output row is then
+    multiplied by ``row_scale``. Summed slots have ``batch_size`` rows of
+    ``dim``; raw slots have ``batch_size * sample_fixed_size`` rows of ``dim + 1``
+    (the last column is 1 for a real id, 0 for padding) viewed as
+    ``(batch_size, sample_fixed_size, dim + 1)``.
+    """
+
+    name: str
+    dim: int
+    summation: bool
+    sample_fixed_size: int
+    batch_size: int
+    rounds: int
+    rows: np.ndarray  # int64 (n_kept,)
+    inverse: np.ndarray  # int64 (n_kept * rounds,)
+    row_scale: np.ndarray  # float32 (num_rows,)
+
+    @property
+    def num_rows(self) -> int:
+        return self.batch_size if self.summation else self.batch_size * self.sample_fixed_size
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        if self.summation:
+            return (self.batch_size, self.dim)
+        return (self.batch_size, self.sample_fixed_size, self.dim + 1)
+
+    def unique_count(self) -> int:
+        """How many distinct (post-hash, post-prefix) ids this slot looked up (for metrics)."""
+        if self.inverse.size == 0:
+            return 0
+        seen = np.zeros(int(self.inverse.max()) + 1, dtype=bool)
+        seen[self.inverse] = True
+        return int(np.count_nonzero(seen))
+
+
+@dataclass(frozen=True, eq=False)
+class DimGroup:
+    """The unique ids of every slot of one dim, and which PS replica owns each."""
+
+    dim: int
+    ids: np.ndarray  # uint64 (n_unique,)
+    replica_order: np.ndarray  # int64: positions into ids, grouped by replica
+    replica_offsets: np.ndarray  # int64 (replica_count + 1,)
+
+    def replica_indices(self, replica: int) -> np.ndarray:
+        """Positions (into ``ids``) of the unique ids owned by PS replica ``replica``."""
+        return self.replica_order[self.replica_offsets[replica] : self.replica_offsets[replica + 1]]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedBatch:
+    """A batch's ids after preprocessing: what to look up where, and how to pool it."""
+
+    batch_size: int
+    replica_count: int
+    slots: tuple[SlotPlan, ...]  # in the batch's feature order
+    groups: dict[int, DimGroup]  # dim -> group, in order of first appearance
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slots)
+
+    @property
+    def num_unique_ids(self) -> int:
+        return sum(g.ids.shape[0] for g in self.groups.values())
+
+
+def prepare_batch(
+    schema: _Schema,
+    features: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    replica_count: int,
+) -> PreparedBatch:
+    """Validate a batch's id features against ``schema`` and preprocess them for lookup.
+
+    ``features`` is a list of ``(slot name, ids uint64, offsets int64 of length
+    batch + 1)``; a batch may carry any subset of the schema's slots, and the
+    output follows the batch's order. Raises ``InvalidInputError`` naming the
+    offending field (``id_type_features[1].offsets``).
+    """
+    if not isinstance(replica_count, (int, np.integer)) or replica_count < 1:
+        raise InvalidInputError("replica_count", "a positive integer", replica_count)
+    checked = _validate(schema, features)
+    batch_size = checked[0][2].shape[0] - 1 if checked else 0
+    prefixes = schema.slot_prefixes()
+    bits = int(schema.feature_index_prefix_bit)
+
+    bucket_ids: list[np.ndarray] = []
+    partial: list[tuple[Any, int, np.ndarray, np.ndarray, int]] = []
+    for name, ids, offsets in checked:
+        slot = schema.slot(name)
+        rows, kept_ids, counts = _rows_of(slot, ids, offsets, batch_size)
+        rounds = int(slot.hash_stack_config.hash_stack_rounds)
+        if rounds > 0:
+            kept_ids = hash_stack(kept_ids, rounds, int(slot.hash_stack_config.embedding_size))
+            kept_ids = kept_ids.reshape(-1)
+        bucket_ids.append(add_prefix(kept_ids, prefixes[name], bits))
+        partial.append((slot, max(rounds, 1), rows, counts, rounds))
+
+    groups, inverses = _dedup_and_route(
+        [int(s.dim) for s, *_ in partial], bucket_ids, int(replica_count)
+    )
+    plans = tuple(
+        SlotPlan(
+            name=slot.name,
+            dim=int(slot.dim),
+            summation=bool(slot.embedding_summation),
+            sample_fixed_size=int(slot.sample_fixed_size),
+            batch_size=batch_size,
+            rounds=r,
+            rows=rows,
+            inverse=inv,
+            row_scale=_row_scale(slot, counts, rounds, batch_size),
+        )
+        for (slot, r, rows, counts, rounds), inv in zip(partial, inverses, strict=True)
+    )
+    return PreparedBatch(batch_size, int(replica_count), plans, groups)
+
+
+def _validate(schema: _Schema, features: Any) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    if not isinstance(features, (list, tuple)):
+        raise InvalidInputError(FEATURES_FIELD, "a list of (name, ids, offsets)", type(features))
+    known = set(schema.slot_names)
+    seen: set[str] = set()
+    batch_size: int | None = None
+    out = []
+    for i, feature in enumerate(features):
+        field = f"{FEATURES_FIELD}[{i}]"
+        if not isinstance(feature, (list, tuple)) or len(feature) != 3:
+            raise InvalidInputError(field, "a (name, ids, offsets) triple", type(feature))
+        name, ids, offsets = feature
+        if not isinstance(name, str) or name not in known:
+            raise InvalidInputError(f"{field}.name", "a slot name from slots_config", name)
+        if name in seen:
+            raise InvalidInputError(f"{field}.name", "each slot at most once per batch", name)
+        seen.add(name)
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.uint64 or ids.ndim != 1:
+            raise InvalidInputError(f"{field}.ids", "a 1-D uint64 array", _describe(ids))
+        offsets = _check_offsets(f"{field}.offsets", offsets, ids.shape[0])
+        if batch_size is None:
+            batch_size = offsets.shape[0] - 1
+        elif offsets.shape[0] - 1 != batch_size:
+            raise InvalidInputError(
+                f"{field}.offsets",
+                f"batch size {batch_size} (offsets of length {batch_size + 1}) like feature 0",
+                f"length {offsets.shape[0]}",
+            )
+        out.append((name, np.ascontiguousarray(ids), offsets))
+    return out
+
+
+def _check_offsets(field: str, offsets: Any, n_ids: int) -> np.ndarray:
+    if (
+        not isinstance(offsets, np.ndarray)
+        or offsets.ndim != 1
+        or offsets.dtype.kind not in "iu"
+        or offsets.shape[0] < 1
+    ):
+        raise InvalidInputError(
+            field, "a 1-D integer array of length batch + 1", _describe(offsets)
+        )
+    offsets = offsets.astype(np.int64, copy=False)
+    if offsets[0] != 0:
+        raise InvalidInputError(field, "to start at 0", int(offsets[0]))
+    if offsets[-1] != n_ids:
+        raise InvalidInputError(field, f"to end at len(ids) = {n_ids}", int(offsets[-1]))
+    if offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any()):
+        raise InvalidInputError(field, "non-decreasing offsets", "a decreasing step")
+    return offsets
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__
+
+
+def _rows_of(
+    slot: Any, ids: np.ndarray, offsets: np.ndarray, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Output row of each kept occurrence, the kept ids, and the id count per sample."""
+    counts = np.diff(offsets)
+    sample = np.repeat(np.arange(batch_size, dtype=np.int64), counts)
+    if slot.embedding_summation:
+        return sample, ids, counts
+    size = int(slot.sample_fixed_size)
+    col = np.arange(ids.shape[0], dtype=np.int64) - offsets[:-1][sample]
+    keep = col < size
+    if bool(keep.all()):
+        return sample * size + col, ids, counts
+    return sample[keep] * size + col[keep], ids[keep], counts
+
+
+def _row_scale(slot: Any, counts: np.ndarray, rounds: int, batch_size: int) -> np.ndarray:
+    """Per output row factor: 1/sqrt(ids in the sample), buckets counted, as PERSIA does."""
+    if slot.embedding_summation:
+        if not slot.sqrt_scaling:
+            return np.ones(batch_size, dtype=np.float32)
+        n = np.maximum(counts * max(rounds, 1), 1).astype(np.float32)
+        return (1.0 / np.sqrt(n)).astype(np.float32)
+    # PERSIA scales raw rows by 1/sqrt(R) when sqrt scaling meets a hash stack.
+    factor = 1.0 / np.sqrt(rounds) if slot.sqrt_scaling and rounds > 1 else 1.0
+    return np.full(batch_size * int(slot.sample_fixed_size), factor, dtype=np.float32)
+
+
+def _dedup_and_route(
+    dims: list[int], bucket_ids: list[np.ndarray], replica_count: int
+) -> tuple[dict[int, DimGroup], list[np.ndarray]]:
+    """Dedup the ids of all slots of one dim together; route each unique id to a PS replica."""
+    members: dict[int, list[int]] = {}
+    for i, dim in enumerate(dims):
+        members.setdefault(dim, []).append(i)
+    groups: dict[int, DimGroup] = {}
+    inverses: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(dims)
+    for dim, idx in members.items():
+        ids = bucket_ids[idx[0]] if len(idx) == 1 else np.concatenate([bucket_ids[i] for i in idx])
+        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        unique = np.empty(ids.shape[0], dtype=np.uint64)
+        inverse = np.empty(ids.shape[0], dtype=np.int64)
+        n_unique = kernels.dedup(ids, unique, inverse)
+        unique = unique[:n_unique].copy()
+        order = np.empty(n_unique, dtype=np.int64)
+        offsets = np.empty(replica_count + 1, dtype=np.int64)
+        kernels.bucket_by_replica(replica_of(unique, replica_count), replica_count, order, offsets)
+        groups[dim] = DimGroup(dim, unique, order, offsets)
+        start = 0
+        for i in idx:
+            stop = start + bucket_ids[i].shape[0]
+            inverses[i] = inverse[start:stop]
+            start = stop
+    return groups, inverses

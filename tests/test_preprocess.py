@@ -1,0 +1,150 @@
+"""Id preprocessing: hash stack, feature prefix, routing, dedup per dim, validation."""
+
+from __future__ import annotations
+
+import struct
+
+import farmhash as pyfarmhash
+import numpy as np
+import pytest
+
+from services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
+from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
+from shared.errors import InvalidInputError
+from shared.farmhash import farmhash64, farmhash64_numpy, replica_of
+
+
+def _csr(samples: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.array([i for s in samples for i in s], dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in samples])]).astype(np.int64)
+    return ids, offsets
+
+
+def _schema(*slots: SlotConfig, bits: int = 8, groups=()) -> EmbeddingSchema:
+    return EmbeddingSchema(
+        slots_config=tuple(slots), feature_index_prefix_bit=bits, feature_groups=groups
+    )
+
+
+def test_hash_stack_matches_persia_vector():
+    ids = np.array([12, 23, 34, 56, 78, 90], dtype=np.uint64)
+    got = hash_stack(ids, 2, 10)
+    assert got.tolist() == [[2, 18], [5, 10], [0, 11], [6, 17], [7, 12], [8, 16]]
+
+
+def test_add_prefix_matches_persia_vectors():
+    ids = np.array([12, 16000000000000000], dtype=np.uint64)
+    got = add_prefix(ids, 100 << 52, 12)
+    assert got.tolist() == [450359962737049612, 452849163854938115]
+
+
+def test_farmhash64_equals_pyfarmhash_on_random_ids_and_extremes():
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 2**64 - 1, size=500, dtype=np.uint64, endpoint=True)
+    ids[:2] = [0, 2**64 - 1]
+    want = [pyfarmhash.hash64(struct.pack("<Q", int(x))) for x in ids]
+    assert farmhash64(ids).tolist() == want
+    assert farmhash64_numpy(ids).tolist() == want
+    assert replica_of(ids, 3).tolist() == [w % 3 for w in want]
+
+
+def test_prepare_routes_every_unique_id_to_its_replica_once():
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    a = _csr([[1, 2, 2], [], [3]])
+    b = _csr([[1], [5, 6], [7]])
+    p = prepare_batch(schema, [("a", *a), ("b", *b)], replica_count=3)
+    group = p.groups[4]
+    prefixes = schema.slot_prefixes()
+    expected = set(add_prefix(a[0], prefixes["a"], 8).tolist()) | set(
+        add_prefix(b[0], prefixes["b"], 8).tolist()
+    )
+    assert sorted(group.ids.tolist()) == sorted(expected)
+    seen = []
+    for k in range(3):
+        idx = group.replica_indices(k)
+        assert (replica_of(group.ids[idx], 3) == k).all()
+        seen.extend(idx.tolist())
+    assert sorted(seen) == list(range(len(group.ids)))
+    # every occurrence maps back to its own prefixed id
+    for plan, (ids, _) in zip(p.slots, [a, b], strict=True):
+        assert group.ids[plan.inverse].tolist() == add_prefix(ids, prefixes[plan.name], 8).tolist()
+
+
+def test_equal_raw_ids_in_two_slots_are_different_unless_grouped():
+    slots = (SlotConfig("a", 4), SlotConfig("b", 4), SlotConfig("c", 4))
+    feats = [(n, *_csr([[42], [42]])) for n in ("a", "b", "c")]
+    apart = prepare_batch(_schema(*slots), feats, replica_count=1)
+    assert len(apart.groups[4].ids) == 3
+    grouped = prepare_batch(_schema(*slots, groups=(("ab", ("a", "b")),)), feats, replica_count=1)
+    assert len(grouped.groups[4].ids) == 2
+    assert grouped.slots[0].inverse.tolist() == grouped.slots[1].inverse.tolist()
+    assert grouped.slots[2].inverse[0] != grouped.slots[0].inverse[0]
+
+
+def test_slots_of_different_dims_go_to_different_groups_in_batch_order():
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 8), SlotConfig("c", 4))
+    p = prepare_batch(schema, [("b", *_csr([[1]])), ("c", *_csr([[1]]))], replica_count=2)
+    assert list(p.groups) == [8, 4]
+    assert p.slot_names == ("b", "c")
+    assert [s.output_shape for s in p.slots] == [(1, 8), (1, 4)]
+
+
+def test_hash_stack_slot_looks_up_prefixed_buckets():
+    slot = SlotConfig("h", 4, hash_stack_config=HashStackConfig(2, 10))
+    schema = _schema(slot, bits=12)
+    ids, offsets = _csr([[12, 23], [34]])
+    p = prepare_batch(schema, [("h", ids, offsets)], replica_count=1)
+    plan = p.slots[0]
+    assert plan.rounds == 2
+    buckets = p.groups[4].ids[plan.inverse].reshape(-1, 2)
+    prefix = schema.slot_prefixes()["h"]
+    assert (buckets - np.uint64(prefix)).tolist() == [[2, 18], [5, 10], [0, 11]]
+
+
+def test_raw_slot_keeps_first_sample_fixed_size_ids_only():
+    schema = _schema(SlotConfig("r", 4, embedding_summation=False, sample_fixed_size=2))
+    p = prepare_batch(schema, [("r", *_csr([[1, 2, 3], [], [4]]))], replica_count=1)
+    plan = p.slots[0]
+    assert plan.rows.tolist() == [0, 1, 4]
+    assert len(p.groups[4].ids) == 3  # id 3 is truncated away and never looked up
+    assert plan.output_shape == (3, 2, 5)
+
+
+def test_empty_feature_list_is_an_empty_batch():
+    p = prepare_batch(_schema(SlotConfig("a", 4)), [], replica_count=2)
+    assert p.slots == () and p.groups == {} and p.batch_size == 0
+
+
+@pytest.mark.parametrize(
+    "feature, field",
+    [
+        (("zzz", *_csr([[1]])), "id_type_features[1].name"),
+        (("a", *_csr([[1]])), "id_type_features[1].name"),  # duplicate slot
+        (("b", np.array([1], dtype=np.int64), np.array([0, 1])), "id_type_features[1].ids"),
+        (("b", np.array([1, 2], dtype=np.uint64), np.array([1, 2])), "id_type_features[1].offsets"),
+        (("b", np.array([1, 2], dtype=np.uint64), np.array([0, 1])), "id_type_features[1].offsets"),
+        (
+            ("b", np.array([1, 2], dtype=np.uint64), np.array([0, 2, 1, 2])),
+            "id_type_features[1].offsets",
+        ),
+        (
+            ("b", np.array([1, 2], dtype=np.uint64), np.array([0.0, 2.0])),
+            "id_type_features[1].offsets",
+        ),
+        (("b", *_csr([[1], [2]])), "id_type_features[1].offsets"),  # batch size 2 vs 1
+        (("b", np.array([1], dtype=np.uint64)), "id_type_features[1]"),
+    ],
+)
+def test_bad_features_name_the_field(feature, field):
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    with pytest.raises(InvalidInputError) as err:
+        prepare_batch(schema, [("a", *_csr([[1]])), feature], replica_count=1)
+    assert err.value.field == field
+
+
+def test_bad_replica_count_and_feature_container():
+    schema = _schema(SlotConfig("a", 4))
+    with pytest.raises(InvalidInputError, match="replica_count"):
+        prepare_batch(schema, [], replica_count=0)
+    with pytest.raises(InvalidInputError, match="id_type_features"):
+        prepare_batch(schema, {"a": 1}, replica_count=1)
