@@ -1,0 +1,206 @@
+"""Pooling of looked-up vectors into per-slot tensors, and its transpose for gradients.
+
+Forward, per slot (``SlotPlan`` from ``preprocess``):
+
+- summed slot: ``out[i] = scale_i * sum of the vectors of sample i`` → ``(batch, dim)``,
+  where ``scale_i = 1/sqrt(ids in sample i, each id counted once per hash-stack
+  bucket)`` with ``sqrt_scaling`` (PERSIA's rule) and 1 otherwise; an empty
+  sample gives zeros;
+- raw slot: ``(batch, sample_fixed_size, dim + 1)``; row ``(i, j)`` holds the j-th
+  id of sample i (the sum of its R hash-stack buckets; PERSIA overwrites them
+  instead, a bug not copied) and a last column that is 1 for a real id and 0 for
+  padding.
+
+Backward is the exact transpose: each output row's gradient, divided by the
+loss scale and multiplied by the same row scale, is added to every unique id
+that contributed to that row. The per-replica helpers cut a batch's unique ids
+and gradients into one payload per PS replica and put the answers back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from services.embedding_worker import kernels
+from services.embedding_worker.preprocess import PreparedBatch, SlotPlan
+from shared.errors import InvalidInputError
+
+_GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def pool_forward(
+    prepared: PreparedBatch, vectors_by_dim: dict[int, np.ndarray]
+) -> list[np.ndarray]:
+    """One float32 tensor per slot, in the batch's feature order, from the unique ids' vectors.
+
+    ``vectors_by_dim[dim]`` is ``(n_unique, dim)`` float32, row k the vector of
+    ``prepared.groups[dim].ids[k]``.
+    """
+    for dim, group in prepared.groups.items():
+        _check_vectors(f"vectors[{dim}]", vectors_by_dim.get(dim), group.ids.shape[0], dim)
+    out = []
+    for plan in prepared.slots:
+        vectors = np.ascontiguousarray(vectors_by_dim[plan.dim], dtype=np.float32)
+        width = plan.dim if plan.summation else plan.dim + 1
+        flat = np.zeros((plan.num_rows, width), dtype=np.float32)
+        kernels.pool_rows(vectors, plan.inverse, plan.rows, plan.rounds, plan.row_scale, flat)
+        if not plan.summation:
+            flat[plan.rows, plan.dim] = 1.0
+        out.append(flat.reshape(plan.output_shape))
+    return out
+
+
+def pool_backward(
+    prepared: PreparedBatch,
+    slot_grads: Sequence[np.ndarray | None],
+    loss_scale: float = 1.0,
+) -> tuple[dict[int, np.ndarray], list[str]]:
+    """Per-unique-id gradients of every dim group from the gradients of the pooled tensors.
+
+    ``slot_grads[i]`` has the shape of ``pool_forward``'s i-th output (float32 or
+    float16; a raw slot's mask column is ignored). A slot whose gradient holds a
+    NaN or inf, or is ``None`` (skipped by the NN worker), contributes nothing and
+    is named in the returned list of skipped slots. Gradients are divided by
+    ``loss_scale`` and multiplied by the forward row scale, then summed per
+    unique id over every occurrence in every slot of that dim.
+    """
+    if not isinstance(slot_grads, (list, tuple)) or len(slot_grads) != len(prepared.slots):
+        got = len(slot_grads) if isinstance(slot_grads, (list, tuple)) else type(slot_grads)
+        raise InvalidInputError("gradients", f"a list of {len(prepared.slots)} slot gradients", got)
+    loss_scale = _check_loss_scale(loss_scale)
+    grads = {
+        dim: np.zeros((g.ids.shape[0], dim), dtype=np.float32) for dim, g in prepared.groups.items()
+    }
+    skipped: list[str] = []
+    for plan, grad in zip(prepared.slots, slot_grads, strict=True):
+        if grad is None:
+            skipped.append(plan.name)
+            continue
+        rows = _check_grad(plan, grad)
+        if not bool(np.isfinite(rows).all()):
+            skipped.append(plan.name)
+            continue
+        kernels.scatter_rows(
+            rows,
+            plan.inverse,
+            plan.rows,
+            plan.rounds,
+            plan.row_scale,
+            1.0 / loss_scale,
+            grads[plan.dim],
+        )
+    return grads, skipped
+
+
+def _check_loss_scale(loss_scale: Any) -> float:
+    try:
+        value = float(loss_scale)
+    except (TypeError, ValueError):
+        raise InvalidInputError("loss_scale", "a finite positive number", loss_scale) from None
+    if not np.isfinite(value) or value <= 0:
+        raise InvalidInputError("loss_scale", "a finite positive number", loss_scale)
+    return value
+
+
+def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:
+    """The slot's gradient as contiguous float32 rows ``(num_rows, dim)``."""
+    field = f"gradients.{plan.name}"
+    if not isinstance(grad, np.ndarray) or grad.dtype not in _GRAD_DTYPES:
+        raise InvalidInputError(field, "a float32 or float16 array", _describe(grad))
+    if grad.shape != plan.output_shape:
+        raise InvalidInputError(field, f"shape {plan.output_shape}", grad.shape)
+    rows = grad.reshape(plan.num_rows, -1)[:, : plan.dim]
+    return np.ascontiguousarray(rows, dtype=np.float32)
+
+
+def _check_vectors(field: str, vectors: Any, n: int, dim: int) -> None:
+    if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32:
+        raise InvalidInputError(field, f"a float32 array of shape ({n}, {dim})", _describe(vectors))
+    if vectors.shape != (n, dim):
+        raise InvalidInputError(field, f"shape ({n}, {dim})", vectors.shape)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__
+
+
+# ------------------------------------------------------------------ per-replica payloads
+
+
+def replica_lookups(prepared: PreparedBatch) -> list[list[tuple[int, np.ndarray]]]:
+    """Per PS replica, ``[(dim, ids), ...]`` for every dim group (ids may be empty).
+
+    One request per replica carries all its groups; ``scatter_responses`` expects
+    the answers in the same order.
+    """
+    return [
+        [(dim, g.ids[g.replica_indices(k)]) for dim, g in prepared.groups.items()]
+        for k in range(prepared.replica_count)
+    ]
+
+
+def scatter_responses(
+    prepared: PreparedBatch, responses: Sequence[Sequence[np.ndarray]]
+) -> dict[int, np.ndarray]:
+    """``vectors_by_dim`` from the replicas' answers to ``replica_lookups``.
+
+    ``responses[k][j]`` is replica k's ``(n, dim)`` float32 answer for its j-th
+    group. Shapes and dtypes are checked (a PS is outside input too).
+    """
+    if not isinstance(responses, (list, tuple)) or len(responses) != prepared.replica_count:
+        raise InvalidInputError(
+            "responses", f"one answer list per replica ({prepared.replica_count})", _len(responses)
+        )
+    out = {
+        dim: np.empty((g.ids.shape[0], dim), dtype=np.float32) for dim, g in prepared.groups.items()
+    }
+    for k, answer in enumerate(responses):
+        if not isinstance(answer, (list, tuple)) or len(answer) != len(prepared.groups):
+            raise InvalidInputError(
+                f"responses[{k}]", f"{len(prepared.groups)} dim groups", _len(answer)
+            )
+        for j, (dim, group) in enumerate(prepared.groups.items()):
+            idx = group.replica_indices(k)
+            _check_vectors(f"responses[{k}][{j}]", answer[j], idx.shape[0], dim)
+            out[dim][idx] = answer[j]
+    return out
+
+
+def replica_updates(
+    prepared: PreparedBatch,
+    grads_by_dim: dict[int, np.ndarray],
+    skipped_slots: Sequence[str] = (),
+) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
+    """Per PS replica, ``[(dim, ids, grads), ...]`` of the ids that received a gradient.
+
+    Ids seen only in skipped slots are left out: a zero gradient is not "no
+    update" for optimizers with state or weight decay.
+    """
+    skipped = set(skipped_slots)
+    touched = {dim: None for dim in prepared.groups}
+    for plan in prepared.slots:
+        if plan.name in skipped:
+            continue
+        mask = touched[plan.dim]
+        if mask is None:
+            mask = touched[plan.dim] = np.zeros(prepared.groups[plan.dim].ids.shape[0], bool)
+        mask[plan.inverse] = True
+    out: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
+    for k in range(prepared.replica_count):
+        groups = []
+        for dim, group in prepared.groups.items():
+            idx = group.replica_indices(k)
+            mask = touched[dim]
+            idx = idx[:0] if mask is None else idx[mask[idx]]
+            groups.append((dim, group.ids[idx], grads_by_dim[dim][idx]))
+        out.append(groups)
+    return out
+
+
+def _len(value: Any) -> Any:
+    return len(value) if isinstance(value, (list, tuple)) else type(value).__name__
