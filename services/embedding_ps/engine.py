@@ -1,0 +1,469 @@
+"""The embedding PS storage engine: :class:`EmbeddingStore` (no HTTP; the service wraps it).
+
+Ids are spread over ``num_shards`` internal shards by ``mix64(id) % num_shards`` (independent of
+PERSIA's farmhash replica routing). Each shard has its own lock and its own compiled hash table,
+LRU list and arenas (see :mod:`services.embedding_ps.kernels`); kernels release the GIL, so a
+large batch is split over a small thread pool when there are several shards.
+
+Semantics (issue 2, section 4):
+
+* capacity counts vectors; each shard holds at most ``ceil(capacity / num_shards)``.
+* training lookups refresh recency in batch order and admit unknown ids with
+  ``admit_probability`` (a hash of (call salt, id): duplicates in one call agree); admitted ids
+  start at Uniform(lower, upper) drawn from a hash of (id, element), so the value does not depend
+  on the replica or shard; refused ids read zeros. Eval lookups never insert or refresh.
+* a known id read at another dim is re-initialized at that dim (counted, logged once per call).
+* updates apply one optimizer step per occurrence, in batch order (a duplicated id gets several
+  steps; the embedding worker sends unique ids), then clip to ``weight_bound``; unknown ids and
+  rows with NaN/inf are skipped and counted. Updates do not refresh recency.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.embedding_ps import kernels as K
+from services.embedding_ps.optimizers import init_state_numpy, pack, state_layout, state_width
+from services.embedding_ps.shard import Shard
+from shared.embedding_spec import EmbeddingHyperparams, OptimizerSpec, optimizer_to_dict
+from shared.errors import ConflictError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+MAX_DIMS = 127  # arena ids are int8
+PARALLEL_MIN_BATCH = 16_384
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of :meth:`EmbeddingStore.update`."""
+
+    applied: int
+    skipped_unknown: int
+    skipped_nonfinite: int
+
+
+def _check_ids(ids: object) -> np.ndarray:
+    if not isinstance(ids, np.ndarray) or ids.dtype != np.uint64 or ids.ndim != 1:
+        got = f"{ids.dtype}{list(ids.shape)}" if isinstance(ids, np.ndarray) else type(ids).__name__
+        raise InvalidInputError("ids", "a 1-D uint64 array", got)
+    return np.ascontiguousarray(ids)
+
+
+def _check_dim(dim: object) -> int:
+    if (
+        isinstance(dim, bool)
+        or not isinstance(dim, (int, np.integer))
+        or not 0 < int(dim) <= 1 << 16
+    ):
+        raise InvalidInputError("dim", "a positive integer <= 65536", dim)
+    return int(dim)
+
+
+class EmbeddingStore:
+    """A replica's embedding table: id -> embedding + optimizer state, LRU-bounded to ``capacity``."""
+
+    def __init__(
+        self,
+        capacity: int,
+        num_shards: int = 1,
+        hyperparams: EmbeddingHyperparams | None = None,
+        optimizer: OptimizerSpec | None = None,
+        seed: int | None = None,
+    ):
+        if (
+            isinstance(capacity, bool)
+            or not isinstance(capacity, (int, np.integer))
+            or not 0 < capacity < 2**31 * 64
+        ):
+            raise InvalidInputError("capacity", "a positive integer", capacity)
+        if (
+            isinstance(num_shards, bool)
+            or not isinstance(num_shards, (int, np.integer))
+            or not 0 < num_shards <= 64
+        ):
+            raise InvalidInputError(
+                "num_hashmap_internal_shards", "an integer in [1, 64]", num_shards
+            )
+        per_shard = math.ceil(capacity / num_shards)
+        if per_shard >= 2**31 - 1:
+            raise InvalidInputError(
+                "capacity", f"at most {2**31 - 2} vectors per internal shard", capacity
+            )
+        self.capacity = int(capacity)
+        self.num_shards = int(num_shards)
+        self._shards = [Shard(per_shard) for _ in range(self.num_shards)]
+        self._state_lock = threading.Lock()  # dims, optimizer, hyperparams, counters
+        self._dims: dict[int, int] = {}
+        self._optimizer: OptimizerSpec | None = None
+        self._opt = pack(None)
+        self.configure(hyperparams or EmbeddingHyperparams())
+        self._seed = int(seed) if seed is not None else int.from_bytes(os.urandom(8), "little")
+        self._calls = itertools.count(1)
+        self._skipped_unknown = 0
+        self._skipped_nonfinite = 0
+        self._pool = (
+            ThreadPoolExecutor(min(self.num_shards, os.cpu_count() or 1), "ps-shard")
+            if self.num_shards > 1
+            else None
+        )
+        self.incremental = None  # an IncrementalWriter, notified of applied updates
+        if optimizer is not None:
+            self.register_optimizer(optimizer)
+
+    # ----------------------------------------------------------------- configuration
+    @property
+    def hyperparams(self) -> EmbeddingHyperparams:
+        return self._hyperparams
+
+    @property
+    def optimizer(self) -> OptimizerSpec | None:
+        return self._optimizer
+
+    def configure(self, hyperparams: EmbeddingHyperparams) -> None:
+        """Set initialization bounds, admit probability and weight bound (applies to later calls)."""
+        if not isinstance(hyperparams, EmbeddingHyperparams):
+            raise InvalidInputError("embedding_config", "an EmbeddingHyperparams", hyperparams)
+        lo, hi = hyperparams.emb_initialization
+        self._hyper = np.array([lo, hi, hyperparams.admit_probability], dtype=np.float64)
+        self._hyperparams = hyperparams
+
+    def register_optimizer(self, spec: OptimizerSpec) -> None:
+        """Set the optimizer. The same spec again is a no-op; another spec while entries exist is a
+        ConflictError unless only hyper-parameters change (same state layout) or none was set yet
+        (state columns are then added and initialized)."""
+        packed = pack(spec)
+        if packed[0] < 0:
+            raise InvalidInputError("optimizer", "an SGDSpec, AdamSpec or AdagradSpec", spec)
+        with self._all_locks():
+            if spec == self._optimizer:
+                return
+            if (
+                len(self)
+                and self._optimizer is not None
+                and state_layout(spec) != state_layout(self._optimizer)
+            ):
+                raise ConflictError(
+                    f"optimizer: the store holds {len(self)} entries trained with "
+                    f"{optimizer_to_dict(self._optimizer)}; clear it before registering {optimizer_to_dict(spec)}",
+                    status=409,
+                )
+            if len(self) and self._optimizer is None:
+                self._add_state_columns(spec)
+            elif not len(self):
+                self._reset_unlocked()
+            self._optimizer = spec
+            self._opt = packed
+
+    def _add_state_columns(self, spec: OptimizerSpec) -> None:
+        for dim, aid in self._dims.items():
+            width = dim + state_width(spec, dim)
+            for shard in self._shards:
+                a = shard.arenas[aid] if aid < len(shard.arenas) else None
+                if a is None:
+                    continue
+                data = np.empty((a.data.shape[0], width), dtype=np.float32)
+                data[:, :dim] = a.data[:, :dim]
+                init_state_numpy(data, dim, spec)
+                a.data, a.width = data, width
+
+    def _all_locks(self):
+        store = self
+
+        class _Locks:
+            def __enter__(self):
+                store._state_lock.acquire()
+                for s in store._shards:
+                    s.lock.acquire()
+
+            def __exit__(self, *exc):
+                for s in reversed(store._shards):
+                    s.lock.release()
+                store._state_lock.release()
+
+        return _Locks()
+
+    def _arena_id(self, dim: int, create: bool) -> int | None:
+        aid = self._dims.get(dim)
+        if aid is None and create:
+            with self._state_lock:
+                aid = self._dims.get(dim)
+                if aid is None:
+                    if len(self._dims) >= MAX_DIMS:
+                        raise InvalidInputError(
+                            "dim", f"at most {MAX_DIMS} distinct dims per store", dim
+                        )
+                    aid = self._dims[dim] = len(self._dims)
+        return aid
+
+    def _width(self, dim: int) -> int:
+        return dim + state_width(self._optimizer, dim)
+
+    # ----------------------------------------------------------------- hot path
+    def _split(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Positions of ``ids`` per internal shard, each in batch order."""
+        if self.num_shards == 1:
+            return [np.arange(ids.shape[0], dtype=np.int64)]
+        sh = K.shard_of(ids, self.num_shards)
+        order = np.argsort(sh, kind="stable")
+        bounds = np.cumsum(np.bincount(sh, minlength=self.num_shards))[:-1]
+        return np.split(order, bounds)
+
+    def _run(self, fn, parts: list[np.ndarray]) -> list:
+        work = [(i, p) for i, p in enumerate(parts) if p.shape[0]]
+        if (
+            self._pool is not None
+            and len(work) > 1
+            and sum(p.shape[0] for _, p in work) >= PARALLEL_MIN_BATCH
+        ):
+            return list(self._pool.map(lambda ip: fn(*ip), work))
+        return [fn(i, p) for i, p in work]
+
+    def lookup(self, ids: np.ndarray, dim: int, *, train: bool) -> np.ndarray:
+        """Embeddings of ``ids`` at ``dim``, float32 (len(ids), dim). See the module docstring."""
+        ids = _check_ids(ids)
+        dim = _check_dim(dim)
+        out = np.empty((ids.shape[0], dim), dtype=np.float32)
+        aid = self._arena_id(dim, create=train)
+        if aid is None:
+            out[:] = 0.0
+            return out
+        width = self._width(dim)
+        if train:
+            salt = K.mix64_py(self._seed + next(self._calls))
+            hyper, opt = self._hyper, self._opt
+
+            def one(i: int, pos: np.ndarray) -> int:
+                shard = self._shards[i]
+                with shard.lock:
+                    arena = shard.arena(aid, dim, width)
+                    shard.reserve(pos.shape[0], arena)
+                    before = int(shard.meta[K.M_REINIT])
+                    orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
+                    n_orph = K.lookup_train(
+                        ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.table, shard.keys,
+                        shard.prev, shard.nxt, shard.row_of, shard.arena_of, shard.meta, hyper, opt, salt, orphans,
+                    )  # fmt: skip
+                    shard.free_orphans(orphans, n_orph)
+                    return int(shard.meta[K.M_REINIT]) - before
+
+            reinit = sum(self._run(one, self._split(ids)))
+            if reinit:
+                log.info("re-initialized %d ids stored at another dim at dim %d", reinit, dim)
+        else:
+
+            def one(i: int, pos: np.ndarray) -> None:
+                shard = self._shards[i]
+                with shard.lock:
+                    arena = shard.arenas[aid] if aid < len(shard.arenas) else None
+                    if arena is None:
+                        out[pos] = 0.0
+                        return
+                    K.lookup_eval(
+                        ids,
+                        pos,
+                        out,
+                        arena.data,
+                        np.int64(aid),
+                        shard.table,
+                        shard.keys,
+                        shard.row_of,
+                        shard.arena_of,
+                        shard.meta,
+                    )
+
+            self._run(one, self._split(ids))
+        return out
+
+    def update(self, ids: np.ndarray, grads: np.ndarray) -> UpdateResult:
+        """Apply one optimizer step per (id, gradient row); see the module docstring."""
+        ids = _check_ids(ids)
+        if not isinstance(grads, np.ndarray) or grads.dtype != np.float32 or grads.ndim != 2:
+            got = (
+                f"{grads.dtype}{list(grads.shape)}"
+                if isinstance(grads, np.ndarray)
+                else type(grads).__name__
+            )
+            raise InvalidInputError("grads", "a 2-D float32 array (len(ids), dim)", got)
+        if grads.shape[0] != ids.shape[0]:
+            raise InvalidInputError("grads", f"{ids.shape[0]} rows (one per id)", grads.shape[0])
+        dim = _check_dim(grads.shape[1])
+        if self._optimizer is None:
+            raise ConflictError(
+                "optimizer: no optimizer registered; register one before sending gradients",
+                status=409,
+            )
+        grads = np.ascontiguousarray(grads)
+        aid = self._arena_id(dim, create=False)
+        applied = np.zeros(ids.shape[0], dtype=np.bool_)
+        if aid is None:
+            nonfinite = int((~np.isfinite(grads).all(axis=1)).sum())
+            unknown = ids.shape[0] - nonfinite
+        else:
+            opt, bound = self._opt, np.float64(self._hyperparams.weight_bound)
+
+            def one(i: int, pos: np.ndarray) -> tuple[int, int]:
+                shard = self._shards[i]
+                with shard.lock:
+                    arena = shard.arenas[aid] if aid < len(shard.arenas) else None
+                    if arena is None:
+                        bad = int((~np.isfinite(grads[pos]).all(axis=1)).sum())
+                        return pos.shape[0] - bad, bad
+                    return K.update_rows(
+                        ids, pos, grads, arena.data, np.int64(aid), shard.table, shard.keys, shard.row_of,
+                        shard.arena_of, shard.meta, opt, bound, applied,
+                    )  # fmt: skip
+
+            res = self._run(one, self._split(ids))
+            unknown = sum(int(r[0]) for r in res)
+            nonfinite = sum(int(r[1]) for r in res)
+        with self._state_lock:
+            self._skipped_unknown += unknown
+            self._skipped_nonfinite += nonfinite
+        n_applied = ids.shape[0] - unknown - nonfinite
+        writer = self.incremental
+        if writer is not None and n_applied:
+            writer.notify(self, ids[applied])
+        return UpdateResult(n_applied, unknown, nonfinite)
+
+    # ----------------------------------------------------------------- bulk access (checkpoints)
+    def export_entries(
+        self, ids: np.ndarray | None = None
+    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """{dim: (ids, rows)} of stored entries (all, or those among ``ids``); rows include state."""
+        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for dim, aid in sorted(self._dims.items()):
+            width = self._width(dim)
+            got_ids, got_rows = [], []
+            for shard in self._shards:
+                with shard.lock:
+                    if aid >= len(shard.arenas) or shard.arenas[aid] is None:
+                        continue
+                    if ids is None:
+                        sid, rows = shard.live_ids(aid)
+                        if rows is None:
+                            continue
+                    else:
+                        rows = np.empty((ids.shape[0], width), dtype=np.float32)
+                        found = np.zeros(ids.shape[0], dtype=np.bool_)
+                        a = shard.arenas[aid]
+                        K.gather_rows(
+                            ids,
+                            rows,
+                            a.data,
+                            np.int64(aid),
+                            shard.table,
+                            shard.keys,
+                            shard.row_of,
+                            shard.arena_of,
+                            shard.meta,
+                            found,
+                        )
+                        sid, rows = ids[found], rows[found]
+                got_ids.append(sid)
+                got_rows.append(rows)
+            if got_ids and sum(x.shape[0] for x in got_ids):
+                out[dim] = (np.concatenate(got_ids), np.concatenate(got_rows))
+        return out
+
+    def import_entries(self, dim: int, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Store full rows (embedding + state of the registered optimizer's layout) under ``ids``."""
+        ids = _check_ids(ids)
+        dim = _check_dim(dim)
+        width = self._width(dim)
+        if rows.dtype != np.float32 or rows.shape != (ids.shape[0], width):
+            raise InvalidInputError(
+                "rows", f"float32 ({ids.shape[0]}, {width})", f"{rows.dtype}{list(rows.shape)}"
+            )
+        rows = np.ascontiguousarray(rows)
+        aid = self._arena_id(dim, create=True)
+        for i, pos in enumerate(self._split(ids)):
+            if not pos.shape[0]:
+                continue
+            shard = self._shards[i]
+            with shard.lock:
+                arena = shard.arena(aid, dim, width)
+                shard.reserve(pos.shape[0], arena)
+                orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
+                n_orph = K.insert_rows(
+                    ids[pos], rows[pos], arena.data, arena.free, arena.ameta, np.int64(aid), shard.table, shard.keys,
+                    shard.prev, shard.nxt, shard.row_of, shard.arena_of, shard.meta, orphans,
+                )  # fmt: skip
+                shard.free_orphans(orphans, n_orph)
+
+    def dump(self, directory: str | Path, replica_index: int, replica_count: int) -> dict:
+        """Write this replica's part of a checkpoint into ``directory``; returns its manifest."""
+        from services.embedding_ps.checkpoint import dump_store
+
+        return dump_store(self, directory, replica_index, replica_count)
+
+    def load(self, directory: str | Path, replica_index: int, replica_count: int) -> int:
+        """Replace the contents with the ids of the checkpoint in ``directory`` routed to this
+        replica (any writer replica count); returns the number of entries loaded."""
+        from services.embedding_ps.checkpoint import load_store
+
+        return load_store(self, directory, replica_index, replica_count)
+
+    # ----------------------------------------------------------------- bookkeeping
+    def __len__(self) -> int:
+        return sum(s.n for s in self._shards)
+
+    def _reset_unlocked(self) -> None:
+        for s in self._shards:
+            s.reset()
+        self._dims.clear()
+
+    def clear(self) -> None:
+        """Drop every entry (the optimizer, hyper-parameters and counters stay)."""
+        with self._all_locks():
+            self._reset_unlocked()
+
+    def raw_bytes_per_entry(self, dim: int) -> int:
+        """8-byte key + embedding + optimizer state: the reference for memory overhead."""
+        return 8 + 4 * self._width(dim)
+
+    def stats(self) -> dict:
+        """Counters and memory use (see the module docstring for what each counts)."""
+        entries = len(self)
+        per_dim: dict[int, int] = {}
+        for dim, aid in self._dims.items():
+            per_dim[dim] = sum(
+                s.arenas[aid].live
+                for s in self._shards
+                if aid < len(s.arenas) and s.arenas[aid] is not None
+            )
+        nbytes = sum(s.nbytes() for s in self._shards)
+        raw = sum(n * self.raw_bytes_per_entry(d) for d, n in per_dim.items())
+        return {
+            "entries": entries,
+            "capacity": self.capacity,
+            "num_shards": self.num_shards,
+            "evictions": sum(int(s.meta[K.M_EVICT]) for s in self._shards),
+            "admission_refusals": sum(int(s.meta[K.M_REFUSED]) for s in self._shards),
+            "skipped_unknown": self._skipped_unknown,
+            "skipped_nonfinite": self._skipped_nonfinite,
+            "reinitialized_dim": sum(int(s.meta[K.M_REINIT]) for s in self._shards),
+            "bytes_allocated": nbytes,
+            "bytes_per_entry": nbytes / entries if entries else 0.0,
+            "raw_bytes_per_entry": raw / entries if entries else 0.0,
+            "entries_per_dim": {str(d): n for d, n in sorted(per_dim.items())},
+            "optimizer": optimizer_to_dict(self._optimizer)
+            if self._optimizer is not None
+            else None,
+            "hyperparams": self._hyperparams.to_dict(),
+        }
+
+    def close(self) -> None:
+        """Stop the shard thread pool (the store stays usable single-threaded)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
