@@ -1,0 +1,113 @@
+"""persia.env: lazy, cached reads of RANK/LOCAL_RANK/WORLD_SIZE and REPLICA_INDEX/REPLICA_SIZE."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from persia import env
+from shared.errors import ConfigError
+
+_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "REPLICA_INDEX", "REPLICA_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in _VARS:
+        monkeypatch.delenv(name, raising=False)
+    env.reload_env()
+    yield
+    env.reload_env()
+
+
+def test_defaults_when_nothing_is_set():
+    assert (env.get_rank(), env.get_local_rank(), env.get_world_size()) == (None, None, None)
+    assert (env.get_replica_index(), env.get_replica_size()) == (0, 1)
+
+
+def test_reads_torchrun_and_launcher_variables(monkeypatch):
+    for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("REPLICA_INDEX", "2")
+    monkeypatch.setenv("REPLICA_SIZE", "5")
+    env.reload_env()
+    assert (env.get_rank(), env.get_local_rank(), env.get_world_size()) == (3, 1, 4)
+    assert (env.get_replica_index(), env.get_replica_size()) == (2, 5)
+
+
+def test_values_are_cached_until_reload(monkeypatch):
+    assert env.get_replica_index() == 0
+    monkeypatch.setenv("REPLICA_INDEX", "1")
+    monkeypatch.setenv("REPLICA_SIZE", "2")
+    assert env.get_replica_index() == 0  # still the cached value
+    env.reload_env()
+    assert env.get_replica_index() == 1
+
+
+def test_empty_variables_count_as_unset(monkeypatch):
+    monkeypatch.setenv("RANK", "")
+    monkeypatch.setenv("REPLICA_INDEX", " ")
+    assert env.get_rank() is None
+    assert env.get_replica_index() == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"REPLICA_INDEX": "x", "REPLICA_SIZE": "2"},
+            "REPLICA_INDEX: expected an integer >= 0, got 'x'",
+        ),
+        (
+            {"REPLICA_INDEX": "-1", "REPLICA_SIZE": "2"},
+            "REPLICA_INDEX: expected an integer >= 0, got -1",
+        ),
+        (
+            {"REPLICA_INDEX": "0", "REPLICA_SIZE": "0"},
+            "REPLICA_SIZE: expected an integer >= 1, got 0",
+        ),
+        (
+            {"REPLICA_INDEX": "2", "REPLICA_SIZE": "2"},
+            "REPLICA_INDEX: expected an integer below REPLICA_SIZE=2, got 2",
+        ),
+        ({"REPLICA_INDEX": "1"}, "REPLICA_SIZE is not set but REPLICA_INDEX is"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "LOCAL_RANK is not set but RANK, WORLD_SIZE are"),
+        (
+            {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+            "RANK: expected an integer below WORLD_SIZE=2, got 2",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1.5"},
+            "WORLD_SIZE: expected an integer >= 1, got '1.5'",
+        ),
+    ],
+)
+def test_bad_values_name_the_variable(monkeypatch, values, message):
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        env.get_replica_index()
+    assert message in str(info.value)
+
+
+def test_nothing_is_read_at_import_time():
+    # A bad value must not break `import persia.env`; only a getter call reports it.
+    code = (
+        "import persia.env as e\n"
+        "try:\n"
+        "    e.get_rank()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"RANK": "oops", "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(Path(__file__).parent.parent),
+    )
+    assert out.stdout.strip() == "ConfigError"
