@@ -1,0 +1,387 @@
+"""Embedding checkpoints: full dumps per replica, resharding loads, incremental packets.
+
+Layout of a checkpoint directory (every replica of a job writes into the same one)::
+
+    replica_<i>.manifest.json              the commit marker of replica i's part
+    replica_<i>.<token>.dim<d>.ids.npy     uint64 (n,)          ids stored at dim d
+    replica_<i>.<token>.dim<d>.rows.npy    float32 (n, width)   [embedding | optimizer state]
+
+A dump writes its data files under a fresh token, then atomically replaces the manifest
+(``os.replace``), then deletes the files of the previous dump. A crash before the replace leaves
+the previous manifest and its files untouched (still loadable); a crash after it leaves only
+stray files. Only ``.npy`` files written and read with ``allow_pickle=False`` and JSON: no pickle.
+
+A checkpoint written by N replicas loads into M: every replica reads every part and keeps the ids
+with ``replica_of(id, M) == its index`` (vectorized).
+
+Incremental packets (:class:`IncrementalWriter`) are directories ``packet_<seq>_<ms>`` holding the
+same ``dim<d>.ids.npy``/``dim<d>.rows.npy`` pairs, a ``manifest.json`` and a ``done`` marker;
+they appear atomically (written under a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from services.embedding_ps.optimizers import state_layout
+from shared.embedding_spec import optimizer_from_dict, optimizer_to_dict
+from shared.errors import ConflictError, InvalidInputError
+from shared.farmhash import replica_of
+
+if TYPE_CHECKING:
+    from services.embedding_ps.engine import EmbeddingStore
+
+log = logging.getLogger(__name__)
+
+FORMAT = "pyrsia-embedding-checkpoint"
+FORMAT_VERSION = 1
+_MANIFEST = re.compile(r"^replica_(\d+)\.manifest\.json$")
+
+
+def _check_replica(replica_index: object, replica_count: object) -> tuple[int, int]:
+    if (
+        isinstance(replica_count, bool)
+        or not isinstance(replica_count, (int, np.integer))
+        or replica_count < 1
+    ):
+        raise InvalidInputError("replica_count", "a positive integer", replica_count)
+    if (
+        isinstance(replica_index, bool)
+        or not isinstance(replica_index, (int, np.integer))
+        or not 0 <= replica_index < replica_count
+    ):
+        raise InvalidInputError(
+            "replica_index", f"an integer in [0, {replica_count})", replica_index
+        )
+    return int(replica_index), int(replica_count)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    """Write one .npy file completely (flushed to disk) without pickle."""
+    with open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_entries(
+    directory: Path, prefix: str, entries: dict[int, tuple[np.ndarray, np.ndarray]]
+) -> dict:
+    dims = {}
+    for dim, (ids, rows) in entries.items():
+        ids_name, rows_name = f"{prefix}dim{dim}.ids.npy", f"{prefix}dim{dim}.rows.npy"
+        _save_array(directory / ids_name, ids)
+        _save_array(directory / rows_name, rows)
+        dims[str(dim)] = {
+            "entries": int(ids.shape[0]),
+            "width": int(rows.shape[1]),
+            "ids": ids_name,
+            "rows": rows_name,
+        }
+    return dims
+
+
+def dump_store(
+    store: EmbeddingStore, directory: str | Path, replica_index: int, replica_count: int
+) -> dict:
+    """Write ``store`` as replica ``replica_index`` of ``replica_count``; returns the manifest."""
+    replica_index, replica_count = _check_replica(replica_index, replica_count)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    token = f"{int(time.time() * 1000):x}{secrets.token_hex(4)}"
+    prefix = f"replica_{replica_index}.{token}."
+    entries = store.export_entries()
+    dims = _write_entries(directory, prefix, entries)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "replica_index": replica_index,
+        "replica_count": replica_count,
+        "token": token,
+        "created_unix_ms": int(time.time() * 1000),
+        "optimizer": optimizer_to_dict(store.optimizer) if store.optimizer is not None else None,
+        "hyperparams": store.hyperparams.to_dict(),
+        "entries": sum(d["entries"] for d in dims.values()),
+        "dims": dims,
+    }
+    _fsync_dir(directory)
+    _write_json(directory / f"replica_{replica_index}.manifest.json", manifest)
+    _fsync_dir(directory)
+    _remove_stale(directory, replica_index, replica_count, token)
+    log.info(
+        "dumped %d entries to %s as replica %d/%d",
+        manifest["entries"],
+        directory,
+        replica_index,
+        replica_count,
+    )
+    return manifest
+
+
+def _remove_stale(directory: Path, replica_index: int, replica_count: int, token: str) -> None:
+    """Delete the previous dump of this replica, and parts of replicas beyond ``replica_count``."""
+    for path in directory.iterdir():
+        name = path.name
+        m = _MANIFEST.match(name)
+        try:
+            if m and int(m.group(1)) >= replica_count:
+                path.unlink()
+            elif (
+                name.startswith(f"replica_{replica_index}.") and not m and f".{token}." not in name
+            ):
+                path.unlink()
+            elif (
+                name.startswith("replica_")
+                and name.endswith(".npy")
+                and int(name.split("_")[1].split(".")[0]) >= replica_count
+            ):
+                path.unlink()
+        except (FileNotFoundError, ValueError):
+            pass
+
+
+def read_manifests(directory: str | Path) -> list[dict]:
+    """The manifests of a complete checkpoint, by replica index; errors name what is missing."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InvalidInputError("directory", "an existing checkpoint directory", str(directory))
+    manifests = {}
+    for path in directory.iterdir():
+        m = _MANIFEST.match(path.name)
+        if m:
+            try:
+                manifest = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise InvalidInputError(
+                    "directory", f"a readable manifest {path.name}", str(exc)
+                ) from exc
+            if (
+                not isinstance(manifest, dict)
+                or manifest.get("format") != FORMAT
+                or manifest.get("format_version") != FORMAT_VERSION
+            ):
+                raise InvalidInputError(
+                    "directory",
+                    f"{FORMAT} version {FORMAT_VERSION} in {path.name}",
+                    manifest.get("format_version") if isinstance(manifest, dict) else None,
+                )
+            manifests[int(m.group(1))] = manifest
+    if not manifests:
+        raise InvalidInputError(
+            "directory", "a checkpoint (replica_<i>.manifest.json files)", str(directory)
+        )
+    counts = {m["replica_count"] for m in manifests.values()}
+    if len(counts) != 1:
+        raise InvalidInputError(
+            "directory", "manifests of one dump (one replica_count)", sorted(counts)
+        )
+    count = counts.pop()
+    missing = sorted(set(range(count)) - set(manifests))
+    if missing:
+        raise InvalidInputError(
+            "directory", f"parts of all {count} replicas", f"missing replica(s) {missing}"
+        )
+    return [manifests[i] for i in range(count)]
+
+
+def _adopt_optimizer(store: EmbeddingStore, manifests: list[dict]) -> None:
+    specs = {json.dumps(m["optimizer"], sort_keys=True) for m in manifests}
+    if len(specs) != 1:
+        raise InvalidInputError("directory", "parts written with one optimizer", sorted(specs))
+    raw = manifests[0]["optimizer"]
+    saved = optimizer_from_dict(raw, "manifest.optimizer") if raw is not None else None
+    if store.optimizer is None:
+        store.clear()
+        if saved is not None:
+            store.register_optimizer(saved)
+    elif state_layout(saved) != state_layout(store.optimizer):
+        raise ConflictError(
+            f"optimizer: the checkpoint was trained with {raw}, the store has "
+            f"{optimizer_to_dict(store.optimizer)} registered; register the checkpoint's optimizer "
+            "(or clear and register nothing) before loading",
+            status=409,
+        )
+
+
+def _read_pair(directory: Path, info: dict, dim: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        ids = np.load(directory / info["ids"], allow_pickle=False)
+        rows = np.load(directory / info["rows"], allow_pickle=False, mmap_mode="r")
+    except (OSError, ValueError, KeyError) as exc:
+        raise InvalidInputError(
+            "directory", f"readable data files for dim {dim}", str(exc)
+        ) from exc
+    if (
+        ids.dtype != np.uint64
+        or ids.ndim != 1
+        or rows.dtype != np.float32
+        or rows.shape != (ids.shape[0], width)
+    ):
+        raise InvalidInputError(
+            "directory",
+            f"ids uint64 (n,) and rows float32 (n, {width}) for dim {dim}",
+            f"{ids.dtype}{ids.shape}, {rows.dtype}{rows.shape}",
+        )
+    return ids, rows
+
+
+def load_store(
+    store: EmbeddingStore, directory: str | Path, replica_index: int, replica_count: int
+) -> int:
+    """Replace ``store``'s entries with those of the checkpoint routed to ``replica_index``."""
+    replica_index, replica_count = _check_replica(replica_index, replica_count)
+    directory = Path(directory)
+    manifests = read_manifests(directory)
+    _adopt_optimizer(store, manifests)
+    for m in manifests:  # check every part before touching the store
+        for dim, info in m["dims"].items():
+            if info["width"] != store._width(int(dim)):
+                raise ConflictError(
+                    f"checkpoint dim {dim} rows are {info['width']} wide, the store expects {store._width(int(dim))}",
+                    status=409,
+                )
+    store.clear()
+    loaded = 0
+    for m in manifests:
+        for dim_s, info in m["dims"].items():
+            dim = int(dim_s)
+            ids, rows = _read_pair(directory, info, dim, info["width"])
+            mask = replica_of(ids, replica_count) == replica_index
+            if mask.any():
+                store.import_entries(dim, ids[mask], np.asarray(rows[mask]))
+                loaded += int(mask.sum())
+    log.info(
+        "loaded %d entries from %s as replica %d/%d",
+        loaded,
+        directory,
+        replica_index,
+        replica_count,
+    )
+    return loaded
+
+
+class IncrementalWriter:
+    """Writes the entries changed by updates as packets, every ``buffer_size`` distinct ids.
+
+    The store calls :meth:`notify` with the ids it applied gradients to; :meth:`flush` writes
+    whatever is pending (e.g. at shutdown). Thread-safe.
+    """
+
+    def __init__(self, directory: str | Path, buffer_size: int):
+        if (
+            isinstance(buffer_size, bool)
+            or not isinstance(buffer_size, (int, np.integer))
+            or buffer_size < 1
+        ):
+            raise InvalidInputError("incremental_buffer_size", "a positive integer", buffer_size)
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.buffer_size = int(buffer_size)
+        self._lock = threading.Lock()
+        self._pending: list[np.ndarray] = []
+        self._pending_n = 0
+        seqs = [
+            int(p.name.split("_")[1])
+            for p in self.directory.glob("packet_*_*")
+            if p.name.split("_")[1].isdigit()
+        ]
+        self._seq = max(seqs, default=-1) + 1
+        self.packets_written = 0
+
+    def notify(self, store: EmbeddingStore, ids: np.ndarray) -> None:
+        """Record updated ids; write a packet once ``buffer_size`` distinct ids are pending."""
+        with self._lock:
+            self._pending.append(ids)
+            self._pending_n += ids.shape[0]
+            if self._pending_n < self.buffer_size:
+                return
+            unique = np.unique(np.concatenate(self._pending))
+            self._pending, self._pending_n = [unique], unique.shape[0]
+            if unique.shape[0] >= self.buffer_size:
+                self._write(store, unique)
+
+    def flush(self, store: EmbeddingStore) -> Path | None:
+        """Write the pending ids now (if any); returns the packet directory."""
+        with self._lock:
+            if not self._pending_n:
+                return None
+            return self._write(store, np.unique(np.concatenate(self._pending)))
+
+    def _write(self, store: EmbeddingStore, ids: np.ndarray) -> Path:
+        self._pending, self._pending_n = [], 0
+        name = f"packet_{self._seq:08d}_{int(time.time() * 1000)}"
+        self._seq += 1
+        tmp = self.directory / f".{name}.tmp"
+        tmp.mkdir()
+        entries = store.export_entries(ids)
+        dims = _write_entries(tmp, "", entries)
+        manifest = {
+            "format": FORMAT + "-packet",
+            "format_version": FORMAT_VERSION,
+            "optimizer": optimizer_to_dict(store.optimizer)
+            if store.optimizer is not None
+            else None,
+            "entries": sum(d["entries"] for d in dims.values()),
+            "dims": dims,
+        }
+        _write_json(tmp / "manifest.json", manifest)
+        (tmp / "done").write_text("")
+        _fsync_dir(tmp)
+        final = self.directory / name
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        self.packets_written += 1
+        return final
+
+
+def apply_packet(
+    store: EmbeddingStore, packet: str | Path, replica_index: int = 0, replica_count: int = 1
+) -> int:
+    """Load one finished packet (``done`` present) into ``store``, keeping this replica's ids."""
+    replica_index, replica_count = _check_replica(replica_index, replica_count)
+    packet = Path(packet)
+    if not (packet / "done").exists():
+        raise InvalidInputError(
+            "packet", "a finished packet directory (with a done marker)", str(packet)
+        )
+    manifest = json.loads((packet / "manifest.json").read_text())
+    applied = 0
+    for dim_s, info in manifest["dims"].items():
+        dim = int(dim_s)
+        if info["width"] != store._width(dim):
+            raise ConflictError(
+                f"packet dim {dim} rows are {info['width']} wide, the store expects {store._width(dim)}",
+                status=409,
+            )
+        ids, rows = _read_pair(packet, info, dim, info["width"])
+        mask = replica_of(ids, replica_count) == replica_index
+        store.import_entries(dim, ids[mask], np.asarray(rows[mask]))
+        applied += int(mask.sum())
+    return applied
