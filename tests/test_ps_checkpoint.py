@@ -38,7 +38,8 @@ def _trained(
 
 def _rows(store: EmbeddingStore) -> dict[int, dict[int, np.ndarray]]:
     return {
-        dim: dict(zip(ids.tolist(), rows)) for dim, (ids, rows) in store.export_entries().items()
+        dim: dict(zip(ids.tolist(), rows, strict=True))
+        for dim, (ids, rows) in store.export_entries().items()
     }
 
 
