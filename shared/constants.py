@@ -59,7 +59,8 @@ ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER, ROLE_DATA_LOA
 MSGPACK_CONTENT_TYPE = "application/msgpack"
 NDARRAY_EXT_CODE = 42
 MAX_MESSAGE_BYTES = 1 << 30
-"""Largest request or response body a service accepts (1 GiB)."""
+"""Largest request or response body a service accepts (1 GiB; ``PYRSIA_MAX_MESSAGE_BYTES``)."""
+ENV_MAX_MESSAGE_BYTES = "PYRSIA_MAX_MESSAGE_BYTES"
 MAX_ARRAY_DIMS = 8
 
 # --- HTTP --------------------------------------------------------------------------------

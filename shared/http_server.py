@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -22,8 +23,14 @@ import prometheus_client as prom
 from aiohttp import web
 
 from shared.codec import packb, unpackb
-from shared.constants import MAX_MESSAGE_BYTES, MSGPACK_CONTENT_TYPE, SHUTDOWN_GRACE_S
+from shared.constants import (
+    ENV_MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_BYTES,
+    MSGPACK_CONTENT_TYPE,
+    SHUTDOWN_GRACE_S,
+)
 from shared.errors import (
+    ConfigError,
     ConflictError,
     InvalidInputError,
     NotFoundError,
@@ -168,8 +175,23 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
 
 
-def make_app(name: str, *, client_max_size: int = MAX_MESSAGE_BYTES) -> web.Application:
+def max_message_bytes() -> int:
+    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` if set, else ``MAX_MESSAGE_BYTES``."""
+    raw = os.environ.get(ENV_MAX_MESSAGE_BYTES)
+    if not raw:
+        return MAX_MESSAGE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{ENV_MAX_MESSAGE_BYTES}: expected a positive integer, got {raw!r}")
+    return value
+
+
+def make_app(name: str, *, client_max_size: int | None = None) -> web.Application:
     """An aiohttp app with health, metrics, error handling and drain support."""
+    client_max_size = client_max_size or max_message_bytes()
     app = web.Application(middlewares=[error_middleware], client_max_size=client_max_size)
     state = ServiceState(name=name)
     state.idle.set()

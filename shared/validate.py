@@ -35,7 +35,9 @@ def get(body: dict, key: str, field: str | None = None) -> Any:
     return body[key]
 
 
-def as_int(value: Any, field: str, *, min_value: int | None = None, max_value: int | None = None) -> int:
+def as_int(
+    value: Any, field: str, *, min_value: int | None = None, max_value: int | None = None
+) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidInputError(field, "an integer", value)
     value = int(value)
@@ -89,7 +91,7 @@ def as_array(
         raise InvalidInputError(field, f"a {ndim}-D array", f"shape {value.shape}")
     if shape is not None:
         if value.ndim != len(shape) or any(
-            want is not None and want != got for want, got in zip(shape, value.shape)
+            want is not None and want != got for want, got in zip(shape, value.shape, strict=False)
         ):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise InvalidInputError(field, f"shape {want}", f"shape {value.shape}")

@@ -29,3 +29,26 @@ def job_env(redis_server, monkeypatch) -> dict[str, str]:
 @pytest.fixture
 def registry_settings(job_env) -> RegistrySettings:
     return RegistrySettings(redis_url=job_env["PERSIA_REDIS_URL"], job_id=job_env["PERSIA_JOB_ID"])
+
+
+@pytest.fixture
+def services(job_env, tmp_path):
+    """Factory: start service subprocesses for this test; all are stopped (SIGTERM) at teardown
+    and must exit 0."""
+    from tests.service_procs import ServiceProc
+
+    started: list[ServiceProc] = []
+
+    def start(
+        module: str, args: list[str], *, role: str, replica_index: int = 0, **kw
+    ) -> ServiceProc:
+        svc = ServiceProc.start(
+            module, args, job_env, role=role, replica_index=replica_index, log_dir=tmp_path, **kw
+        )
+        started.append(svc)
+        return svc
+
+    yield start
+    codes = {f"{s.role}/{s.replica_index}": s.stop() for s in reversed(started)}
+    bad = {k: v for k, v in codes.items() if v not in (0, None, -9)}
+    assert not bad, f"services exited uncleanly: {bad}"

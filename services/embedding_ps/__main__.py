@@ -1,0 +1,3 @@
+from services.embedding_ps.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""``persia-launcher embedding-parameter-server``: run one embedding PS replica."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from services.embedding_ps.engine import EmbeddingStore
+from services.embedding_ps.server import create_app
+from shared.cli import (
+    UsageError,
+    add_config_flags,
+    add_replica_flags,
+    check_replica_flags,
+    fail,
+    resolve_file,
+)
+from shared.config import JobType, default_global_config, load_global_config
+from shared.constants import DEFAULT_PS_PORT, ENV_GLOBAL_CONFIG, ROLE_EMBEDDING_PS
+from shared.errors import ConfigError, RegistryError
+from shared.logging_setup import configure_logging
+from shared.service import run, run_service
+
+log = logging.getLogger(__name__)
+
+MAX_INTERNAL_SHARDS = 64
+"""More shards than this buy no parallelism on the machines Pyrsia targets."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher embedding-parameter-server",
+        description="Run one embedding parameter server replica: it stores a shard of the "
+        "embedding tables and applies the embedding optimizer.",
+    )
+    add_config_flags(parser)
+    add_replica_flags(parser, port_default=DEFAULT_PS_PORT)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_replica_flags(args)
+        # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
+        resolve_file(args.embedding_config, "--embedding-config", "PERSIA_EMBEDDING_CONFIG", required=False)
+        path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+        config = load_global_config(path, strict=args.strict_config) if path else default_global_config()
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    configure_logging(ROLE_EMBEDDING_PS, args.replica_index)
+    ps = config.embedding_parameter_server_config
+    shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
+    if shards != ps.num_hashmap_internal_shards:
+        log.info(
+            "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
+            ps.num_hashmap_internal_shards,
+            shards,
+        )
+    store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+    if ps.enable_incremental_update:
+        store.enable_incremental(ps.incremental_dir, ps.incremental_buffer_size)
+    infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
+    serving = config.common_config.job_type == JobType.Infer and bool(infer_checkpoint)
+    if serving:
+        loaded = store.load(infer_checkpoint, args.replica_index, args.replica_size)
+        log.info("inference: loaded %d entries from %s", loaded, infer_checkpoint)
+    app = create_app(
+        store,
+        replica_index=args.replica_index,
+        replica_size=args.replica_size,
+        ready_without_configure=serving,
+    )
+    try:
+        run(
+            lambda: run_service(
+                app,
+                role=ROLE_EMBEDDING_PS,
+                replica_index=args.replica_index,
+                replica_size=args.replica_size,
+                host=args.host,
+                port=args.port,
+            )
+        )
+    except RegistryError as exc:
+        return fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""The embedding parameter server's HTTP routes around an ``EmbeddingStore``.
+
+Routes (POST, msgpack bodies; see DESIGN.md "Wire protocol"):
+
+=====================  ===================================================  ==========================
+route                  body                                                 answer
+=====================  ===================================================  ==========================
+/configure             {"hyperparams": {emb_initialization, admit_...}}     {"hyperparams": {...}}
+/register_optimizer    {"optimizer": {"type": "adagrad", "lr": ...}}         {"optimizer": {...}}
+/lookup                {"train": bool, "groups": [{"dim", "ids"}]}          {"groups": [float32 (n, dim)]}
+/update                {"groups": [{"dim", "ids", "grads"}]}                {"applied", "skipped_..."}
+/dump, /load           {"dir": str}                                         manifest / {"entries"}
+/clear, /stats         {} / none                                            stats
+=====================  ===================================================  ==========================
+
+Lookups and updates run in a thread pool (the compiled kernels release the GIL),
+so ``/health`` answers while a large batch is being processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import prometheus_client as prom
+from aiohttp import web
+
+from services.embedding_ps.engine import EmbeddingStore
+from shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict, optimizer_to_dict
+from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from shared.validate import as_array, as_bool, as_dict, as_int, as_list, as_str, get
+
+log = logging.getLogger(__name__)
+
+MAX_GROUPS = 1024
+MAX_DIM = 1 << 16
+
+STORE = web.AppKey("ps_store", EmbeddingStore)
+EXECUTOR = web.AppKey("ps_executor", ThreadPoolExecutor)
+PS_METRICS = web.AppKey("ps_metrics", dict)
+
+
+class _Status:
+    """Why the PS is not ready yet: it needs hyperparameters and an optimizer."""
+
+    def __init__(self) -> None:
+        self.configured = False
+
+    def refresh(self, app: web.Application) -> None:
+        store = app[STORE]
+        missing = []
+        if not self.configured:
+            missing.append("not configured (POST /configure)")
+        if store.optimizer is None:
+            missing.append("no optimizer registered (POST /register_optimizer)")
+        if missing:
+            app[STATE].set_not_ready("; ".join(missing))
+        else:
+            app[STATE].set_ready()
+
+
+STATUS = web.AppKey("ps_status", _Status)
+
+
+def _parse_groups(body: Any, *, with_grads: bool) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
+    groups = as_list(get(body, "groups"), "groups", max_len=MAX_GROUPS)
+    parsed = []
+    for i, raw in enumerate(groups):
+        field = f"groups[{i}]"
+        group = as_dict(raw, field)
+        dim = as_int(get(group, "dim", f"{field}.dim"), f"{field}.dim", min_value=1, max_value=MAX_DIM)
+        ids = as_array(get(group, "ids", f"{field}.ids"), f"{field}.ids", dtype="uint64", ndim=1)
+        grads = None
+        if with_grads:
+            grads = as_array(
+                get(group, "grads", f"{field}.grads"),
+                f"{field}.grads",
+                dtype="float32",
+                shape=(len(ids), dim),
+            )
+        parsed.append((dim, ids, grads))
+    return parsed
+
+
+async def _in_thread(request: web.Request, fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(request.app[EXECUTOR], fn, *args)
+
+
+@msgpack_handler
+async def configure(request: web.Request, body: Any) -> dict:
+    """Set initialization bounds, admission probability and weight bound."""
+    body = as_dict(body, "body")
+    params = EmbeddingHyperparams.from_dict(get(body, "hyperparams"), field="hyperparams")
+    request.app[STORE].configure(params)
+    request.app[STATUS].configured = True
+    request.app[STATUS].refresh(request.app)
+    log.info("configured: %s", params)
+    return {"hyperparams": params.to_dict()}
+
+
+@msgpack_handler
+async def register_optimizer(request: web.Request, body: Any) -> dict:
+    """Register the embedding optimizer (same one again is a no-op; another one needs /clear)."""
+    body = as_dict(body, "body")
+    spec = optimizer_from_dict(get(body, "optimizer"), field="optimizer")
+    request.app[STORE].register_optimizer(spec)
+    request.app[STATUS].refresh(request.app)
+    log.info("optimizer registered: %s", spec)
+    return {"optimizer": optimizer_to_dict(spec)}
+
+
+@msgpack_handler
+async def lookup(request: web.Request, body: Any) -> dict:
+    """Embeddings of every id of every dim group; train lookups may insert and evict."""
+    require_ready(request)
+    body = as_dict(body, "body")
+    train = as_bool(get(body, "train"), "train")
+    groups = _parse_groups(body, with_grads=False)
+    store, metrics = request.app[STORE], request.app[PS_METRICS]
+    started = time.perf_counter()
+
+    def work() -> list[np.ndarray]:
+        return [store.lookup(ids, dim, train=train) for dim, ids, _ in groups]
+
+    out = await _in_thread(request, work)
+    n = sum(len(ids) for _, ids, _ in groups)
+    mode = "train" if train else "eval"
+    metrics["ids"].labels(op=f"lookup_{mode}").inc(n)
+    metrics["latency"].labels(op=f"lookup_{mode}").observe(time.perf_counter() - started)
+    return {"groups": out}
+
+
+@msgpack_handler
+async def update(request: web.Request, body: Any) -> dict:
+    """Apply per-id gradients with the registered optimizer."""
+    require_ready(request)
+    groups = _parse_groups(as_dict(body, "body"), with_grads=True)
+    store, metrics = request.app[STORE], request.app[PS_METRICS]
+    started = time.perf_counter()
+
+    def work() -> dict[str, int]:
+        total = {"applied": 0, "skipped_unknown": 0, "skipped_nonfinite": 0}
+        for _dim, ids, grads in groups:
+            result = store.update(ids, grads)
+            total["applied"] += result.applied
+            total["skipped_unknown"] += result.skipped_unknown
+            total["skipped_nonfinite"] += result.skipped_nonfinite
+        return total
+
+    total = await _in_thread(request, work)
+    metrics["ids"].labels(op="update").inc(sum(len(ids) for _, ids, _ in groups))
+    metrics["latency"].labels(op="update").observe(time.perf_counter() - started)
+    return total
+
+
+@msgpack_handler
+async def dump(request: web.Request, body: Any) -> dict:
+    """Write this replica's shard of a checkpoint into ``dir``."""
+    directory = as_str(get(as_dict(body, "body"), "dir"), "dir")
+    state = request.app[STATE].details
+    manifest = await _in_thread(
+        request, request.app[STORE].dump, directory, state["replica_index"], state["replica_size"]
+    )
+    return {"manifest": manifest}
+
+
+@msgpack_handler
+async def load(request: web.Request, body: Any) -> dict:
+    """Load the ids routed to this replica from a checkpoint written by any number of replicas."""
+    directory = as_str(get(as_dict(body, "body"), "dir"), "dir")
+    state = request.app[STATE].details
+    entries = await _in_thread(
+        request, request.app[STORE].load, directory, state["replica_index"], state["replica_size"]
+    )
+    request.app[STATUS].refresh(request.app)
+    return {"entries": entries}
+
+
+@msgpack_handler
+async def clear(request: web.Request, body: Any) -> dict:
+    """Drop every entry (the optimizer and hyperparameters stay)."""
+    await _in_thread(request, request.app[STORE].clear)
+    return request.app[STORE].stats()
+
+
+@msgpack_handler
+async def stats(request: web.Request, body: Any) -> dict:
+    """Entries, evictions, admission refusals, skipped updates, memory."""
+    store = request.app[STORE]
+    out = dict(store.stats())
+    out["optimizer"] = optimizer_to_dict(store.optimizer) if store.optimizer else None
+    out["hyperparams"] = store.hyperparams.to_dict()
+    return out
+
+
+def _metrics(app: web.Application) -> dict[str, Any]:
+    registry = app[METRICS]
+    store = app[STORE]
+    entries = prom.Gauge("pyrsia_ps_entries", "embedding entries held", registry=registry)
+    entries.set_function(lambda: len(store))
+    return {
+        "ids": prom.Counter("pyrsia_ps_ids", "ids processed", ["op"], registry=registry),
+        "latency": prom.Histogram(
+            "pyrsia_ps_request_seconds", "time to serve a request", ["op"], registry=registry
+        ),
+    }
+
+
+def create_app(
+    store: EmbeddingStore,
+    *,
+    replica_index: int = 0,
+    replica_size: int = 1,
+    threads: int = 2,
+    ready_without_configure: bool = False,
+) -> web.Application:
+    """The PS app for one replica. ``ready_without_configure`` serves a loaded inference checkpoint."""
+    app = make_app(f"embedding_parameter_server/{replica_index}")
+    app[STORE] = store
+    app[STATUS] = _Status()
+    app[STATUS].configured = ready_without_configure
+    app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
+    app[PS_METRICS] = _metrics(app)
+
+    async def executor_ctx(app: web.Application):
+        app[EXECUTOR] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps")
+        yield
+        app[EXECUTOR].shutdown(wait=True)
+
+    app.cleanup_ctx.append(executor_ctx)
+    app[STATUS].refresh(app)
+    for path, handler in [
+        ("/configure", configure),
+        ("/register_optimizer", register_optimizer),
+        ("/lookup", lookup),
+        ("/update", update),
+        ("/dump", dump),
+        ("/load", load),
+        ("/clear", clear),
+        ("/stats", stats),
+    ]:
+        app.router.add_post(path, handler)
+    app.router.add_get("/stats", stats)
+    return app
