@@ -59,12 +59,9 @@ def test_prepare_routes_every_unique_id_to_its_replica_once():
         add_prefix(b[0], prefixes["b"], 8).tolist()
     )
     assert sorted(group.ids.tolist()) == sorted(expected)
-    seen = []
+    assert group.replica_offsets[0] == 0 and group.replica_offsets[-1] == len(group.ids)
     for k in range(3):
-        idx = group.replica_indices(k)
-        assert (replica_of(group.ids[idx], 3) == k).all()
-        seen.extend(idx.tolist())
-    assert sorted(seen) == list(range(len(group.ids)))
+        assert (replica_of(group.ids[group.replica_slice(k)], 3) == k).all()
     # every occurrence maps back to its own prefixed id
     for plan, (ids, _) in zip(p.slots, [a, b], strict=True):
         assert group.ids[plan.inverse].tolist() == add_prefix(ids, prefixes[plan.name], 8).tolist()
@@ -105,7 +102,7 @@ def test_raw_slot_keeps_first_sample_fixed_size_ids_only():
     schema = _schema(SlotConfig("r", 4, embedding_summation=False, sample_fixed_size=2))
     p = prepare_batch(schema, [("r", *_csr([[1, 2, 3], [], [4]]))], replica_count=1)
     plan = p.slots[0]
-    assert plan.rows.tolist() == [0, 1, 4]
+    assert plan.offsets.tolist() == [0, 2, 2, 3]
     assert len(p.groups[4].ids) == 3  # id 3 is truncated away and never looked up
     assert plan.output_shape == (3, 2, 5)
 

@@ -43,13 +43,19 @@ def pool_forward(
         _check_vectors(f"vectors[{dim}]", vectors_by_dim.get(dim), group.ids.shape[0], dim)
     out = []
     for plan in prepared.slots:
-        vectors = np.ascontiguousarray(vectors_by_dim[plan.dim], dtype=np.float32)
-        width = plan.dim if plan.summation else plan.dim + 1
-        flat = np.zeros((plan.num_rows, width), dtype=np.float32)
-        kernels.pool_rows(vectors, plan.inverse, plan.rows, plan.rounds, plan.row_scale, flat)
-        if not plan.summation:
-            flat[plan.rows, plan.dim] = 1.0
-        out.append(flat.reshape(plan.output_shape))
+        vectors = np.ascontiguousarray(vectors_by_dim[plan.dim])
+        pooled = np.empty(plan.output_shape, dtype=np.float32)
+        kernels.pool(
+            vectors,
+            plan.inverse,
+            plan.offsets,
+            plan.rounds,
+            plan.scale,
+            not plan.summation,
+            plan.sample_fixed_size,
+            pooled.reshape(plan.num_rows, -1),
+        )
+        out.append(pooled)
     return out
 
 
@@ -80,19 +86,26 @@ def pool_backward(
             skipped.append(plan.name)
             continue
         rows = _check_grad(plan, grad)
-        if not bool(np.isfinite(rows).all()):
+        if not _all_finite(rows[:, : plan.dim]):
             skipped.append(plan.name)
             continue
-        kernels.scatter_rows(
+        kernels.scatter(
             rows,
             plan.inverse,
-            plan.rows,
+            plan.offsets,
             plan.rounds,
-            plan.row_scale,
+            plan.scale,
             1.0 / loss_scale,
+            not plan.summation,
+            plan.sample_fixed_size,
             grads[plan.dim],
         )
     return grads, skipped
+
+
+def _all_finite(rows: np.ndarray) -> bool:
+    """No NaN and no inf in the gradient columns."""
+    return bool(np.isfinite(rows).all())
 
 
 def _check_loss_scale(loss_scale: Any) -> float:
@@ -106,14 +119,13 @@ def _check_loss_scale(loss_scale: Any) -> float:
 
 
 def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:
-    """The slot's gradient as contiguous float32 rows ``(num_rows, dim)``."""
+    """The slot's gradient as float32 rows ``(num_rows, width)``; only ``[:, :dim]`` is used."""
     field = f"gradients.{plan.name}"
     if not isinstance(grad, np.ndarray) or grad.dtype not in _GRAD_DTYPES:
         raise InvalidInputError(field, "a float32 or float16 array", _describe(grad))
     if grad.shape != plan.output_shape:
         raise InvalidInputError(field, f"shape {plan.output_shape}", grad.shape)
-    rows = grad.reshape(plan.num_rows, -1)[:, : plan.dim]
-    return np.ascontiguousarray(rows, dtype=np.float32)
+    return np.ascontiguousarray(grad, dtype=np.float32).reshape(plan.num_rows, -1)
 
 
 def _check_vectors(field: str, vectors: Any, n: int, dim: int) -> None:
@@ -133,13 +145,13 @@ def _describe(value: Any) -> str:
 
 
 def replica_lookups(prepared: PreparedBatch) -> list[list[tuple[int, np.ndarray]]]:
-    """Per PS replica, ``[(dim, ids), ...]`` for every dim group (ids may be empty).
+    """Per PS replica, ``[(dim, ids), ...]`` for every dim group (ids may be empty; views).
 
     One request per replica carries all its groups; ``scatter_responses`` expects
     the answers in the same order.
     """
     return [
-        [(dim, g.ids[g.replica_indices(k)]) for dim, g in prepared.groups.items()]
+        [(dim, g.ids[g.replica_slice(k)]) for dim, g in prepared.groups.items()]
         for k in range(prepared.replica_count)
     ]
 
@@ -156,19 +168,18 @@ def scatter_responses(
         raise InvalidInputError(
             "responses", f"one answer list per replica ({prepared.replica_count})", _len(responses)
         )
-    out = {
-        dim: np.empty((g.ids.shape[0], dim), dtype=np.float32) for dim, g in prepared.groups.items()
-    }
     for k, answer in enumerate(responses):
         if not isinstance(answer, (list, tuple)) or len(answer) != len(prepared.groups):
             raise InvalidInputError(
                 f"responses[{k}]", f"{len(prepared.groups)} dim groups", _len(answer)
             )
         for j, (dim, group) in enumerate(prepared.groups.items()):
-            idx = group.replica_indices(k)
-            _check_vectors(f"responses[{k}][{j}]", answer[j], idx.shape[0], dim)
-            out[dim][idx] = answer[j]
-    return out
+            part = group.replica_slice(k)
+            _check_vectors(f"responses[{k}][{j}]", answer[j], part.stop - part.start, dim)
+    return {
+        dim: np.concatenate([answer[j] for answer in responses])
+        for j, dim in enumerate(prepared.groups)
+    }
 
 
 def replica_updates(
@@ -179,25 +190,32 @@ def replica_updates(
     """Per PS replica, ``[(dim, ids, grads), ...]`` of the ids that received a gradient.
 
     Ids seen only in skipped slots are left out: a zero gradient is not "no
-    update" for optimizers with state or weight decay.
+    update" for optimizers with state or weight decay. Every looked-up id occurs
+    in some slot, so without skipped slots the payloads are plain slices.
     """
     skipped = set(skipped_slots)
-    touched = {dim: None for dim in prepared.groups}
-    for plan in prepared.slots:
-        if plan.name in skipped:
+    touched: dict[int, np.ndarray | None] = {}
+    for dim, group in prepared.groups.items():
+        plans = [p for p in prepared.slots if p.dim == dim]
+        if not any(p.name in skipped for p in plans):
+            touched[dim] = None  # every id of the group got a gradient
             continue
-        mask = touched[plan.dim]
-        if mask is None:
-            mask = touched[plan.dim] = np.zeros(prepared.groups[plan.dim].ids.shape[0], bool)
-        mask[plan.inverse] = True
+        mask = np.zeros(group.ids.shape[0], dtype=bool)
+        for plan in plans:
+            if plan.name not in skipped:
+                mask[plan.inverse] = True
+        touched[dim] = mask
     out: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
     for k in range(prepared.replica_count):
         groups = []
         for dim, group in prepared.groups.items():
-            idx = group.replica_indices(k)
+            part = group.replica_slice(k)
+            ids, grads = group.ids[part], grads_by_dim[dim][part]
             mask = touched[dim]
-            idx = idx[:0] if mask is None else idx[mask[idx]]
-            groups.append((dim, group.ids[idx], grads_by_dim[dim][idx]))
+            if mask is not None:
+                keep = mask[part]
+                ids, grads = ids[keep], grads[keep]
+            groups.append((dim, ids, grads))
         out.append(groups)
     return out
 

@@ -8,11 +8,12 @@ in PERSIA's order::
         ──feature prefix──────────▶ id mod (2^(64-bits) - 1) + prefix(slot's group)
     all slots of one dim ──dedup──▶ unique ids of that dim ──farmhash mod N──▶ PS replica
 
-``prepare_batch`` returns a ``PreparedBatch``: per dim group the unique ids and,
-per PS replica, which of them it owns (so one request per replica carries every
-dim group); per slot a ``SlotPlan`` telling pooling where each occurrence's
-vectors go. Raw (unsummed) slots keep only the first ``sample_fixed_size`` ids of
-each sample: the others would never reach the model, so they are not looked up.
+``prepare_batch`` returns a ``PreparedBatch``: per dim group the unique ids,
+ordered so each PS replica's ids are one contiguous slice (one request per
+replica carries every dim group, and answers are concatenated back); per slot a
+``SlotPlan`` telling pooling where each occurrence's vectors go. Raw (unsummed)
+slots keep only the first ``sample_fixed_size`` ids of each sample: the others
+would never reach the model, so they are not looked up (nor inserted in the PS).
 Everything is vectorized or compiled; nothing loops over ids in Python.
 """
 
@@ -87,13 +88,13 @@ def add_prefix(ids: np.ndarray, prefix: int, bits: int) -> np.ndarray:
 class SlotPlan:
     """Where one slot's looked-up vectors go in its output tensor.
 
-    Occurrence ``o`` (a kept id of the slot, in input order) adds its ``rounds``
-    vectors ``vectors[inverse[o*rounds : (o+1)*rounds]]`` (indices into its dim
-    group's unique ids) to output row ``rows[o]``; each output row is then
-    multiplied by ``row_scale``. Summed slots have ``batch_size`` rows of
-    ``dim``; raw slots have ``batch_size * sample_fixed_size`` rows of ``dim + 1``
-    (the last column is 1 for a real id, 0 for padding) viewed as
-    ``(batch_size, sample_fixed_size, dim + 1)``.
+    Sample ``i`` keeps occurrences ``offsets[i]:offsets[i+1]`` (all its ids for a
+    summed slot, the first ``sample_fixed_size`` for a raw one); occurrence ``o``
+    adds its ``rounds`` vectors ``vectors[inverse[o*rounds:(o+1)*rounds]]``
+    (indices into its dim group's unique ids) to its output row, and the row is
+    multiplied by ``scale[i]``. Summed slots give ``(batch_size, dim)``; raw slots
+    ``(batch_size, sample_fixed_size, dim + 1)``, row ``(i, j)`` for the j-th kept
+    id of sample i, last column 1 for a real id and 0 for padding.
     """
 
     name: str
@@ -102,9 +103,9 @@ class SlotPlan:
     sample_fixed_size: int
     batch_size: int
     rounds: int
-    rows: np.ndarray  # int64 (n_kept,)
+    offsets: np.ndarray  # int64 (batch_size + 1,): kept occurrences per sample
     inverse: np.ndarray  # int64 (n_kept * rounds,)
-    row_scale: np.ndarray  # float32 (num_rows,)
+    scale: np.ndarray  # float32 (batch_size,)
 
     @property
     def num_rows(self) -> int:
@@ -127,16 +128,19 @@ class SlotPlan:
 
 @dataclass(frozen=True, eq=False)
 class DimGroup:
-    """The unique ids of every slot of one dim, and which PS replica owns each."""
+    """The unique ids of every slot of one dim, grouped by the PS replica that owns them.
+
+    Replica k owns ``ids[replica_offsets[k]:replica_offsets[k+1]]``, so per-replica
+    requests and answers are slices and concatenations, never gathers.
+    """
 
     dim: int
     ids: np.ndarray  # uint64 (n_unique,)
-    replica_order: np.ndarray  # int64: positions into ids, grouped by replica
     replica_offsets: np.ndarray  # int64 (replica_count + 1,)
 
-    def replica_indices(self, replica: int) -> np.ndarray:
-        """Positions (into ``ids``) of the unique ids owned by PS replica ``replica``."""
-        return self.replica_order[self.replica_offsets[replica] : self.replica_offsets[replica + 1]]
+    def replica_slice(self, replica: int) -> slice:
+        """The positions in ``ids`` (and in the group's vectors) owned by ``replica``."""
+        return slice(int(self.replica_offsets[replica]), int(self.replica_offsets[replica + 1]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,22 +178,28 @@ def prepare_batch(
     checked = _validate(schema, features)
     batch_size = checked[0][2].shape[0] - 1 if checked else 0
     prefixes = schema.slot_prefixes()
-    bits = int(schema.feature_index_prefix_bit)
 
-    bucket_ids: list[np.ndarray] = []
-    partial: list[tuple[Any, int, np.ndarray, np.ndarray, int]] = []
+    lookups: list[np.ndarray] = []
+    partial: list[tuple[Any, int, np.ndarray, np.ndarray]] = []
     for name, ids, offsets in checked:
         slot = schema.slot(name)
-        rows, kept_ids, counts = _rows_of(slot, ids, offsets, batch_size)
+        kept, kept_offsets = ids, offsets
+        if not slot.embedding_summation:
+            kept, kept_offsets = _truncate(ids, offsets, int(slot.sample_fixed_size))
         rounds = int(slot.hash_stack_config.hash_stack_rounds)
         if rounds > 0:
-            kept_ids = hash_stack(kept_ids, rounds, int(slot.hash_stack_config.embedding_size))
-            kept_ids = kept_ids.reshape(-1)
-        bucket_ids.append(add_prefix(kept_ids, prefixes[name], bits))
-        partial.append((slot, max(rounds, 1), rows, counts, rounds))
+            size = int(slot.hash_stack_config.embedding_size)
+            kept = hash_stack(kept, rounds, size).reshape(-1)
+        lookups.append(kept)
+        scale = _scale(slot, offsets, rounds, batch_size)
+        partial.append((slot, max(rounds, 1), kept_offsets, scale))
 
     groups, inverses = _dedup_and_route(
-        [int(s.dim) for s, *_ in partial], bucket_ids, int(replica_count)
+        [int(p[0].dim) for p in partial],
+        lookups,
+        [prefixes[name] for name, _, _ in checked],
+        int(schema.feature_index_prefix_bit),
+        int(replica_count),
     )
     plans = tuple(
         SlotPlan(
@@ -198,12 +208,12 @@ def prepare_batch(
             summation=bool(slot.embedding_summation),
             sample_fixed_size=int(slot.sample_fixed_size),
             batch_size=batch_size,
-            rounds=r,
-            rows=rows,
-            inverse=inv,
-            row_scale=_row_scale(slot, counts, rounds, batch_size),
+            rounds=rounds,
+            offsets=kept_offsets,
+            inverse=inverse,
+            scale=scale,
         )
-        for (slot, r, rows, counts, rounds), inv in zip(partial, inverses, strict=True)
+        for (slot, rounds, kept_offsets, scale), inverse in zip(partial, inverses, strict=True)
     )
     return PreparedBatch(batch_size, int(replica_count), plans, groups)
 
@@ -255,7 +265,7 @@ def _check_offsets(field: str, offsets: Any, n_ids: int) -> np.ndarray:
         raise InvalidInputError(field, "to start at 0", int(offsets[0]))
     if offsets[-1] != n_ids:
         raise InvalidInputError(field, f"to end at len(ids) = {n_ids}", int(offsets[-1]))
-    if offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any()):
+    if offsets.shape[0] > 1 and bool((offsets[1:] < offsets[:-1]).any()):
         raise InvalidInputError(field, "non-decreasing offsets", "a decreasing step")
     return offsets
 
@@ -266,57 +276,58 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _rows_of(
-    slot: Any, ids: np.ndarray, offsets: np.ndarray, batch_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Output row of each kept occurrence, the kept ids, and the id count per sample."""
-    counts = np.diff(offsets)
-    sample = np.repeat(np.arange(batch_size, dtype=np.int64), counts)
-    if slot.embedding_summation:
-        return sample, ids, counts
-    size = int(slot.sample_fixed_size)
-    col = np.arange(ids.shape[0], dtype=np.int64) - offsets[:-1][sample]
-    keep = col < size
-    if bool(keep.all()):
-        return sample * size + col, ids, counts
-    return sample[keep] * size + col[keep], ids[keep], counts
+def _truncate(ids: np.ndarray, offsets: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``size`` ids of each sample, and their offsets (a raw slot's kept ids)."""
+    counts = offsets[1:] - offsets[:-1]
+    if counts.shape[0] == 0 or int(counts.max()) <= size:
+        return ids, offsets
+    kept_offsets = np.zeros_like(offsets)
+    np.cumsum(np.minimum(counts, size), out=kept_offsets[1:])
+    col = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    return ids[col < size], kept_offsets
 
 
-def _row_scale(slot: Any, counts: np.ndarray, rounds: int, batch_size: int) -> np.ndarray:
-    """Per output row factor: 1/sqrt(ids in the sample), buckets counted, as PERSIA does."""
+def _scale(slot: Any, offsets: np.ndarray, rounds: int, batch_size: int) -> np.ndarray:
+    """Per sample factor: 1/sqrt(ids in the sample, hash-stack buckets counted), as PERSIA does."""
     if slot.embedding_summation:
         if not slot.sqrt_scaling:
             return np.ones(batch_size, dtype=np.float32)
-        n = np.maximum(counts * max(rounds, 1), 1).astype(np.float32)
-        return (1.0 / np.sqrt(n)).astype(np.float32)
+        counts = (offsets[1:] - offsets[:-1]) * max(rounds, 1)
+        return (1.0 / np.sqrt(np.maximum(counts, 1))).astype(np.float32)
     # PERSIA scales raw rows by 1/sqrt(R) when sqrt scaling meets a hash stack.
     factor = 1.0 / np.sqrt(rounds) if slot.sqrt_scaling and rounds > 1 else 1.0
-    return np.full(batch_size * int(slot.sample_fixed_size), factor, dtype=np.float32)
+    return np.full(batch_size, factor, dtype=np.float32)
 
 
 def _dedup_and_route(
-    dims: list[int], bucket_ids: list[np.ndarray], replica_count: int
+    dims: list[int],
+    lookups: list[np.ndarray],
+    prefixes: list[int],
+    bits: int,
+    replica_count: int,
 ) -> tuple[dict[int, DimGroup], list[np.ndarray]]:
-    """Dedup the ids of all slots of one dim together; route each unique id to a PS replica."""
+    """Prefix and dedup the ids of all slots of one dim together; group them by PS replica."""
     members: dict[int, list[int]] = {}
     for i, dim in enumerate(dims):
         members.setdefault(dim, []).append(i)
+    spacing = np.uint64((1 << (64 - bits)) - 1)
     groups: dict[int, DimGroup] = {}
     inverses: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(dims)
     for dim, idx in members.items():
-        ids = bucket_ids[idx[0]] if len(idx) == 1 else np.concatenate([bucket_ids[i] for i in idx])
+        ids = lookups[idx[0]] if len(idx) == 1 else np.concatenate([lookups[i] for i in idx])
         ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        starts = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum([lookups[i].shape[0] for i in idx], out=starts[1:])
+        slot_prefixes = np.array([prefixes[i] for i in idx], dtype=np.uint64)
         unique = np.empty(ids.shape[0], dtype=np.uint64)
         inverse = np.empty(ids.shape[0], dtype=np.int64)
-        n_unique = kernels.dedup(ids, unique, inverse)
-        unique = unique[:n_unique].copy()
-        order = np.empty(n_unique, dtype=np.int64)
+        n_unique = kernels.dedup_prefixed(ids, starts, slot_prefixes, spacing, unique, inverse)
+        unique = unique[:n_unique]
+        by_replica = np.empty(n_unique, dtype=np.uint64)
         offsets = np.empty(replica_count + 1, dtype=np.int64)
-        kernels.bucket_by_replica(replica_of(unique, replica_count), replica_count, order, offsets)
-        groups[dim] = DimGroup(dim, unique, order, offsets)
-        start = 0
-        for i in idx:
-            stop = start + bucket_ids[i].shape[0]
-            inverses[i] = inverse[start:stop]
-            start = stop
+        replica = replica_of(unique, replica_count)
+        kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
+        groups[dim] = DimGroup(dim, by_replica, offsets)
+        for n, i in enumerate(idx):
+            inverses[i] = inverse[starts[n] : starts[n + 1]]
     return groups, inverses
