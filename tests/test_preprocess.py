@@ -8,6 +8,7 @@ import farmhash as pyfarmhash
 import numpy as np
 import pytest
 
+from services.embedding_worker.pooling import pool_backward, pool_forward, scatter_responses
 from services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
 from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
 from shared.errors import InvalidInputError
@@ -145,3 +146,23 @@ def test_bad_replica_count_and_feature_container():
         prepare_batch(schema, [], replica_count=0)
     with pytest.raises(InvalidInputError, match="id_type_features"):
         prepare_batch(schema, {"a": 1}, replica_count=1)
+
+
+def test_offsets_of_any_integer_dtype_and_layout_and_zero_samples():
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    strided = np.array([0, 9, 1, 9, 2], dtype=np.int64)[::2]
+    p = prepare_batch(
+        schema,
+        [
+            ("a", np.array([1, 2], np.uint64), strided),
+            ("b", np.array([3, 4], np.uint64), strided.astype(np.int32)),
+        ],
+        replica_count=2,
+    )
+    assert p.batch_size == 2 and len(p.groups[4].ids) == 4
+    empty = prepare_batch(schema, [("a", np.array([], np.uint64), np.array([0]))], replica_count=2)
+    assert empty.batch_size == 0 and empty.slots[0].output_shape == (0, 4)
+    vectors = scatter_responses(empty, [[np.zeros((0, 4), np.float32)]] * 2)
+    assert pool_forward(empty, vectors)[0].shape == (0, 4)
+    grads, skipped = pool_backward(empty, [np.zeros((0, 4), np.float32)])
+    assert grads[4].shape == (0, 4) and skipped == []

@@ -53,7 +53,7 @@ def pool_forward(
             plan.scale,
             not plan.summation,
             plan.sample_fixed_size,
-            pooled.reshape(plan.num_rows, -1),
+            pooled.reshape(plan.num_rows, plan.output_shape[-1]),
         )
         out.append(pooled)
     return out
@@ -125,7 +125,7 @@ def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:
         raise InvalidInputError(field, "a float32 or float16 array", _describe(grad))
     if grad.shape != plan.output_shape:
         raise InvalidInputError(field, f"shape {plan.output_shape}", grad.shape)
-    return np.ascontiguousarray(grad, dtype=np.float32).reshape(plan.num_rows, -1)
+    return np.ascontiguousarray(grad, dtype=np.float32).reshape(plan.num_rows, grad.shape[-1])
 
 
 def _check_vectors(field: str, vectors: Any, n: int, dim: int) -> None:

@@ -260,7 +260,7 @@ def _check_offsets(field: str, offsets: Any, n_ids: int) -> np.ndarray:
         raise InvalidInputError(
             field, "a 1-D integer array of length batch + 1", _describe(offsets)
         )
-    offsets = offsets.astype(np.int64, copy=False)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     if offsets[0] != 0:
         raise InvalidInputError(field, "to start at 0", int(offsets[0]))
     if offsets[-1] != n_ids:
