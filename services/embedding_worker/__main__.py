@@ -1,0 +1,3 @@
+from services.embedding_worker.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""``persia-launcher embedding-worker``: run one embedding worker replica."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.embedding_worker.ps_client import PSClient
+from services.embedding_worker.server import create_app
+from shared.cli import (
+    UsageError,
+    add_config_flags,
+    add_replica_flags,
+    check_replica_flags,
+    fail,
+    resolve_file,
+)
+from shared.config import default_global_config, load_embedding_config, load_global_config
+from shared.constants import (
+    DEFAULT_EMBEDDING_WORKER_PORT,
+    DEFAULT_WAIT_TIMEOUT_S,
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+    ROLE_EMBEDDING_WORKER,
+)
+from shared.errors import ConfigError, RegistryError
+from shared.http_client import HttpClient
+from shared.logging_setup import configure_logging
+from shared.registry import Registry, RegistrySettings
+from shared.service import run, run_service
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher embedding-worker",
+        description="Run one embedding worker replica: it buffers the id features data loaders "
+        "send, looks their embeddings up on the PS replicas, pools them per slot, and turns "
+        "the NN workers' gradients into per-id updates.",
+    )
+    add_config_flags(parser)
+    add_replica_flags(parser, port_default=DEFAULT_EMBEDDING_WORKER_PORT)
+    parser.add_argument(
+        "--ps-wait-timeout",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT_S,
+        help=f"seconds to wait for every PS replica to register (default {DEFAULT_WAIT_TIMEOUT_S:g})",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_replica_flags(args)
+        emb_path = resolve_file(
+            args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
+        )
+        schema = load_embedding_config(emb_path, strict=args.strict_config)
+        glob_path = resolve_file(
+            args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False
+        )
+        config = (
+            load_global_config(glob_path, strict=args.strict_config)
+            if glob_path
+            else default_global_config()
+        )
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    configure_logging(ROLE_EMBEDDING_WORKER, args.replica_index)
+
+    async def serve() -> None:
+        registry = Registry(RegistrySettings.from_env())
+        app = create_app(
+            index=args.replica_index,
+            schema=schema,
+            config=config.embedding_worker_config,
+            ps=PSClient(registry, HttpClient()),
+            ps_wait_timeout_s=args.ps_wait_timeout,
+        )
+        await run_service(
+            app,
+            role=ROLE_EMBEDDING_WORKER,
+            replica_index=args.replica_index,
+            replica_size=args.replica_size,
+            host=args.host,
+            port=args.port,
+            registry=registry,
+        )
+
+    try:
+        run(serve)
+    except RegistryError as exc:
+        return fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

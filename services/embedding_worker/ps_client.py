@@ -1,0 +1,157 @@
+"""The embedding worker's view of the PS replicas: addresses, retries, fan-out.
+
+Addresses come from the registry. When a replica stops answering, the client
+re-reads the registry (the replica may have restarted on another port) and
+retries within a bound; lookups are safe to repeat. Gradient updates for a
+replica that stays unreachable are dropped and counted, never raised into the
+worker's request loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from shared.constants import ROLE_EMBEDDING_PS
+from shared.errors import PersiaError, RegistryError, ServiceUnavailableError
+from shared.http_client import HttpClient
+from shared.registry import Registry
+
+log = logging.getLogger(__name__)
+
+RETRY_WINDOW_S = 30.0
+"""How long a call keeps re-resolving and retrying an unreachable PS replica."""
+REDISCOVER_TIMEOUT_S = 2.0
+
+
+class PSClient:
+    """Calls to every PS replica of the job, by replica index."""
+
+    def __init__(
+        self, registry: Registry, http: HttpClient, *, retry_window_s: float = RETRY_WINDOW_S
+    ):
+        self.registry = registry
+        self.http = http
+        self.retry_window_s = retry_window_s
+        self.urls: list[str] = []
+        self.dropped_updates = 0
+        self._setup: dict[str, Any] = {}
+
+    @property
+    def replica_count(self) -> int:
+        return len(self.urls)
+
+    async def connect(self, timeout_s: float) -> None:
+        """Wait for every PS replica (count from the registry) and remember their addresses."""
+        records = await self.registry.wait_for(ROLE_EMBEDDING_PS, timeout_s=timeout_s)
+        self.urls = [r.url for r in records]
+        log.info("found %d PS replica(s): %s", len(self.urls), ", ".join(self.urls))
+
+    async def _rediscover(self, index: int) -> None:
+        try:
+            records = await self.registry.wait_for(
+                ROLE_EMBEDDING_PS, count=len(self.urls), timeout_s=REDISCOVER_TIMEOUT_S
+            )
+        except RegistryError as exc:
+            log.warning("PS replica %d still missing from the registry: %s", index, exc)
+            return
+        fresh = records[index].url
+        if fresh != self.urls[index]:
+            log.info("PS replica %d moved: %s -> %s", index, self.urls[index], fresh)
+            self.urls[index] = fresh
+
+    def remember_setup(self, path: str, body: Any) -> None:
+        """Keep the last /configure and /register_optimizer so a restarted replica gets them again."""
+        self._setup[path] = body
+
+    async def _replay_setup(self, index: int) -> None:
+        for path, body in self._setup.items():
+            try:
+                await self.http.call(f"{self.urls[index]}{path}", body, timeout_s=5.0)
+            except PersiaError as exc:
+                log.debug("replaying %s to PS replica %d failed: %s", path, index, exc)
+                return
+        if self._setup:
+            log.info("PS replica %d: replayed %s", index, ", ".join(self._setup))
+
+    async def call(
+        self, index: int, path: str, body: Any, *, timeout_s: float | None = None
+    ) -> Any:
+        """POST to replica ``index``, re-resolving and retrying while it is unreachable.
+
+        A replica that answers 503 (a restarted one that was never configured) is sent
+        the remembered /configure and /register_optimizer before the retry.
+        """
+        deadline = time.monotonic() + self.retry_window_s
+        delay = 0.05
+        while True:
+            try:
+                return await self.http.call(
+                    f"{self.urls[index]}{path}",
+                    body,
+                    idempotent=True,
+                    retries=1,
+                    timeout_s=timeout_s,
+                )
+            except ServiceUnavailableError as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise ServiceUnavailableError(
+                        f"PS replica {index} unreachable for {self.retry_window_s:g}s: {exc}"
+                    ) from exc
+                log.warning("PS replica %d: %s; re-resolving", index, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                await self._rediscover(index)
+                if path not in self._setup:
+                    await self._replay_setup(index)
+
+    async def fan_out(
+        self, path: str, body: Any = None, *, timeout_s: float | None = None
+    ) -> list[Any]:
+        """The same call to every replica, concurrently; answers in replica order."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self.call(i, path, body or {}, timeout_s=timeout_s)
+                    for i in range(len(self.urls))
+                )
+            )
+        )
+
+    async def lookup(
+        self, per_replica: list[list[tuple[int, Any]]], *, train: bool
+    ) -> list[list[Any]]:
+        """One /lookup per replica with all its dim groups; answers in replica order."""
+
+        async def one(index: int, groups: list[tuple[int, Any]]) -> list[Any]:
+            if all(len(ids) == 0 for _, ids in groups):
+                return [ids.reshape(0, dim).astype("float32") for dim, ids in groups]
+            body = {"train": train, "groups": [{"dim": d, "ids": ids} for d, ids in groups]}
+            return (await self.call(index, "/lookup", body))["groups"]
+
+        return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica))))
+
+    async def update(self, per_replica: list[list[tuple[int, Any, Any]]]) -> dict[str, int]:
+        """One /update per replica; a replica that stays unreachable loses its gradients (counted)."""
+        totals = {"applied": 0, "skipped_unknown": 0, "skipped_nonfinite": 0, "dropped": 0}
+
+        async def one(index: int, groups: list[tuple[int, Any, Any]]) -> None:
+            groups = [(d, ids, g) for d, ids, g in groups if len(ids)]
+            if not groups:
+                return
+            body = {"groups": [{"dim": d, "ids": ids, "grads": g} for d, ids, g in groups]}
+            try:
+                result = await self.call(index, "/update", body)
+            except ServiceUnavailableError as exc:
+                n = sum(len(ids) for _, ids, _ in groups)
+                self.dropped_updates += n
+                totals["dropped"] += n
+                log.error("dropping gradients of %d ids for PS replica %d: %s", n, index, exc)
+                return
+            for key in ("applied", "skipped_unknown", "skipped_nonfinite"):
+                totals[key] += int(result.get(key, 0))
+
+        await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica)))
+        return totals
