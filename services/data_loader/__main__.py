@@ -1,0 +1,3 @@
+from services.data_loader.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""``DataCtx``: how a data loader hands its batches to the running job.
+
+For batch k of data-loader replica i (of n), the global batch id is k·n + i. Its id
+features go to embedding worker k mod W, which buffers them; then its dense part
+(non-id features, labels, meta) and the reference go to NN-worker rank
+batch_id mod world_size. Both peers answer 429 when their bounded queue is full,
+and the loader backs off and retries. Sends run on a background event loop, a
+bounded number at a time, so building the next batch overlaps sending this one;
+an error from a send surfaces at the next ``send_data`` or at exit. On a clean
+exit every NN-worker rank is told how many batches this loader sent it, which is
+what ends the ranks' ``StreamingDataset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+import weakref
+from collections import Counter
+from typing import Any
+
+from persia.embedding.data import PersiaBatch
+from persia.env import get_replica_index, get_replica_size
+from services.nn_worker.runtime import get_runtime
+from shared.constants import DEFAULT_WAIT_TIMEOUT_S, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from shared.errors import PersiaError
+from shared.registry import Registry, RegistrySettings, ServiceRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEND_TIMEOUT_S = 600.0
+"""How long one batch may wait on back-pressure before the send fails."""
+DEFAULT_MAX_INFLIGHT = 4
+
+
+class DataCtxError(PersiaError):
+    """Misuse of ``DataCtx`` (sending outside the context, sending a batch twice)."""
+
+
+class DataCtx:
+    """Context for ``data_loader.py``: ``with DataCtx() as ctx: ctx.send_data(batch)``.
+
+    No network work happens in ``__init__``. ``__enter__`` waits up to
+    ``wait_timeout_s`` for at least one embedding worker and for every NN-worker
+    rank, naming what is missing if they do not show up. ``threadpool_worker_size``
+    and ``device_id`` are accepted for PERSIA compatibility.
+    """
+
+    def __init__(
+        self,
+        threadpool_worker_size: int = 10,
+        device_id: int | None = None,
+        *,
+        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    ):
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight: expected a positive integer, got {max_inflight}")
+        self.wait_timeout_s = wait_timeout_s
+        self.send_timeout_s = send_timeout_s
+        self.max_inflight = max_inflight
+        self.replica_index = 0
+        self.replica_size = 1
+        self._workers: list[ServiceRecord] = []
+        self._ranks: list[ServiceRecord] = []
+        self._registry: Registry | None = None
+        self._entered = False
+        self._count = 0
+        self._sent_to_rank: Counter[int] = Counter()
+        self._inflight: list[concurrent.futures.Future] = []
+        self._sent_batches: weakref.WeakSet[PersiaBatch] = weakref.WeakSet()
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> DataCtx:
+        self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
+        runtime = get_runtime()
+        self._registry = Registry(RegistrySettings.from_env())
+        self._workers, self._ranks = runtime.run(self._discover())
+        self._entered = True
+        log.info(
+            "data loader %d/%d: %d embedding worker(s), %d NN-worker rank(s)",
+            self.replica_index,
+            self.replica_size,
+            len(self._workers),
+            len(self._ranks),
+        )
+        return self
+
+    async def _discover(self) -> tuple[list[ServiceRecord], list[ServiceRecord]]:
+        assert self._registry is not None
+        workers = await self._registry.wait_for_any(
+            ROLE_EMBEDDING_WORKER, timeout_s=self.wait_timeout_s
+        )
+        ranks = await self._registry.wait_for(ROLE_NN_WORKER, timeout_s=self.wait_timeout_s)
+        return workers, ranks
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        runtime = get_runtime()
+        try:
+            self._drain()
+            if exc_type is None:
+                runtime.run(self._announce_done())
+            else:
+                log.error("data loader failed; not announcing end of stream: %s", exc)
+        finally:
+            self._entered = False
+            if self._registry is not None:
+                runtime.run(self._registry.close())
+                self._registry = None
+
+    async def _announce_done(self) -> None:
+        client = get_runtime().client
+        await asyncio.gather(
+            *(
+                client.call(
+                    f"{rank.url}/done",
+                    {
+                        "loader": self.replica_index,
+                        "loader_count": self.replica_size,
+                        "sent": self._sent_to_rank[rank.replica_index],
+                    },
+                    idempotent=True,
+                )
+                for rank in self._ranks
+            )
+        )
+        log.info(
+            "data loader %d: sent %d batches; end of stream announced",
+            self.replica_index,
+            self._count,
+        )
+
+    # --- sending -----------------------------------------------------------------------
+    def send_data(self, persia_batch: PersiaBatch) -> None:
+        """Send one batch (blocking only while ``max_inflight`` sends are under way)."""
+        if not self._entered:
+            raise DataCtxError("send_data() called outside `with DataCtx() as ctx:`")
+        if not isinstance(persia_batch, PersiaBatch):
+            raise TypeError(f"send_data expects a PersiaBatch, got {type(persia_batch).__name__}")
+        if persia_batch in self._sent_batches:
+            raise DataCtxError("this PersiaBatch was already sent; build a new batch for new data")
+        self._sent_batches.add(persia_batch)
+        self._reap(block=len(self._inflight) >= self.max_inflight)
+        k = self._count
+        self._count += 1
+        batch_id = k * self.replica_size + self.replica_index
+        worker = self._workers[k % len(self._workers)]
+        rank = self._ranks[batch_id % len(self._ranks)]
+        self._sent_to_rank[rank.replica_index] += 1
+        coro = self._send(persia_batch, batch_id, worker, rank)
+        self._inflight.append(get_runtime().submit(coro))
+
+    async def _send(
+        self, batch: PersiaBatch, batch_id: int, worker: ServiceRecord, rank: ServiceRecord
+    ) -> None:
+        client = get_runtime().client
+        until = time.monotonic() + self.send_timeout_s
+        await client.call(
+            f"{worker.url}/batch",
+            {"loader": self.replica_index, "batch_id": batch_id, "batch": batch.id_part()},
+            until=until,
+            idempotent=True,
+        )
+        await client.call(
+            f"{rank.url}/ingress",
+            {
+                "loader": self.replica_index,
+                "batch_id": batch_id,
+                "worker": worker.replica_index,
+                "dense": batch.dense_part(),
+            },
+            until=until,
+            idempotent=True,
+        )
+
+    def _reap(self, *, block: bool) -> None:
+        """Collect finished sends (waiting for one when ``block``); re-raise the first error."""
+        if block and self._inflight:
+            concurrent.futures.wait(self._inflight, return_when=concurrent.futures.FIRST_COMPLETED)
+        still = []
+        for future in self._inflight:
+            if future.done():
+                future.result()
+            else:
+                still.append(future)
+        self._inflight = still
+
+    def _drain(self) -> None:
+        while self._inflight:
+            self._reap(block=True)
+
+    @property
+    def sent(self) -> int:
+        """Batches handed to ``send_data`` so far."""
+        return self._count
+
+    def __repr__(self) -> str:
+        state: Any = "entered" if self._entered else "idle"
+        return f"DataCtx(replica {self.replica_index}/{self.replica_size}, {state}, sent={self._count})"

@@ -1,0 +1,72 @@
+"""``persia-launcher data-loader``: run the user's data_loader.py as one replica.
+
+The script runs in this process (``runpy``), with ``REPLICA_INDEX`` and
+``REPLICA_SIZE`` set so that ``persia.env`` and ``DataCtx`` know which replica this
+is. Its exit code is the process's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from persia.env import reload_env
+from shared.cli import UsageError, fail, resolve_file
+from shared.constants import ENV_DATALOADER_ENTRY
+from shared.logging_setup import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher data-loader",
+        description="Run data_loader.py as one data-loader replica; it sends PersiaBatches with DataCtx.",
+    )
+    parser.add_argument(
+        "script",
+        nargs="?",
+        default=None,
+        help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})",
+    )
+    parser.add_argument(
+        "--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)"
+    )
+    parser.add_argument(
+        "--replica-size", type=int, default=1, help="number of data-loader replicas (default 1)"
+    )
+    parser.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.replica_size < 1 or not 0 <= args.replica_index < args.replica_size:
+            raise UsageError(
+                f"--replica-index must be in [0, --replica-size) and --replica-size >= 1, "
+                f"got {args.replica_index} and {args.replica_size}"
+            )
+        script = resolve_file(
+            args.script, "the script argument", ENV_DATALOADER_ENTRY, required=True
+        )
+    except UsageError as exc:
+        return fail(str(exc))
+    os.environ["REPLICA_INDEX"] = str(args.replica_index)
+    os.environ["REPLICA_SIZE"] = str(args.replica_size)
+    reload_env()
+    configure_logging("data_loader", args.replica_index)
+    sys.argv = [str(script), *args.script_args]
+    sys.path.insert(0, str(script.parent.resolve()))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
