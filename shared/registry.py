@@ -112,8 +112,13 @@ class Registry:
         try:
             await self._redis.ping()
         except (RedisError, OSError) as exc:
+            source = (
+                f"set by {ENV_REDIS_URL}"
+                if os.environ.get(ENV_REDIS_URL)
+                else f"the default; set {ENV_REDIS_URL}"
+            )
             raise RegistryError(
-                f"cannot reach Redis at {self.settings.redis_url} (set by {ENV_REDIS_URL}): {exc}"
+                f"cannot reach Redis at {self.settings.redis_url} ({source}): {exc}"
             ) from exc
 
     # --- registration -----------------------------------------------------------------
