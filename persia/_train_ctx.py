@@ -1,0 +1,276 @@
+"""``TrainCtx``: the training context (re-exported by :mod:`persia.ctx`).
+
+One training step, as ``ctx.backward(loss)`` runs it::
+
+    loss ──scale (GradScaler, CUDA fp16 only)──> backward()
+         ├─ dense grads: all-reduced by DDP when WORLD_SIZE > 1
+         └─ embedding grads, per slot, same layout as the embeddings
+              every `embedding_gradient_check_frequency` steps: all finite?
+                 no  -> skip this embedding update, shrink the loss scale
+              -> BackwardEngine (<= backward_buffer_size in flight) -> embedding worker
+    dense optimizer step (through the scaler when there is one); zero grads
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+import torch
+
+from persia import env
+from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
+from persia.distributed import DistributedBaseOption, get_default_distributed_option
+from persia.embedding import get_default_embedding_config
+from persia.embedding.optim import Optimizer
+from services.nn_worker.backward import BackwardEngine
+from services.nn_worker.features import all_finite, collect_gradients
+from services.nn_worker.precision import Precision
+from shared.constants import DEFAULT_WAIT_TIMEOUT_S, ENV_ADVERTISE_HOST
+from shared.errors import InvalidInputError, RegistryError
+
+_logger = logging.getLogger("persia.ctx")
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(field, "a positive integer", value)
+    return value
+
+
+class TrainCtx(EmbeddingCtx):
+    """Trains the dense model (synchronously, data parallel) and the embeddings (asynchronously).
+
+    Arguments:
+        embedding_optimizer: a ``persia.embedding.optim`` optimizer, applied on the servers.
+        dense_optimizer: the torch optimizer of ``model``'s parameters.
+        grad_scalar_update_factor: the loss scale is divided by this when embedding
+            gradients are not finite (> 0).
+        backward_buffer_size: most batches whose gradients are still being sent.
+        backward_workers_size: most gradient requests on the wire at once.
+        grad_update_buffer_size: accepted for PERSIA compatibility (gradients are copied
+            before sending, so no tensor references need to be kept).
+        lookup_emb_directly: accepted for PERSIA compatibility (direct lookups always work).
+        mixed_precision: fp16 autocast + loss scaling on CUDA; bf16 autocast on the CPU.
+        distributed_option: how to wrap the model when WORLD_SIZE > 1 (default: DDP,
+            nccl on GPU, gloo on CPU).
+        model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
+    """
+
+    def __init__(self, embedding_optimizer: Optimizer | None = None, dense_optimizer: torch.optim.Optimizer | None = None,
+                 grad_scalar_update_factor: float = 4, backward_buffer_size: int = 10, backward_workers_size: int = 8,
+                 grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
+                 distributed_option: DistributedBaseOption | None = None, *args, **kwargs):  # fmt: skip
+        super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
+        if not isinstance(embedding_optimizer, Optimizer):
+            raise TypeError(
+                "TrainCtx needs embedding_optimizer=persia.embedding.optim.SGD/Adam/Adagrad(...), "
+                f"got {type(embedding_optimizer).__name__}"
+            )
+        if not isinstance(dense_optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "TrainCtx needs dense_optimizer=torch.optim.<Optimizer>(model.parameters(), ...), "
+                f"got {type(dense_optimizer).__name__}"
+            )
+        if self.model is None:
+            raise TypeError("TrainCtx needs model=<the torch.nn.Module to train>")
+        if isinstance(grad_scalar_update_factor, bool) or not isinstance(grad_scalar_update_factor, (int, float)) \
+                or not grad_scalar_update_factor > 0:  # fmt: skip
+            raise InvalidInputError(
+                "grad_scalar_update_factor", "a number > 0", grad_scalar_update_factor
+            )
+        if distributed_option is not None and not isinstance(
+            distributed_option, DistributedBaseOption
+        ):
+            raise TypeError("distributed_option: expected DDPOption or BaguaDistributedOption")
+        self.embedding_optimizer = embedding_optimizer
+        self.dense_optimizer = dense_optimizer
+        self.grad_scalar_update_factor = float(grad_scalar_update_factor)
+        self.backward_buffer_size = _positive_int(backward_buffer_size, "backward_buffer_size")
+        self.backward_workers_size = _positive_int(backward_workers_size, "backward_workers_size")
+        self.grad_update_buffer_size = _positive_int(
+            grad_update_buffer_size, "grad_update_buffer_size"
+        )
+        self.lookup_emb_directly = bool(lookup_emb_directly)
+        self.mixed_precision = bool(mixed_precision)
+        self.distributed_option = distributed_option
+        self.embedding_config = self.embedding_config or get_default_embedding_config()
+        self.update_times = 0
+        self.world_size = 1
+        self.rank_id = 0
+        self._precision = Precision(self.mixed_precision, self.device_id)
+        self.grad_scaler = self._precision.scaler
+        self._backward: BackwardEngine | None = None
+        self._owns_process_group = False
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def _enter(self) -> None:
+        self.world_size = env.get_world_size() or 1
+        self.rank_id = env.get_rank() or 0
+        super()._enter()  # connects and configures the embedding hyperparameters
+        try:
+            self.wait_servers_ready()
+            self._run(self.session.client.register_optimizer(self.embedding_optimizer.to_dict()))
+            if self.world_size > 1:
+                self._make_distributed()
+            self._backward = BackwardEngine(
+                self.session.runtime, self.session.client,
+                buffer_size=self.backward_buffer_size, workers_size=self.backward_workers_size,
+            )  # fmt: skip
+        except BaseException:
+            super()._exit(failed=True)
+            raise
+
+    def _exit(self, failed: bool) -> None:
+        try:
+            if self._backward is not None:
+                self._backward.flush(raise_errors=not failed)
+        finally:
+            self._backward = None
+            if self._owns_process_group and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+                self._owns_process_group = False
+            super()._exit(failed)
+
+    def wait_servers_ready(self) -> None:
+        """Wait until every embedding worker (and through it every PS replica) is ready."""
+        self._run(self.session.client.wait_ready())
+
+    def _before_nested(self) -> None:
+        self.wait_for_gradients()
+
+    def wait_for_gradients(self) -> None:
+        """Block until every embedding gradient sent so far is applied; raise send errors."""
+        if self._backward is not None:
+            self._backward.flush()
+
+    # --- distribution -------------------------------------------------------------------
+    def _make_distributed(self) -> None:
+        option = self.distributed_option or get_default_distributed_option(self.device_id)
+        master_addr = self._get_master_addr() if option.needs_master_addr() else None
+        initialized = torch.distributed.is_initialized()
+        self.model, optimizer = option.convert2distributed_model(
+            self.model, self.world_size, self.rank_id, self.device_id,
+            master_addr=master_addr, optimizer=self.dense_optimizer,
+        )  # fmt: skip
+        self._owns_process_group = not initialized and torch.distributed.is_initialized()
+        if optimizer is not None:
+            self.dense_optimizer = optimizer
+        _logger.info(
+            "rank %d/%d: model wrapped for data-parallel training", self.rank_id, self.world_size
+        )
+
+    def _get_master_addr(self, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> str:
+        """Rank 0 publishes its address in the registry; the other ranks wait for it."""
+        registry = self.session.registry
+        if registry is None:
+            raise RegistryError(
+                "no registry to exchange the master address: pass master_addr= to the option"
+            )
+        if self.rank_id == 0:
+            address = os.environ.get(ENV_ADVERTISE_HOST) or socket.gethostbyname(
+                socket.gethostname()
+            )
+            self._run(registry.publish_master_addr(address))
+            return address
+
+        async def wait() -> str:
+            deadline = time.monotonic() + timeout_s
+            while (address := await registry.get_master_addr()) is None:
+                if time.monotonic() >= deadline:
+                    raise RegistryError(
+                        f"rank 0 did not publish its master address within {timeout_s:.0f}s"
+                    )
+                await asyncio.sleep(0.1)
+            return address
+
+        return self._run(wait())
+
+    # --- training step ------------------------------------------------------------------
+    def backward(
+        self, loss: torch.Tensor, embedding_gradient_check_frequency: int = 20
+    ) -> torch.Tensor:
+        """Backpropagate ``loss``, send the embedding gradients, step the dense optimizer.
+
+        Returns the loss as scaled for backward (the loss itself without a scaler).
+        """
+        if cnt_ctx() is not self or self._backward is None:
+            raise RuntimeError(
+                "TrainCtx.backward() called outside the context: call it inside `with TrainCtx(...) as ctx:`"
+            )
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise InvalidInputError(
+                "loss", "a scalar tensor that requires grad (the model's loss)", loss
+            )
+        frequency = _positive_int(
+            embedding_gradient_check_frequency, "embedding_gradient_check_frequency"
+        )
+        batch = self.current_batch
+        if batch is None or not self._current_embeddings:
+            raise RuntimeError(
+                "TrainCtx.backward(): no batch was prepared; call ctx.forward(batch) first"
+            )
+        self._backward.raise_pending()
+        scaled, scale = self._precision.scale(loss)
+        scaled.backward()
+        grads, empty = collect_gradients(self._current_embeddings)
+        if empty:
+            _logger.warning("slots without an embedding gradient in this batch: %s", empty)
+        finite = True
+        if self.update_times % frequency == 0:  # PERSIA checked only on the first step
+            finite = self._agree(all_finite(grads))
+        self.update_times += 1
+        if not finite:
+            _logger.warning(
+                "non-finite embedding gradients (loss scale %g): embedding update skipped", scale
+            )
+            grads = []  # the worker still releases the batch
+        self._backward.submit(
+            batch.worker, batch.batch_id, scale, grads, on_done=batch.take_release()
+        )
+        self.current_batch, self._current_embeddings = None, []
+        self._precision.step(self.dense_optimizer, finite, self.grad_scalar_update_factor)
+        self.dense_optimizer.zero_grad(set_to_none=True)
+        return scaled
+
+    def _agree(self, finite: bool) -> bool:
+        """All ranks take the same decision, so their loss scales stay equal."""
+        if (
+            self.world_size <= 1
+            or not torch.distributed.is_initialized()
+            or self.grad_scaler is None
+        ):
+            return finite
+        flag = torch.tensor([1 if finite else 0], device="cuda" if self._precision.cuda else "cpu")
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    # --- checkpoints --------------------------------------------------------------------
+    def dump_checkpoint(self, dst_dir: str, dense_model_filename: str = "dense.pt", jit_dense_model_filename: str = "jit_dense.pt",
+                        opt_filename: str = "opt.pt", blocking: bool = True, with_jit_model: bool = False) -> None:  # fmt: skip
+        """Model, dense optimizer state and embeddings (after in-flight gradients land)."""
+        self.wait_for_gradients()
+        super().dump_checkpoint(dst_dir, dense_filename=dense_model_filename, jit_dense_filename=jit_dense_model_filename,
+                                blocking=blocking, with_jit_model=with_jit_model)  # fmt: skip
+        if self._writer():
+            self.dump_torch_state_dict(self.dense_optimizer, dst_dir, opt_filename)
+        self._barrier()
+
+    def load_checkpoint(self, src_dir: str, map_location=None, dense_model_filename: str = "dense.pt",
+                        opt_filename: str = "opt.pt", blocking: bool = True) -> None:  # fmt: skip
+        """Restore model, dense optimizer state and embeddings from ``src_dir``."""
+        self.wait_for_gradients()
+        super().load_checkpoint(
+            src_dir,
+            map_location=map_location,
+            dense_filename=dense_model_filename,
+            blocking=blocking,
+        )
+        opt_path = os.path.join(src_dir, opt_filename)
+        if os.path.exists(opt_path):
+            self.load_torch_state_dict(self.dense_optimizer, opt_path, map_location=map_location)
+        else:
+            _logger.warning("%s not found: dense optimizer state not restored", opt_path)

@@ -1,0 +1,430 @@
+"""Training, evaluation and inference contexts (PERSIA's ``persia.ctx`` API).
+
+::
+
+    BaseCtx                     device placement; current-context tracking (contextvars)
+    ├── DataCtx                 data loaders: send PersiaBatches (services.data_loader)
+    └── EmbeddingCtx            embedding lookups, tensors, checkpoints (EVAL / INFERENCE)
+        ├── TrainCtx            + embedding optimizer, backward, dense optimizer, DDP
+        └── InferCtx            fixed embedding-worker addresses, no registry
+
+No context does network work in ``__init__``: it connects on ``__enter__`` and
+releases everything on ``__exit__``. ``cnt_ctx()`` is the innermost entered context.
+Unlike PERSIA, ``eval_ctx()`` nested in ``TrainCtx`` leaves the embedding
+hyperparameters alone (it configures the servers only when given a config).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+import os
+from typing import Any
+
+import torch
+
+from persia.embedding import EmbeddingConfig
+from persia.embedding.data import PersiaBatch
+from services.nn_worker import checkpoint as ckpt
+from services.nn_worker.batch import PersiaTrainingBatch
+from services.nn_worker.features import embedding_tensors, to_tensor
+from services.nn_worker.precision import Precision
+from services.nn_worker.session import Session
+from shared.errors import InvalidInputError
+
+__all__ = [
+    "BaseCtx",
+    "DataCtx",  # noqa: F822  (resolved lazily by __getattr__: the data loader's module)
+    "EmbeddingCtx",
+    "InferCtx",
+    "PersiaTrainingBatch",
+    "PreprocessMode",
+    "TrainCtx",
+    "cnt_ctx",
+    "current_ctx",
+    "eval_ctx",
+]
+
+_logger = logging.getLogger(__name__)
+_CURRENT: contextvars.ContextVar[BaseCtx | None] = contextvars.ContextVar(
+    "persia_ctx", default=None
+)
+
+
+class PreprocessMode(enum.Enum):
+    """TRAIN: embeddings require grad; EVAL: no grad; INFERENCE: EVAL that needs no labels."""
+
+    TRAIN = 1
+    EVAL = 2
+    INFERENCE = 3
+
+
+def cnt_ctx() -> BaseCtx | None:
+    """The innermost entered context of this thread / task, or None."""
+    return _CURRENT.get()
+
+
+current_ctx = cnt_ctx
+
+
+class BaseCtx:
+    """Common base of the contexts: device choice and current-context tracking.
+
+    Arguments:
+        threadpool_worker_size: bound on concurrent requests this context issues.
+        device_id: CUDA device for tensors and the model; None keeps everything on the CPU.
+    """
+
+    def __init__(self, threadpool_worker_size: int = 10, device_id: int | None = None):
+        if (
+            isinstance(threadpool_worker_size, bool)
+            or not isinstance(threadpool_worker_size, int)
+            or threadpool_worker_size < 1
+        ):
+            raise InvalidInputError(
+                "threadpool_worker_size", "a positive integer", threadpool_worker_size
+            )
+        if device_id is not None:
+            if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+                raise InvalidInputError("device_id", "None or a CUDA device index >= 0", device_id)
+            if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
+                raise InvalidInputError(
+                    "device_id", f"a CUDA device index below {torch.cuda.device_count()} "
+                    "(pass device_id=None to train on the CPU)", device_id,
+                )  # fmt: skip
+        self.threadpool_worker_size = threadpool_worker_size
+        self.device_id = device_id
+        self._token: contextvars.Token | None = None
+        self._entered = False
+
+    def _enter(self) -> None:
+        """Hook: connect and prepare (subclasses)."""
+
+    def _exit(self, failed: bool) -> None:
+        """Hook: release what ``_enter`` took (subclasses)."""
+
+    def __enter__(self):
+        if self._entered:
+            raise RuntimeError(
+                f"{type(self).__name__} is already entered; contexts are not reentrant"
+            )
+        if self.device_id is not None:
+            torch.cuda.set_device(self.device_id)
+        self._enter()
+        self._entered = True
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._exit(failed=exc_type is not None)
+        finally:
+            self._entered = False
+            if self._token is not None:
+                _CURRENT.reset(self._token)
+                self._token = None
+
+
+def __getattr__(name: str) -> Any:
+    # DataCtx belongs to the data-loader runtime; imported on first use.
+    if name == "DataCtx":
+        from services.data_loader.context import DataCtx
+
+        return DataCtx
+    raise AttributeError(f"module 'persia.ctx' has no attribute {name!r}")
+
+
+class EmbeddingCtx(BaseCtx):
+    """Embedding lookups and tensors for a model; checkpoints of model + embeddings.
+
+    Arguments:
+        preprocess_mode: what :meth:`prepare_features` produces (see PreprocessMode).
+        model: the dense torch model, called as ``model(non_id_tensors, embedding_tensors)``.
+        embedding_config: hyperparameters sent to the servers on enter; when None the
+            servers keep theirs (PERSIA resets them to defaults, even inside TrainCtx).
+    """
+
+    def __init__(self, preprocess_mode: PreprocessMode, model: torch.nn.Module | None = None,
+                 embedding_config: EmbeddingConfig | None = None, *args, **kwargs):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        if not isinstance(preprocess_mode, PreprocessMode):
+            raise InvalidInputError("preprocess_mode", "a PreprocessMode", preprocess_mode)
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        if embedding_config is not None and not isinstance(embedding_config, EmbeddingConfig):
+            raise TypeError(
+                f"embedding_config: expected persia.embedding.EmbeddingConfig, got {type(embedding_config).__name__}"
+            )
+        self.preprocess_mode = preprocess_mode
+        self.model = model
+        self.embedding_config = embedding_config
+        self.current_batch: PersiaTrainingBatch | None = None
+        self._current_embeddings: list[tuple[str, torch.Tensor]] = []
+        self._session: Session | None = None
+        self._owns_session = False
+        self._precision = Precision(False, self.device_id)
+        self._pending: dict[str, Any] = {}
+
+    # --- connection ---------------------------------------------------------------------
+    def _open_session(self) -> Session:
+        return Session.open()
+
+    def _enter(self) -> None:
+        parent = cnt_ctx()
+        if (
+            isinstance(parent, EmbeddingCtx)
+            and parent._session is not None
+            and type(self) is EmbeddingCtx
+        ):
+            self._session, self._owns_session = parent._session, False
+            parent._before_nested()
+        else:
+            self._session, self._owns_session = self._open_session(), True
+        if self.embedding_config is not None:
+            self.configure_embedding_parameter_servers(self.embedding_config)
+
+    def _before_nested(self) -> None:
+        """Hook run when a context is entered inside this one (TrainCtx flushes gradients)."""
+
+    def _exit(self, failed: bool) -> None:
+        session, self._session = self._session, None
+        if session is not None and self._owns_session:
+            session.close()
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise RuntimeError(f"{type(self).__name__} is not entered: use it in a `with` block")
+        return self._session
+
+    def _run(self, coro):
+        return self.session.runtime.run(coro)
+
+    def configure_embedding_parameter_servers(self, embedding_config: EmbeddingConfig) -> None:
+        """Send initialization bounds, admit probability and weight bound to every PS."""
+        if not isinstance(embedding_config, EmbeddingConfig):
+            raise TypeError("embedding_config: expected persia.embedding.EmbeddingConfig")
+        client = self.session.client
+        self._run(client.wait_ready())
+        self._run(client.configure(embedding_config.to_dict()))
+
+    # --- batches and tensors ------------------------------------------------------------
+    def get_embedding_from_data(
+        self, persia_batch: PersiaBatch, device_id: int | None = None
+    ) -> PersiaTrainingBatch:
+        """Look the batch's embeddings up directly (no data loader in between)."""
+        if not isinstance(persia_batch, PersiaBatch):
+            raise TypeError(
+                f"persia_batch: expected a PersiaBatch, got {type(persia_batch).__name__}"
+            )
+        train = self.preprocess_mode == PreprocessMode.TRAIN and persia_batch.requires_grad
+        embeddings, batch_id, worker = self._run(
+            self.session.client.lookup_direct(persia_batch.id_part(), train)
+        )
+        return _training_batch(persia_batch, embeddings, worker if batch_id is not None else None, batch_id,
+                               device_id if device_id is not None else self.device_id)  # fmt: skip
+
+    def get_embedding_from_bytes(
+        self, data: bytes, device_id: int | None = None
+    ) -> PersiaTrainingBatch:
+        """:meth:`get_embedding_from_data` of ``PersiaBatch.to_bytes()`` output."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"data: expected bytes from PersiaBatch.to_bytes(), got {type(data).__name__}"
+            )
+        return self.get_embedding_from_data(PersiaBatch.from_bytes(bytes(data)), device_id)
+
+    def prepare_features(self, persia_training_batch: PersiaTrainingBatch):
+        """``(non_id_type_feature_tensors, embedding_tensors, label_tensors or None)``."""
+        batch = persia_training_batch
+        if not isinstance(batch, PersiaTrainingBatch):
+            raise TypeError(
+                f"expected a PersiaTrainingBatch from persia.data.DataLoader or get_embedding_from_data, got {type(batch).__name__}"
+            )
+        device = batch.device_id if batch.device_id is not None else self.device_id
+        training = self.preprocess_mode == PreprocessMode.TRAIN
+        labels = None
+        if self.preprocess_mode != PreprocessMode.INFERENCE:
+            if not batch.labels:
+                raise InvalidInputError(
+                    "labels",
+                    f"at least one label in {self.preprocess_mode.name} mode (use PreprocessMode.INFERENCE for unlabeled batches)",
+                    [],
+                )
+            labels = [to_tensor(a, device) for a in batch.labels]
+        if training and not batch.trainable:
+            raise InvalidInputError(
+                "batch",
+                "a batch looked up for training (requires_grad=True, inside TrainCtx)",
+                "a batch without a gradient reference",
+            )
+        non_id = [to_tensor(a, device) for a in batch.non_id_type_features]
+        self._current_embeddings = embedding_tensors(batch.embeddings, device, training)
+        self.current_batch = batch
+        return non_id, [t for _, t in self._current_embeddings], labels
+
+    def forward(self, batch: PersiaTrainingBatch):
+        """``prepare_features`` then ``model(non_id_tensors, embedding_tensors)``: ``(output, labels)``."""
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__} has no model: pass model=... to the context")
+        non_id, embeddings, labels = self.prepare_features(batch)
+        with self._precision.autocast():
+            output = self.model(non_id, embeddings)
+        ok = isinstance(output, torch.Tensor) or (
+            isinstance(output, (tuple, list))
+            and output
+            and all(isinstance(o, torch.Tensor) for o in output)
+        )
+        if not ok:
+            raise TypeError(
+                f"the model returned {type(output).__name__}: expected a torch.Tensor (or a tuple/list of tensors)"
+            )
+        return self._precision.to_full(output), labels
+
+    # --- embeddings on the servers ------------------------------------------------------
+    def get_embedding_size(self) -> list[int]:
+        """Number of embedding entries held by each PS replica."""
+        stats = self._run(self.session.client.stats())
+        return [int(s.get("entries", 0)) for s in stats.get("ps", [])]
+
+    def clear_embeddings(self) -> None:
+        """Remove every embedding (and optimizer state) from every PS replica."""
+        self._run(self.session.client.clear())
+
+    def _admin_async(self, kind: str, coro_fn, directory: str, blocking: bool) -> None:
+        self.wait_for_dump_embedding() if kind == "dump" else self.wait_for_load_embedding()
+        future = self.session.runtime.submit(coro_fn(os.path.abspath(directory)))
+        self._pending[kind] = future
+        if blocking:
+            self._wait(kind)
+
+    def _wait(self, kind: str) -> None:
+        future = self._pending.pop(kind, None)
+        if future is not None:
+            future.result()
+
+    def dump_embedding(self, dst_dir: str, blocking: bool = True) -> None:
+        """Every PS replica writes its shard to ``dst_dir`` (see :meth:`wait_for_dump_embedding`)."""
+        self._admin_async("dump", self.session.client.dump, dst_dir, blocking)
+
+    def load_embedding(self, src_dir: str, blocking: bool = True) -> None:
+        """Every PS replica loads the ids routed to it from ``src_dir``."""
+        if not os.path.isdir(src_dir):
+            raise FileNotFoundError(f"{src_dir}: no such embedding checkpoint directory")
+        self._admin_async("load", self.session.client.load, src_dir, blocking)
+
+    def wait_for_dump_embedding(self) -> None:
+        """Wait for a ``dump_embedding(blocking=False)``; its error is raised here."""
+        self._wait("dump")
+
+    def wait_for_load_embedding(self) -> None:
+        """Wait for a ``load_embedding(blocking=False)``; its error is raised here."""
+        self._wait("load")
+
+    # --- dense state and checkpoints ----------------------------------------------------
+    def dump_torch_state_dict(
+        self, torch_instance, dst_dir: str, file_name: str, is_jit: bool = False
+    ) -> None:
+        """Save a model's or optimizer's state dict (or a TorchScript model) as ``dst_dir/file_name``."""
+        ckpt.save_state(torch_instance, os.path.join(dst_dir, file_name), is_jit=is_jit)
+
+    def load_torch_state_dict(self, torch_instance, src_dir: str, map_location=None) -> None:
+        """Load a state dict file (``src_dir`` is the file's path, as in PERSIA) into the instance."""
+        ckpt.load_state(torch_instance, src_dir, map_location=map_location)
+
+    def _writer(self) -> bool:
+        return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+    def _barrier(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def dump_checkpoint(self, dst_dir: str, dense_filename: str = "dense.pt", jit_dense_filename: str = "jit_dense.pt",
+                        blocking: bool = True, with_jit_model: bool = False) -> None:  # fmt: skip
+        """Dense model state (rank 0) and every embedding shard into ``dst_dir``."""
+        if self.model is None:
+            raise RuntimeError("dump_checkpoint needs the context's model: pass model=...")
+        if self._writer():
+            os.makedirs(dst_dir, exist_ok=True)
+            if with_jit_model:
+                self.dump_torch_state_dict(self.model, dst_dir, jit_dense_filename, is_jit=True)
+            self.dump_torch_state_dict(self.model, dst_dir, dense_filename)
+            self.dump_embedding(dst_dir, blocking=blocking)
+        self._barrier()
+
+    def load_checkpoint(
+        self,
+        src_dir: str,
+        map_location=None,
+        dense_filename: str = "dense.pt",
+        blocking: bool = True,
+    ) -> None:
+        """Load the dense model (every rank) and the embeddings (rank 0) from ``src_dir``."""
+        if self.model is None:
+            raise RuntimeError("load_checkpoint needs the context's model: pass model=...")
+        if not os.path.isdir(src_dir):
+            raise FileNotFoundError(f"{src_dir}: no such checkpoint directory")
+        dense_path = os.path.join(src_dir, dense_filename)
+        if os.path.exists(dense_path):
+            self.load_torch_state_dict(self.model, dense_path, map_location=map_location)
+        else:
+            _logger.warning("%s not found: dense model not restored", dense_path)
+        if self._writer():
+            self.load_embedding(src_dir, blocking=blocking)
+        self._barrier()
+
+
+def _training_batch(
+    batch: PersiaBatch, embeddings, worker, batch_id, device_id
+) -> PersiaTrainingBatch:
+    return PersiaTrainingBatch(
+        batch_size=batch.batch_size,
+        non_id_type_features=[f.data for f in batch.non_id_type_features],
+        labels=[f.data for f in batch.labels],
+        embeddings=embeddings,
+        requires_grad=batch.requires_grad,
+        meta=batch.meta,
+        worker=worker,
+        batch_id=batch_id,
+        non_id_type_feature_names=[f.name for f in batch.non_id_type_features],
+        label_names=[f.name for f in batch.labels],
+        device_id=device_id,
+    )
+
+
+def eval_ctx(*args, **kwargs) -> EmbeddingCtx:
+    """An :class:`EmbeddingCtx` in EVAL mode (nested in TrainCtx it shares its connection)."""
+    return EmbeddingCtx(PreprocessMode.EVAL, *args, **kwargs)
+
+
+class InferCtx(EmbeddingCtx):
+    """Inference against fixed embedding-worker addresses (``"host:port"``); no registry."""
+
+    def __init__(self, embedding_worker_address_list: list[str], *args, **kwargs):
+        super().__init__(PreprocessMode.INFERENCE, *args, **kwargs)
+        from services.nn_worker.embedding_client import normalize_address
+
+        if isinstance(embedding_worker_address_list, str) or not embedding_worker_address_list:
+            raise InvalidInputError(
+                "embedding_worker_address_list",
+                "a non-empty list of 'host:port'",
+                embedding_worker_address_list,
+            )
+        self.embedding_worker_address_list = [
+            normalize_address(a) for a in embedding_worker_address_list
+        ]
+
+    def _open_session(self) -> Session:
+        return Session.open(addresses=self.embedding_worker_address_list)
+
+    def wait_for_serving(self, timeout_s: float | None = None) -> None:
+        """Wait until every embedding worker reports ready (and so its PS replicas)."""
+        self._run(self.session.client.wait_ready(timeout_s))
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+from persia._train_ctx import TrainCtx  # noqa: E402  (TrainCtx builds on EmbeddingCtx above)

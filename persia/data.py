@@ -1,0 +1,175 @@
+"""Datasets and the data loader of the training loop (PERSIA's ``persia.data`` API).
+
+- :class:`StreamingDataset`: the batches data loaders push to this rank (``DataCtx``).
+  It ends by itself once every data loader said it is done.
+- :class:`IterableDataset`: subclass it and yield :class:`PersiaBatch` es from
+  ``__iter__`` (test sets, local data); lookups take the direct path, and a batch with
+  ``requires_grad=False`` inserts nothing on the servers.
+- :class:`DataLoader`: looks embeddings up ahead of the loop and yields
+  :class:`PersiaTrainingBatch` es for ``ctx.forward`` / ``ctx.prepare_features``.
+  Iterate it inside a context (``TrainCtx``, ``eval_ctx``, ``InferCtx``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from persia import env
+from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
+from persia.embedding.data import PersiaBatch
+from services.nn_worker.batch import PersiaTrainingBatch
+from services.nn_worker.prefetch import IteratorReader, Prefetcher
+from shared.errors import InvalidInputError
+
+__all__ = [
+    "DataLoader",
+    "IterableDataset",
+    "IterableDatasetBase",
+    "PersiaTrainingBatch",
+    "StreamingDataset",
+]
+
+
+def _positive(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(field, "a positive integer", value)
+    return value
+
+
+class IterableDatasetBase:
+    """Base of the datasets a :class:`DataLoader` accepts.
+
+    Arguments:
+        buffer_size: batches read ahead of the embedding lookups (for a StreamingDataset:
+            the bound of this rank's ingress queue; a full queue answers 429 to the loaders).
+    """
+
+    def __init__(self, buffer_size: int = 10):
+        self.buffer_size = _positive(buffer_size, "buffer_size")
+
+
+class StreamingDataset(IterableDatasetBase):
+    """Batches pushed to this NN-worker rank by the data loaders; ends when all are done."""
+
+    def __iter__(self):
+        raise TypeError("a StreamingDataset is read through persia.data.DataLoader(dataset)")
+
+
+class IterableDataset(IterableDatasetBase):
+    """Implement ``__iter__`` to yield :class:`PersiaBatch` es (it is read in a helper thread)."""
+
+    def __iter__(self) -> Iterator[PersiaBatch]:
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement __iter__ yielding PersiaBatch"
+        )
+
+
+def _check_batch(item) -> PersiaBatch:
+    if not isinstance(item, PersiaBatch):
+        raise TypeError(
+            f"the dataset yielded {type(item).__name__}: expected persia.embedding.data.PersiaBatch"
+        )
+    return item
+
+
+class DataLoader:
+    """Yields :class:`PersiaTrainingBatch` es with their embeddings looked up ahead of time.
+
+    Arguments:
+        dataset: a :class:`StreamingDataset` or an :class:`IterableDataset`.
+        forward_buffer_size: looked-up batches kept ready ahead of the loop.
+        timeout_ms: longest wait for the next batch; then ``TimeoutError`` (PERSIA
+            stopped the loop silently).
+        num_workers: embedding lookups in flight at once.
+        reproducible: hand streamed batches out in batch-id order (rank, rank + world
+            size, ...); with ``embedding_staleness=1`` a run repeats bit for bit.
+        embedding_staleness: most training batches whose embeddings are out while their
+            gradients are not yet applied (None: no bound).
+    """
+
+    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10, timeout_ms: int = 1000 * 60 * 10,
+                 num_workers: int = 10, reproducible: bool = False, embedding_staleness: int | None = None):  # fmt: skip
+        if not isinstance(dataset, IterableDatasetBase):
+            raise TypeError(
+                f"dataset: expected persia.data.StreamingDataset or IterableDataset, got {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self.forward_buffer_size = _positive(forward_buffer_size, "forward_buffer_size")
+        self.timeout_ms = _positive(timeout_ms, "timeout_ms")
+        self.num_workers = _positive(num_workers, "num_workers")
+        if not isinstance(reproducible, bool):
+            raise InvalidInputError("reproducible", "true or false", reproducible)
+        self.reproducible = reproducible
+        self.embedding_staleness = (
+            None
+            if embedding_staleness is None
+            else _positive(embedding_staleness, "embedding_staleness")
+        )
+
+    def __iter__(self) -> Iterator[PersiaTrainingBatch]:
+        ctx = cnt_ctx()
+        if not isinstance(ctx, EmbeddingCtx):
+            raise RuntimeError(
+                "iterate a persia DataLoader inside a context: `with TrainCtx(...)`, `eval_ctx(...)` or `InferCtx(...)`"
+            )
+        prefetcher = self._prefetcher(ctx).start()
+        timeout_s = self.timeout_ms / 1000.0
+        try:
+            while True:
+                try:
+                    batch = prefetcher.next(timeout_s)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"DataLoader: no batch within timeout_ms={self.timeout_ms}; are the data loaders running?"
+                    ) from None
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            prefetcher.close()
+
+    def _prefetcher(self, ctx: EmbeddingCtx) -> Prefetcher:
+        session = ctx.session
+        client = session.client
+        train = ctx.preprocess_mode == PreprocessMode.TRAIN
+        staleness = self.embedding_staleness if train else None
+        common = dict(
+            num_workers=self.num_workers, buffer_size=self.forward_buffer_size, staleness=staleness
+        )
+        if isinstance(self.dataset, StreamingDataset):
+            queue = session.ingress(rank=env.get_rank() or 0, world_size=env.get_world_size() or 1,
+                                    capacity=self.dataset.buffer_size, reproducible=self.reproducible)  # fmt: skip
+
+            async def lookup_streamed(item) -> PersiaTrainingBatch:
+                embeddings, trainable = await client.lookup(
+                    item.worker, item.batch_id, train, item.dense.batch_size
+                )
+                dense = item.dense
+                return PersiaTrainingBatch(
+                    batch_size=dense.batch_size,
+                    non_id_type_features=[f.data for f in dense.non_id_type_features],
+                    labels=[f.data for f in dense.labels],
+                    embeddings=embeddings, requires_grad=trainable, meta=dense.meta,
+                    worker=item.worker if trainable else None, batch_id=item.batch_id if trainable else None,
+                    non_id_type_feature_names=[f.name for f in dense.non_id_type_features],
+                    label_names=[f.name for f in dense.labels], device_id=ctx.device_id,
+                )  # fmt: skip
+
+            return Prefetcher(
+                session.runtime, fetch_next=queue.get, lookup=lookup_streamed, **common
+            )
+
+        reader = IteratorReader(iter(self.dataset), self.dataset.buffer_size, _check_batch)
+
+        async def lookup_direct(batch: PersiaBatch) -> PersiaTrainingBatch:
+            from persia.ctx import _training_batch
+
+            embeddings, batch_id, worker = await client.lookup_direct(
+                batch.id_part(), train and batch.requires_grad
+            )
+            return _training_batch(
+                batch, embeddings, worker if batch_id is not None else None, batch_id, ctx.device_id
+            )
+
+        return Prefetcher(session.runtime, fetch_next=reader.next, lookup=lookup_direct,
+                          on_close=lambda: reader.close(session.runtime), **common)  # fmt: skip

@@ -1,0 +1,120 @@
+"""Asynchronous return of embedding gradients to the embedding workers (data-flow step 6).
+
+``TrainCtx.backward`` hands each batch's gradients to :class:`BackwardEngine` and goes
+on with the next batch. At most ``buffer_size`` batches are in flight (the caller
+blocks when that many are unanswered) and at most ``workers_size`` requests are on
+the wire at once. A send that fails is kept and raised at the next ``submit`` /
+``raise_pending`` / ``flush``, so an error is never silently lost; ``flush`` waits
+for everything in flight (context exit does it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from services.nn_worker.embedding_client import EmbeddingWorkerClient
+from services.nn_worker.runtime import Runtime
+from shared.errors import PersiaError
+
+log = logging.getLogger(__name__)
+
+
+class GradientSendError(PersiaError):
+    """Embedding gradients could not be delivered to an embedding worker."""
+
+
+class BackwardEngine:
+    """Bounded, concurrent, error-reporting sender of embedding gradients."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        client: EmbeddingWorkerClient,
+        *,
+        buffer_size: int = 10,
+        workers_size: int = 8,
+    ):
+        self.runtime = runtime
+        self.client = client
+        self.buffer_size = buffer_size
+        self.workers_size = workers_size
+        self._slots: asyncio.Semaphore | None = None
+        self._senders: asyncio.Semaphore | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._errors: list[BaseException] = []
+        self.sent = 0
+
+    async def _init(self) -> None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.buffer_size)
+            self._senders = asyncio.Semaphore(self.workers_size)
+
+    def submit(
+        self,
+        worker: int,
+        batch_id: int,
+        loss_scale: float,
+        grads: list[tuple[str, np.ndarray]],
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue one batch's gradients; blocks while ``buffer_size`` batches are in flight.
+
+        ``on_done`` runs on the loop when the send finished, successfully or not (it
+        releases the batch's embedding-staleness permit).
+        """
+        self.raise_pending()
+        self.runtime.run(self._enqueue(worker, batch_id, loss_scale, grads, on_done))
+
+    async def _enqueue(self, worker, batch_id, loss_scale, grads, on_done) -> None:
+        await self._init()
+        assert self._slots is not None
+        await self._slots.acquire()
+        task = asyncio.create_task(self._send(worker, batch_id, loss_scale, grads, on_done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, worker, batch_id, loss_scale, grads, on_done) -> None:
+        assert self._slots is not None and self._senders is not None
+        try:
+            async with self._senders:
+                await self.client.gradients(worker, batch_id, loss_scale, grads)
+            self.sent += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # kept and re-raised in the training thread
+            log.error(
+                "sending gradients of batch %d to worker %d failed: %s", batch_id, worker, exc
+            )
+            self._errors.append(exc)
+        finally:
+            self._slots.release()
+            if on_done is not None:
+                on_done()
+
+    def raise_pending(self) -> None:
+        """Raise the first failed send since the last call (as GradientSendError)."""
+        if self._errors:
+            errors, self._errors = self._errors, []
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise GradientSendError(
+                f"embedding gradients were not applied: {errors[0]}{more}"
+            ) from errors[0]
+
+    async def _wait_all(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def flush(self, *, raise_errors: bool = True) -> None:
+        """Wait until every queued send finished; then report failures."""
+        if self.runtime.running:
+            self.runtime.run(self._wait_all())
+        if raise_errors:
+            self.raise_pending()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)

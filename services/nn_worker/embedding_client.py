@@ -1,0 +1,233 @@
+"""Calls from an NN worker (or an inference client) to the embedding workers.
+
+The embedding workers are found either through the Redis registry (training and
+evaluation jobs) or from a fixed ``host:port`` list (``InferCtx``, which needs no
+registry). Every call goes through the process's one :class:`HttpClient` and
+returns validated numpy arrays; the protocol is /work/notes/protocol.md.
+
+Embedding layout per slot, as the worker answers it::
+
+    summed slot  (embedding_summation: true)   float32 (batch, dim)
+    raw slot     (embedding_summation: false)  float32 (batch, sample_fixed_size, dim + 1)
+                                               last column: 1 for a real id, 0 for padding
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+
+from shared.constants import DEFAULT_WAIT_TIMEOUT_S, ROLE_EMBEDDING_WORKER
+from shared.errors import InvalidInputError, ProtocolError, ServiceUnavailableError
+from shared.http_client import HttpClient
+from shared.registry import Registry
+from shared.validate import as_array, as_dict, as_list, as_str, get
+
+LOOKUP_TIMEOUT_S = 120.0
+ADMIN_TIMEOUT_S = 3600.0
+"""Dumps and loads of large tables take long; they still have a bound."""
+HEALTH_POLL_S = 0.1
+
+Embeddings = list[tuple[str, np.ndarray]]
+
+
+def normalize_address(address: str) -> str:
+    """``"host:port"`` or ``"http://host:port"`` -> ``"http://host:port"``; spaces are dropped
+    (PERSIA's documentation writes ``"localhost: 8888"``)."""
+    if not isinstance(address, str) or not address.strip():
+        raise InvalidInputError("embedding_worker_address", "a 'host:port' string", address)
+    text = address.replace(" ", "")
+    if not text.startswith(("http://", "https://")):
+        text = "http://" + text
+    host_port = text.split("://", 1)[1]
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInputError("embedding_worker_address", "a 'host:port' string", address)
+    return text.rstrip("/")
+
+
+def parse_embeddings(answer: Any, batch_size: int | None = None) -> tuple[Embeddings, int | None]:
+    """Validate a ``/lookup`` answer into ``[(slot name, float32 array), ...]`` and its batch id."""
+    body = as_dict(answer, "answer")
+    items = as_list(get(body, "embeddings"), "embeddings")
+    out: Embeddings = []
+    for i, item in enumerate(items):
+        item = as_dict(item, f"embeddings[{i}]")
+        name = as_str(get(item, "name", f"embeddings[{i}].name"), f"embeddings[{i}].name")
+        data = as_array(get(item, "data", f"embeddings[{i}].data"), f"embeddings[{i}].data",
+                        dtype=("float32", "float16"))  # fmt: skip
+        if data.ndim not in (2, 3) or (batch_size is not None and data.shape[0] != batch_size):
+            raise ProtocolError(
+                f"embedding worker sent slot {name!r} with shape {data.shape}: expected "
+                f"(batch={batch_size}, dim) or (batch, sample_fixed_size, dim + 1)"
+            )
+        out.append((name, data))
+    batch_id = body.get("batch_id")
+    if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)):
+        raise ProtocolError(f"embedding worker sent batch_id {batch_id!r}: expected an integer")
+    return out, batch_id
+
+
+class EmbeddingWorkerClient:
+    """Addresses of the embedding workers and the calls an NN worker makes to them.
+
+    Use from coroutines running on the NN-worker runtime's loop.
+    """
+
+    def __init__(
+        self,
+        http: HttpClient,
+        *,
+        registry: Registry | None = None,
+        addresses: list[str] | None = None,
+        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+    ):
+        if (registry is None) == (addresses is None):
+            raise ValueError("EmbeddingWorkerClient needs exactly one of registry or addresses")
+        self.http = http
+        self.registry = registry
+        self.wait_timeout_s = wait_timeout_s
+        self._urls: list[str] = [normalize_address(a) for a in addresses] if addresses else []
+        if addresses is not None and not self._urls:
+            raise InvalidInputError("embedding_worker_address_list", "at least one address", [])
+        self._round_robin = itertools.count()
+
+    # --- discovery ----------------------------------------------------------------------
+    async def connect(self) -> list[str]:
+        """Wait until the embedding workers are known (registry: every registered replica)."""
+        if self.registry is not None:
+            records = await self.registry.wait_for(
+                ROLE_EMBEDDING_WORKER, timeout_s=self.wait_timeout_s
+            )
+            self._urls = [r.url for r in records]
+        return list(self._urls)
+
+    async def refresh(self) -> None:
+        """Re-read the addresses from the registry (a worker restarted on another port)."""
+        if self.registry is not None:
+            found = await self.registry.discover(ROLE_EMBEDDING_WORKER)
+            if found:
+                self._urls = [found[i].url for i in sorted(found)]
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    async def url(self, index: int) -> str:
+        """Address of embedding worker ``index`` (re-resolved once when unknown)."""
+        if not self._urls:
+            await self.connect()
+        if not 0 <= index < len(self._urls):
+            await self.refresh()
+        if not 0 <= index < len(self._urls):
+            raise InvalidInputError(
+                "worker", f"an embedding worker index in [0, {len(self._urls)})", index
+            )
+        return self._urls[index]
+
+    async def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Poll every worker's ``/health`` until all say ready (they wait for their PS)."""
+        deadline = time.monotonic() + (self.wait_timeout_s if timeout_s is None else timeout_s)
+        urls = await self.connect() if not self._urls else self.urls
+        pending = list(urls)
+        last = ""
+        while pending:
+            still = []
+            for url in pending:
+                try:
+                    await self.http.call(f"{url}/health", method="GET", timeout_s=5.0)
+                except ServiceUnavailableError as exc:
+                    still.append(url)
+                    last = str(exc)
+            pending = still
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise ServiceUnavailableError(
+                    f"embedding workers {pending} not ready after waiting: {last}"
+                )
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    # --- data path ----------------------------------------------------------------------
+    async def lookup(
+        self, worker: int, batch_id: int, train: bool, batch_size: int
+    ) -> tuple[Embeddings, bool]:
+        """Embeddings of a batch a data loader buffered on ``worker`` under ``batch_id``.
+
+        Returns them with whether the worker awaits gradients for the batch: the answer's
+        ``requires_grad`` when the worker sends it, else ``train``.
+        """
+        url = await self.url(worker)
+        answer = await self.http.call(
+            f"{url}/lookup", {"batch_id": batch_id, "train": train}, timeout_s=LOOKUP_TIMEOUT_S
+        )
+        embeddings, _ = parse_embeddings(answer, batch_size)
+        requires_grad = answer.get("requires_grad", train)
+        return embeddings, bool(train and requires_grad is True)
+
+    async def lookup_direct(
+        self, id_part: dict, train: bool, worker: int | None = None
+    ) -> tuple[Embeddings, int | None, int]:
+        """Embeddings of ids sent in the request; returns (embeddings, batch id, worker).
+
+        ``batch id`` is the reference for the gradients (None unless a training lookup of a
+        batch that requires grad). Without ``worker`` the workers take turns.
+        """
+        if not self._urls:
+            await self.connect()
+        if worker is None:
+            worker = next(self._round_robin) % len(self._urls)
+        url = await self.url(worker)
+        answer = await self.http.call(
+            f"{url}/lookup_direct",
+            {"batch": id_part, "train": train},
+            idempotent=not train,
+            timeout_s=LOOKUP_TIMEOUT_S,
+        )
+        embeddings, batch_id = parse_embeddings(answer, id_part.get("batch_size"))
+        return embeddings, batch_id, worker
+
+    async def gradients(
+        self, worker: int, batch_id: int, loss_scale: float, grads: list[tuple[str, np.ndarray]]
+    ) -> dict:
+        """Send one batch's embedding gradients (per slot, same layout as the embeddings)."""
+        url = await self.url(worker)
+        body = {
+            "batch_id": batch_id,
+            "loss_scale": float(loss_scale),
+            "gradients": [{"name": name, "data": data} for name, data in grads],
+        }
+        return await self.http.call(f"{url}/gradients", body, timeout_s=LOOKUP_TIMEOUT_S)
+
+    # --- administration (the worker fans these out to every PS replica) ------------------
+    async def admin(self, path: str, body: dict, *, idempotent: bool = True) -> Any:
+        """POST ``path`` to one embedding worker, which forwards it to every PS replica."""
+        url = await self.url(0)
+        return await self.http.call(
+            f"{url}{path}", body, idempotent=idempotent, timeout_s=ADMIN_TIMEOUT_S
+        )
+
+    async def configure(self, hyperparams: dict) -> Any:
+        return await self.admin("/configure", {"hyperparams": hyperparams})
+
+    async def register_optimizer(self, optimizer: dict) -> Any:
+        return await self.admin("/register_optimizer", {"optimizer": optimizer})
+
+    async def dump(self, directory: str) -> Any:
+        return await self.admin("/dump", {"dir": directory}, idempotent=False)
+
+    async def load(self, directory: str) -> Any:
+        return await self.admin("/load", {"dir": directory}, idempotent=False)
+
+    async def clear(self) -> Any:
+        return await self.admin("/clear", {})
+
+    async def stats(self) -> dict:
+        return as_dict(await self.admin("/stats", {}), "stats")
+
+    async def schema(self) -> dict:
+        return as_dict(await self.admin("/schema", {}), "schema")

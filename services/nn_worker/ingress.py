@@ -1,0 +1,242 @@
+"""The batch ingress each NN-worker rank hosts for the data loaders (data-flow step 2).
+
+Routes (msgpack, /work/notes/protocol.md)::
+
+    POST /ingress {"loader", "batch_id", "worker", "dense": dense_part} -> {}
+         429 when the bounded queue is full, 409 for a batch id already received
+    POST /done    {"loader", "loader_count", "sent"} -> {}
+
+The rank registers as ``nn_worker/<rank>`` with ``replica_size`` = world size while the
+ingress runs, and deregisters when it stops. :class:`BatchQueue` is the bounded queue
+behind it: FIFO by default; in reproducible mode it hands batches out in batch-id order
+(rank, rank + world_size, ...), skipping ids a finished loader will never send
+(loader ``l`` sends ids ``k * loader_count + l``). The stream ends once every loader
+has said it is done and every batch it announced was handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from persia.embedding.data import DensePart
+from shared.constants import DEFAULT_BIND_HOST, ROLE_NN_WORKER
+from shared.errors import BackPressureError, ConflictError, InvalidInputError
+from shared.http_server import STATE, make_app, msgpack_handler
+from shared.registry import Registry, RegistrySettings, ServiceRecord
+from shared.service import advertise_host
+from shared.validate import as_dict, as_int, get
+
+log = logging.getLogger(__name__)
+
+MAX_LOADERS = 1 << 16
+
+
+@dataclass(frozen=True)
+class IngressItem:
+    """One batch's dense half and where its id half waits (embedding worker index)."""
+
+    loader: int
+    batch_id: int
+    worker: int
+    dense: DensePart
+
+
+class BatchQueue:
+    """Bounded queue of ingress items with end-of-stream accounting; lives on one loop."""
+
+    def __init__(self, capacity: int, *, rank: int, world_size: int, reproducible: bool = False):
+        self.capacity = capacity
+        self.rank = rank
+        self.world_size = world_size
+        self.reproducible = reproducible
+        self._fifo: deque[IngressItem] = deque()
+        self._by_id: dict[int, IngressItem] = {}
+        self._seen: set[int] = set()
+        self._expected = rank
+        self._consumed: dict[int, int] = {}
+        self._announced: dict[int, int] = {}
+        self._loader_count: int | None = None
+        self._changed = asyncio.Condition()
+
+    def __len__(self) -> int:
+        return len(self._by_id) if self.reproducible else len(self._fifo)
+
+    # --- producers (HTTP handlers) ------------------------------------------------------
+    async def put(self, item: IngressItem) -> None:
+        if item.batch_id in self._seen:
+            raise ConflictError(
+                f"batch {item.batch_id} was already received by this rank", status=409
+            )
+        if item.loader in self._announced:
+            raise ConflictError(f"loader {item.loader} already said it is done", status=409)
+        if self.reproducible and item.batch_id % self.world_size != self.rank:
+            raise InvalidInputError(
+                "batch_id", f"an id equal to rank {self.rank} modulo world size {self.world_size}",
+                item.batch_id,
+            )  # fmt: skip
+        full = len(self) >= self.capacity
+        if full and not (self.reproducible and item.batch_id == self._expected):
+            raise BackPressureError(
+                f"NN worker rank {self.rank}: batch queue full ({self.capacity}); retry later",
+                status=429,
+            )
+        self._seen.add(item.batch_id)
+        if self.reproducible:
+            self._by_id[item.batch_id] = item
+        else:
+            self._fifo.append(item)
+        await self._notify()
+
+    async def done(self, loader: int, loader_count: int, sent: int) -> None:
+        if self._loader_count is not None and loader_count != self._loader_count:
+            raise ConflictError(
+                f"loader_count {loader_count} differs from {self._loader_count} announced before",
+                status=409,
+            )
+        if loader >= loader_count:
+            raise InvalidInputError("loader", f"an index below loader_count={loader_count}", loader)
+        previous = self._announced.get(loader)
+        if previous is not None and previous != sent:
+            raise ConflictError(
+                f"loader {loader} already said done with sent={previous}", status=409
+            )
+        self._loader_count = loader_count
+        self._announced[loader] = sent
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- consumer ---------------------------------------------------------------------
+    def finished(self) -> bool:
+        """True when every loader said done and every batch it announced was handed out."""
+        if self._loader_count is None or len(self._announced) < self._loader_count:
+            return False
+        if len(self) > 0:
+            return False
+        return all(self._consumed.get(lo, 0) >= n for lo, n in self._announced.items())
+
+    def _pop_ready(self) -> IngressItem | None:
+        if not self.reproducible:
+            return self._fifo.popleft() if self._fifo else None
+        while True:
+            item = self._by_id.pop(self._expected, None)
+            if item is not None:
+                self._expected += self.world_size
+                return item
+            count = self._loader_count
+            if count is None or (self._expected % count) not in self._announced:
+                return None
+            # The loader that would send this id is done: the id never comes.
+            if not self._by_id and len(self._announced) == count:
+                return None
+            self._expected += self.world_size
+
+    async def get(self) -> IngressItem | None:
+        """The next batch, or None at the end of the stream."""
+        async with self._changed:
+            while True:
+                item = self._pop_ready()
+                if item is not None:
+                    self._consumed[item.loader] = self._consumed.get(item.loader, 0) + 1
+                    return item
+                if self.finished():
+                    return None
+                await self._changed.wait()
+
+
+QUEUE = web.AppKey("nn_ingress_queue", BatchQueue)
+
+
+@msgpack_handler
+async def _ingress(request: web.Request, body: Any) -> dict:
+    """A data loader's dense half of one batch plus the reference of its id half."""
+    body = as_dict(body, "body")
+    item = IngressItem(
+        loader=as_int(get(body, "loader"), "loader", min_value=0, max_value=MAX_LOADERS),
+        batch_id=as_int(get(body, "batch_id"), "batch_id", min_value=0),
+        worker=as_int(get(body, "worker"), "worker", min_value=0),
+        dense=DensePart.from_wire(get(body, "dense")),
+    )
+    await request.app[QUEUE].put(item)
+    return {}
+
+
+@msgpack_handler
+async def _done(request: web.Request, body: Any) -> dict:
+    """A data loader finished: it sent ``sent`` batches to this rank."""
+    body = as_dict(body, "body")
+    count = as_int(get(body, "loader_count"), "loader_count", min_value=1, max_value=MAX_LOADERS)
+    loader = as_int(get(body, "loader"), "loader", min_value=0)
+    sent = as_int(get(body, "sent"), "sent", min_value=0)
+    await request.app[QUEUE].done(loader, count, sent)
+    return {}
+
+
+class Ingress:
+    """The aiohttp server of one rank's ingress, registered while it runs."""
+
+    def __init__(
+        self,
+        queue: BatchQueue,
+        *,
+        registry_settings: RegistrySettings | None = None,
+        host: str | None = None,
+        port: int = 0,
+    ):
+        self.queue = queue
+        self.settings = registry_settings or RegistrySettings.from_env()
+        self.host = host or os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
+        self.port = port
+        self.address: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._registry: Registry | None = None
+
+    async def start(self) -> str:
+        """Serve, register as ``nn_worker/<rank>``, and return the advertised address."""
+        app = make_app(f"nn_worker/{self.queue.rank}")
+        app[QUEUE] = self.queue
+        app.router.add_post("/ingress", _ingress)
+        app.router.add_post("/done", _done)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            await site.start()
+            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.address = f"{advertise_host(self.host)}:{bound}"
+            registry = Registry(self.settings)
+            self._registry = registry
+            await registry.register(
+                ServiceRecord(
+                    role=ROLE_NN_WORKER,
+                    replica_index=self.queue.rank,
+                    replica_size=self.queue.world_size,
+                    address=self.address,
+                    pid=os.getpid(),
+                )
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        app[STATE].set_ready()
+        log.info("NN worker rank %d ingress at %s", self.queue.rank, self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        """Deregister, then stop serving (idempotent)."""
+        registry, self._registry = self._registry, None
+        if registry is not None:
+            await registry.close()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

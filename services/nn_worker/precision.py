@@ -1,0 +1,73 @@
+"""Mixed precision for the dense model: fp16 autocast + GradScaler on CUDA, bf16 on CPU.
+
+On a GPU, ``mixed_precision=True`` runs the forward pass under fp16 autocast and
+scales the loss with a ``GradScaler`` (PERSIA's behaviour). On a machine without CUDA
+PERSIA refused with an assertion; here the forward pass runs under bf16 autocast on
+the CPU instead (bf16 has fp32's range, so no loss scaling is needed) and a note is
+logged once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class Precision:
+    """The autocast context and the optional loss scaler of one training context."""
+
+    def __init__(self, mixed_precision: bool, device_id: int | None):
+        self.enabled = bool(mixed_precision)
+        self.cuda = device_id is not None and torch.cuda.is_available()
+        self.scaler: torch.amp.GradScaler | None = None
+        if not self.enabled:
+            self.device_type, self.dtype = ("cuda" if self.cuda else "cpu"), None
+            return
+        if self.cuda:
+            self.device_type, self.dtype = "cuda", torch.float16
+            self.scaler = torch.amp.GradScaler("cuda")
+        else:
+            self.device_type, self.dtype = "cpu", torch.bfloat16
+            log.info(
+                "mixed_precision=True without CUDA: the forward pass runs under bf16 autocast "
+                "on the CPU, without loss scaling (pass mixed_precision=False for full fp32)"
+            )
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast region for the model's forward pass (a no-op when disabled)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    @staticmethod
+    def to_full(output):
+        """Low-precision floating outputs back to float32, so losses compute in fp32."""
+        if isinstance(output, torch.Tensor):
+            if output.dtype in (torch.float16, torch.bfloat16):
+                return output.float()
+            return output
+        if isinstance(output, (tuple, list)):
+            return type(output)(Precision.to_full(o) for o in output)
+        return output
+
+    def scale(self, loss: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The loss to call ``backward`` on and the scale it carries (1.0 without a scaler)."""
+        if self.scaler is None:
+            return loss, 1.0
+        return self.scaler.scale(loss), float(self.scaler.get_scale())
+
+    def step(self, optimizer: torch.optim.Optimizer, finite: bool, shrink_factor: float) -> None:
+        """Step the dense optimizer; on non-finite embedding gradients shrink the scale."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        scale = float(self.scaler.get_scale())
+        self.scaler.step(optimizer)
+        if finite:
+            self.scaler.update()
+        else:
+            self.scaler.update(scale / shrink_factor)

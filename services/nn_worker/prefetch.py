@@ -1,0 +1,217 @@
+"""Embedding prefetch for ``persia.data.DataLoader`` (data-flow step 3).
+
+A producer task on the runtime loop pulls the next batch from its source (this rank's
+ingress queue, or a user iterator read by one helper thread), looks its embeddings up
+with at most ``num_workers`` lookups in flight, and queues the lookups *in source order*
+(at most ``forward_buffer_size`` ahead of the training loop). In training, each lookup
+first takes an embedding-staleness permit (when ``embedding_staleness`` is set); the
+permit comes back when the batch's gradients have been applied (``TrainCtx.backward``)
+or when the loop moves past the batch without calling backward.
+
+An error in the producer or a lookup is raised in the training loop at the batch it
+concerns; closing the prefetcher cancels and awaits everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from services.nn_worker.batch import PersiaTrainingBatch
+from services.nn_worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Prefetcher:
+    """Ordered, bounded, concurrent embedding lookups ahead of the training loop."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        fetch_next: Callable[[], Awaitable[Any]],
+        lookup: Callable[[Any], Awaitable[PersiaTrainingBatch]],
+        num_workers: int,
+        buffer_size: int,
+        staleness: int | None,
+        on_close: Callable[[], None] | None = None,
+    ):
+        self.runtime = runtime
+        self._fetch_next = fetch_next
+        self._lookup_fn = lookup
+        self._num_workers = num_workers
+        self._buffer_size = buffer_size
+        self._staleness = staleness
+        self._on_close = on_close
+        self._out: asyncio.Queue | None = None
+        self._producer: asyncio.Task | None = None
+        self._lookups: set[asyncio.Task] = set()
+        self._last: PersiaTrainingBatch | None = None
+
+    # --- loop side ----------------------------------------------------------------------
+    async def _start(self) -> None:
+        self._out = asyncio.Queue(maxsize=self._buffer_size)
+        self._workers = asyncio.Semaphore(self._num_workers)
+        self._stale = asyncio.Semaphore(self._staleness) if self._staleness else None
+        self._producer = asyncio.create_task(self._produce())
+
+    def _permit_release(self) -> Callable[[], None] | None:
+        if self._stale is None:
+            return None
+        loop, sem = asyncio.get_running_loop(), self._stale
+        return lambda: loop.call_soon_threadsafe(sem.release)
+
+    async def _produce(self) -> None:
+        assert self._out is not None
+        try:
+            while True:
+                if self._stale is not None:
+                    await self._stale.acquire()
+                item = await self._fetch_next()
+                if item is None:
+                    if self._stale is not None:
+                        self._stale.release()
+                    break
+                await self._workers.acquire()
+                task = asyncio.create_task(self._lookup(item, self._permit_release()))
+                self._lookups.add(task)
+                task.add_done_callback(self._lookups.discard)
+                await self._out.put(task)
+            await self._out.put(_END)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._out.put(_Failed(exc))
+
+    async def _lookup(self, item: Any, release: Callable[[], None] | None) -> PersiaTrainingBatch:
+        try:
+            batch = await self._lookup_fn(item)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        finally:
+            self._workers.release()
+        if release is not None:
+            if batch.trainable:
+                batch._release = release
+            else:
+                release()
+        return batch
+
+    async def _next(self) -> PersiaTrainingBatch | None:
+        assert self._out is not None
+        entry = await self._out.get()
+        if entry is _END:
+            self._out.put_nowait(_END)
+            return None
+        if isinstance(entry, _Failed):
+            self._out.put_nowait(entry)
+            raise entry.exc
+        return await asyncio.shield(entry)
+
+    async def _close(self) -> None:
+        tasks = [t for t in (self._producer, *self._lookups) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # Batches looked up but never handed out give their permits back.
+        while self._out is not None and not self._out.empty():
+            entry = self._out.get_nowait()
+            if isinstance(entry, asyncio.Task) and entry.done() and not entry.cancelled() \
+                    and entry.exception() is None:  # fmt: skip
+                entry.result().release()
+
+    # --- training-loop side -------------------------------------------------------------
+    def start(self) -> Prefetcher:
+        self.runtime.run(self._start())
+        return self
+
+    def next(self, timeout_s: float | None) -> PersiaTrainingBatch | None:
+        """The next batch in source order, None at the end; TimeoutError after ``timeout_s``."""
+        if self._last is not None:
+            self._last.release()  # moved past without backward: give the permit back
+            self._last = None
+        batch = self.runtime.run(self._next(), timeout_s)
+        self._last = batch
+        return batch
+
+    def close(self) -> None:
+        try:
+            if self._last is not None:
+                self._last.release()
+                self._last = None
+            if self.runtime.running:
+                self.runtime.run(self._close())
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+
+class IteratorReader:
+    """Reads a user's iterator of PersiaBatches in one helper thread, ``buffer_size`` ahead."""
+
+    def __init__(self, iterator, buffer_size: int, check: Callable[[Any], Any]):
+        self._iterator = iterator
+        self._check = check
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyrsia-dataset")
+        self._buffer_size = buffer_size
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+
+    def _read_one(self) -> Any:
+        try:
+            return self._check(next(self._iterator))
+        except StopIteration:
+            return _END
+
+    async def _fill(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                item = await loop.run_in_executor(self._executor, self._read_one)
+                await self._queue.put(item)
+                if item is _END:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._queue.put(_Failed(exc))
+
+    async def next(self) -> Any:
+        """The next checked item, or None when the iterator is exhausted."""
+        if self._queue is None:
+            self._queue = asyncio.Queue(maxsize=self._buffer_size)
+            self._task = asyncio.create_task(self._fill())
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)
+            return None
+        if isinstance(item, _Failed):
+            raise item.exc
+        return item
+
+    def close(self, runtime: Runtime) -> None:
+        """Cancel the reader task and wait for the helper thread."""
+        task = self._task
+
+        async def stop() -> None:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+        if task is not None and runtime.running:
+            runtime.run(stop())
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,185 @@
+"""The NN worker's background event loop: one asyncio (uvloop) loop per process.
+
+``train.py`` is ordinary synchronous PyTorch code, while everything that talks to
+the other services (embedding lookups, gradient sends, the batch ingress) is
+asyncio. ``Runtime`` runs one event loop in a background thread and owns the
+process's single :class:`~shared.http_client.HttpClient`; synchronous code hands
+it coroutines:
+
+- ``run(coro)`` blocks until the coroutine is done and returns its result (or raises
+  its exception in the caller's thread);
+- ``submit(coro)`` returns a ``concurrent.futures.Future`` at once.
+
+The loop starts lazily on first use (:func:`get_runtime`) and stops at interpreter
+exit: tasks still running are cancelled and awaited, the HTTP session is closed,
+the thread is joined. Nothing is fired and forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from shared.errors import PersiaError
+from shared.http_client import HttpClient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STOP_TIMEOUT_S = 10.0
+
+
+class RuntimeClosedError(PersiaError):
+    """The runtime was stopped (the process is exiting); no more work is accepted."""
+
+
+class Runtime:
+    """An event loop in a daemon thread plus the process's HTTP client."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._client: HttpClient | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> Runtime:
+        """Start the loop thread (idempotent)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeClosedError("the NN-worker runtime has been stopped")
+            if self._thread is not None:
+                return self
+            self._thread = threading.Thread(target=self._main, name="pyrsia-runtime", daemon=True)
+            self._thread.start()
+        self._started.wait()
+        return self
+
+    def _main(self) -> None:
+        try:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:  # pragma: no cover - uvloop is a Linux dependency
+            loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._client = HttpClient()
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._drain())
+            loop.close()
+
+    async def _drain(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+        await asyncio.sleep(0)  # let aiohttp close its transports
+
+    def stop(self) -> None:
+        """Cancel what still runs, close the HTTP session, join the thread (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        if thread is threading.current_thread():
+            raise RuntimeError("Runtime.stop() cannot be called from the runtime's own thread")
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(STOP_TIMEOUT_S)
+        if thread.is_alive():  # pragma: no cover - a coroutine ignored cancellation
+            log.warning("the NN-worker runtime thread did not stop within %.0fs", STOP_TIMEOUT_S)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._closed
+
+    # --- work -------------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        self.start()
+        assert self._loop is not None  # set before _started
+        return self._loop
+
+    @property
+    def client(self) -> HttpClient:
+        """The process's one pooled HTTP client (use it only from coroutines run here)."""
+        self.start()
+        assert self._client is not None
+        return self._client
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; the returned future carries its result or error."""
+        if self._closed:
+            coro.close()
+            raise RuntimeClosedError("the NN-worker runtime has been stopped")
+        loop = self.loop
+        if self._in_loop_thread():
+            coro.close()
+            raise RuntimeError("Runtime.submit() called from the runtime thread; await instead")
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` on the loop and block until it finishes; its exception is re-raised.
+
+        With ``timeout_s`` the coroutine is cancelled and ``TimeoutError`` raised when it
+        takes longer. A KeyboardInterrupt while waiting cancels the coroutine too.
+        """
+        future = self.submit(coro)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"operation did not finish within {timeout_s:.1f}s") from None
+        except BaseException:
+            future.cancel()
+            raise
+
+    def _in_loop_thread(self) -> bool:
+        return self._thread is threading.current_thread()
+
+
+_runtime: Runtime | None = None
+_runtime_pid: int | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime, started on first use and stopped at interpreter exit.
+
+    A forked child gets a fresh runtime (threads do not survive ``fork``).
+    """
+    global _runtime, _runtime_pid
+    with _runtime_lock:
+        if _runtime is None or _runtime_pid != os.getpid() or _runtime._closed:
+            _runtime = Runtime()
+            _runtime_pid = os.getpid()
+            atexit.register(_runtime.stop)
+        runtime = _runtime
+    return runtime.start()
+
+
+def shutdown_runtime() -> None:
+    """Stop this process's runtime now (tests and entry points; exit does it anyway)."""
+    global _runtime
+    with _runtime_lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None and _runtime_pid == os.getpid():
+        runtime.stop()

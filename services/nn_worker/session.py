@@ -1,0 +1,107 @@
+"""What an entered context holds on the network side: registry, embedding-worker client, ingress.
+
+A :class:`Session` is opened by ``EmbeddingCtx.__enter__`` (never in ``__init__``) and
+closed by ``__exit__``; a context nested in another one reuses its parent's session.
+Everything async runs on the process's :class:`~services.nn_worker.runtime.Runtime`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.nn_worker.embedding_client import EmbeddingWorkerClient
+from services.nn_worker.ingress import BatchQueue, Ingress
+from services.nn_worker.runtime import Runtime, get_runtime
+from shared.constants import DEFAULT_WAIT_TIMEOUT_S
+from shared.registry import Registry, RegistrySettings
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Connections of one context; create with :meth:`open`, release with :meth:`close`."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        client: EmbeddingWorkerClient,
+        registry: Registry | None,
+        settings: RegistrySettings | None,
+    ):
+        self.runtime = runtime
+        self.client = client
+        self.registry = registry
+        self.settings = settings
+        self._ingress: Ingress | None = None
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        addresses: list[str] | None = None,
+        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+    ) -> Session:
+        """Registry-backed (``addresses=None``) or fixed-address session; waits for the workers."""
+        runtime = get_runtime()
+        settings = None if addresses is not None else RegistrySettings.from_env()
+
+        async def connect() -> tuple[EmbeddingWorkerClient, Registry | None]:
+            registry = Registry(settings) if settings is not None else None
+            try:
+                if registry is not None:
+                    await registry.ping()
+                client = EmbeddingWorkerClient(
+                    runtime.client,
+                    registry=registry,
+                    addresses=addresses,
+                    wait_timeout_s=wait_timeout_s,
+                )
+                if registry is not None:
+                    await client.connect()
+                return client, registry
+            except BaseException:
+                if registry is not None:
+                    await registry.close()
+                raise
+
+        client, registry = runtime.run(connect())
+        return cls(runtime, client, registry, settings)
+
+    def ingress(
+        self, *, rank: int, world_size: int, capacity: int, reproducible: bool
+    ) -> BatchQueue:
+        """This rank's batch queue; the ingress server starts (and registers) on first use."""
+        if self._ingress is not None:
+            queue = self._ingress.queue
+            if queue.capacity != capacity or queue.reproducible != reproducible:
+                raise ValueError(
+                    "this rank's ingress already runs with buffer_size="
+                    f"{queue.capacity}, reproducible={queue.reproducible}; one StreamingDataset "
+                    "configuration per training context"
+                )
+            return queue
+
+        async def start() -> Ingress:
+            queue = BatchQueue(
+                capacity, rank=rank, world_size=world_size, reproducible=reproducible
+            )
+            ingress = Ingress(queue, registry_settings=self.settings)
+            await ingress.start()
+            return ingress
+
+        self._ingress = self.runtime.run(start())
+        return self._ingress.queue
+
+    def close(self) -> None:
+        """Stop the ingress (deregistering it) and close the registry connection."""
+        ingress, self._ingress = self._ingress, None
+        registry, self.registry = self.registry, None
+
+        async def close() -> None:
+            if ingress is not None:
+                await ingress.stop()
+            if registry is not None:
+                await registry.close()
+
+        if self.runtime.running and (ingress is not None or registry is not None):
+            self.runtime.run(close())
