@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv test test-slow test-all lint format bench demo data clean
+.PHONY: venv redis-check test test-slow test-all lint format bench demo demo-multi clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,15 @@ bench: $(STAMP)
 	$(PY) benchmarks/ps_bench.py
 	$(PY) benchmarks/ew_bench.py
 	$(PY) benchmarks/e2e_bench.py
+
+## the newcomer's first command: install, prepare the Adult data, run the job on one machine
+demo: $(STAMP) redis-check
+	$(PY) examples/adult_income/data_prep.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile start
+
+demo-multi: $(STAMP) redis-check
+	$(PY) examples/adult_income/data_prep.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile.multi start
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -43,6 +43,8 @@ REGISTRATION_TTL_S = 6.0
 """A replica that stops refreshing disappears from the registry after this long."""
 HEARTBEAT_INTERVAL_S = 1.5
 REDIS_SOCKET_TIMEOUT_S = 2.0
+REDIS_STARTUP_WAIT_S = 15.0
+"""How long a starting service waits for Redis (under a Procfile it starts alongside)."""
 REDIS_RECONNECT_BACKOFF_S = 0.5
 DISCOVERY_POLL_INTERVAL_S = 0.1
 DEFAULT_WAIT_TIMEOUT_S = 120.0

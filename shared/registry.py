@@ -107,19 +107,30 @@ class Registry:
         self._heartbeats: list[asyncio.Task] = []
         self._records: list[ServiceRecord] = []
 
-    async def ping(self) -> None:
-        """Raise RegistryError naming the URL when Redis cannot be reached."""
-        try:
-            await self._redis.ping()
-        except (RedisError, OSError) as exc:
-            source = (
-                f"set by {ENV_REDIS_URL}"
-                if os.environ.get(ENV_REDIS_URL)
-                else f"the default; set {ENV_REDIS_URL}"
-            )
-            raise RegistryError(
-                f"cannot reach Redis at {self.settings.redis_url} ({source}): {exc}"
-            ) from exc
+    async def ping(self, wait_s: float = 0.0) -> None:
+        """Raise RegistryError naming the URL when Redis cannot be reached within ``wait_s``.
+
+        Services wait a little at start-up: under a Procfile, Redis starts alongside them.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                await self._redis.ping()
+                return
+            except (RedisError, OSError) as exc:
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 2)
+                    continue
+                error = exc
+                break
+        source = (
+            f"set by {ENV_REDIS_URL}"
+            if os.environ.get(ENV_REDIS_URL)
+            else f"the default; set {ENV_REDIS_URL}"
+        )
+        raise RegistryError(
+            f"cannot reach Redis at {self.settings.redis_url} ({source}): {error}"
+        ) from error
 
     # --- registration -----------------------------------------------------------------
     async def register(self, record: ServiceRecord) -> None:

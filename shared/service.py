@@ -9,7 +9,7 @@ import socket
 
 from aiohttp import web
 
-from shared.constants import ENV_ADVERTISE_HOST
+from shared.constants import ENV_ADVERTISE_HOST, REDIS_STARTUP_WAIT_S
 from shared.http_server import STATE, install_uvloop, serve
 from shared.registry import Registry, RegistrySettings, ServiceRecord
 
@@ -46,7 +46,7 @@ async def run_service(
     """
     if registry is None:
         registry = app.get(REGISTRY) or Registry(RegistrySettings.from_env())
-    await registry.ping()
+    await registry.ping(wait_s=REDIS_STARTUP_WAIT_S)
 
     async def on_started(bound_port: int) -> None:
         record = ServiceRecord(
