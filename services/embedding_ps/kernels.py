@@ -26,124 +26,33 @@ import numba as nb
 import numpy as np
 
 from services.embedding_ps.optimizers import apply, finite, init_state
-
-M_N, M_HEAD, M_TAIL, M_CAP, M_BITS, M_EVICT, M_REFUSED, M_REINIT = range(8)
-META_LEN = 8
-A_USED, A_FREE = 0, 1
-EMPTY = -1
+from services.embedding_ps.table import (  # noqa: F401  (re-exported for the engine)
+    A_FREE,
+    A_USED,
+    EMPTY,
+    M_BITS,
+    M_CAP,
+    M_EVICT,
+    M_HEAD,
+    M_N,
+    M_REFUSED,
+    M_REINIT,
+    M_TAIL,
+    META_LEN,
+    _delete_slot,
+    _home,
+    _push_head,
+    _uniform,
+    _unlink,
+    mix64,
+    mix64_py,
+    probe,
+    shard_of,
+    touch,
+    warm,
+)
 
 _jit = nb.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
-
-
-@nb.njit(inline="always", cache=True)
-def mix64(x):
-    """splitmix64 finalizer: a bijective, well-mixed uint64 -> uint64."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def mix64_py(x: int) -> np.uint64:
-    """mix64 of one integer (taken mod 2**64), in Python."""
-    m = (1 << 64) - 1
-    x &= m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    return np.uint64(x ^ (x >> 31))
-
-
-def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
-    """Internal shard of each id: mix64(id) % num_shards (independent of replica routing)."""
-    with np.errstate(over="ignore"):
-        x = ids.astype(np.uint64, copy=True)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x % np.uint64(num_shards)).astype(np.int64)
-
-
-@nb.njit(inline="always", cache=True)
-def _home(key, bits):
-    return np.int64(mix64(key) >> np.uint64(64 - bits))
-
-
-@nb.njit(inline="always", cache=True)
-def _uniform(x):
-    """uint64 -> float64 in [0, 1) from its top 53 bits."""
-    return np.float64(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@nb.njit(inline="always", cache=True)
-def probe(table, keys, key, bits):
-    """Slot holding ``key``, or ``-(empty slot) - 1`` where it would be inserted."""
-    mask = (np.int64(1) << bits) - 1
-    s = _home(key, bits)
-    while True:
-        e = table[s]
-        if e == EMPTY:
-            return -s - 1
-        if keys[e] == key:
-            return s
-        s = (s + 1) & mask
-
-
-@nb.njit(inline="always", cache=True)
-def _delete_slot(table, keys, s, bits):
-    """Backward-shift deletion of slot ``s`` (linear probing, no tombstones)."""
-    mask = (np.int64(1) << bits) - 1
-    i = s
-    j = s
-    while True:
-        j = (j + 1) & mask
-        e = table[j]
-        if e == EMPTY:
-            break
-        k = _home(keys[e], bits)
-        # move e back into the hole at i unless its home lies cyclically in (i, j]
-        if i <= j:
-            stay = i < k <= j
-        else:
-            stay = k > i or k <= j
-        if not stay:
-            table[i] = e
-            i = j
-    table[i] = EMPTY
-
-
-@nb.njit(inline="always", cache=True)
-def _unlink(prev, nxt, meta, e):
-    p = prev[e]
-    n = nxt[e]
-    if p != EMPTY:
-        nxt[p] = n
-    else:
-        meta[M_HEAD] = n
-    if n != EMPTY:
-        prev[n] = p
-    else:
-        meta[M_TAIL] = p
-
-
-@nb.njit(inline="always", cache=True)
-def _push_head(prev, nxt, meta, e):
-    h = meta[M_HEAD]
-    prev[e] = EMPTY
-    nxt[e] = h
-    if h != EMPTY:
-        prev[h] = e
-    else:
-        meta[M_TAIL] = e
-    meta[M_HEAD] = e
-
-
-@nb.njit(inline="always", cache=True)
-def touch(prev, nxt, meta, e):
-    """Move entry ``e`` to the head (most recently used) of the LRU list."""
-    if meta[M_HEAD] != e:
-        _unlink(prev, nxt, meta, e)
-        _push_head(prev, nxt, meta, e)
 
 
 @nb.njit(inline="always", cache=True)
@@ -245,6 +154,7 @@ def lookup_train(
     lower, upper, p = hyper[0], hyper[1], hyper[2]
     n_orphans = 0
     for k in range(pos.shape[0]):
+        warm(ids, pos, k, table, keys, row_of, arena_of, prev, nxt, arena, bits, True)
         i = pos[k]
         key = ids[i]
         s = probe(table, keys, key, bits)
@@ -286,7 +196,8 @@ def lookup_train(
             )
             init_embedding(arena[r], key, dim, lower, upper)
             init_state(arena[r], dim, opt)
-        out[i, :] = arena[r, :dim]
+        for j in range(dim):
+            out[i, j] = arena[r, j]
     return n_orphans
 
 
@@ -296,10 +207,13 @@ def lookup_eval(ids, pos, out, arena, arena_id, table, keys, row_of, arena_of, m
     dim = out.shape[1]
     bits = meta[M_BITS]
     for k in range(pos.shape[0]):
+        warm(ids, pos, k, table, keys, row_of, arena_of, row_of, row_of, arena, bits, False)
         i = pos[k]
         s = probe(table, keys, ids[i], bits)
         if s >= 0 and arena_of[table[s]] == arena_id:
-            out[i, :] = arena[row_of[table[s]], :dim]
+            r = row_of[table[s]]
+            for j in range(dim):
+                out[i, j] = arena[r, j]
         else:
             out[i, :] = 0.0
 
@@ -344,7 +258,8 @@ def insert_rows(
                 orphans,
                 n_orphans,
             )
-        arena[r, :] = rows[i, :]
+        for j in range(rows.shape[1]):
+            arena[r, j] = rows[i, j]
     return n_orphans
 
 
@@ -385,6 +300,7 @@ def update_rows(
     unknown = 0
     nonfinite = 0
     for k in range(pos.shape[0]):
+        warm(ids, pos, k, table, keys, row_of, arena_of, row_of, row_of, arena, bits, False)
         i = pos[k]
         g = grads[i]
         if not finite(g):
