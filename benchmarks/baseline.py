@@ -1,0 +1,165 @@
+"""Single-process PyTorch baseline: the yardstick for Pyrsia's quality and speed.
+
+Trains the same dense model a Pyrsia job trains, but with the embeddings held in the
+process: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per slot, updated by
+``torch.optim.Adagrad`` (sparse gradients; initial accumulator and eps as Pyrsia's
+embedding Adagrad; uniform initialization as the embedding servers), and the dense
+network updated by ``torch.optim.Adam``. Tests use it to prove model quality without
+any service; benchmarks run it side by side with the distributed pipeline.
+
+A batch is a plain tuple of arrays::
+
+    cat_ids uint64  (batch, slots)  one id per slot and sample
+    dense   float32 (batch, n_dense)
+    label   float32 (batch, 1)
+
+Slot ``j`` holds ``slot_sizes[j]`` rows; an id is taken modulo that size, which is
+exact for vocabulary ids (id < size) and a hashing trick for huge id spaces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+__all__ = ["Batch", "array_batches", "roc_auc", "SlotEmbeddings", "train_single_process"]
+
+
+def array_batches(
+    cat_ids: np.ndarray, dense: np.ndarray, label: np.ndarray, batch_size: int
+) -> Iterator[Batch]:
+    """Consecutive (cat_ids, dense, label) slices of ``batch_size`` rows (the last may be short)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    n = len(label)
+    for start in range(0, n, batch_size):
+        end = min(start + batch_size, n)
+        yield cat_ids[start:end], dense[start:end], label[start:end]
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties), vectorized.
+
+    ``labels`` are 0/1, ``scores`` any monotone score (logits or probabilities).
+    NaN when only one class is present.
+    """
+    y = np.asarray(labels).reshape(-1) > 0.5
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if y.shape != s.shape:
+        raise ValueError(f"labels and scores: expected equal lengths, got {y.size} and {s.size}")
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based mean rank of each tie group
+    rank_sum = average_rank[inverse][y].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+class SlotEmbeddings(nn.Module):
+    """One summed ``EmbeddingBag`` per slot, initialized Uniform(low, high) like the PS."""
+
+    def __init__(self, slot_sizes: Sequence[int], dim: int, init: tuple[float, float]):
+        super().__init__()
+        if not slot_sizes or any(int(s) < 1 for s in slot_sizes):
+            raise ValueError(f"slot_sizes: expected positive integers, got {list(slot_sizes)}")
+        self.register_buffer(
+            "sizes", torch.tensor([int(s) for s in slot_sizes], dtype=torch.int64), persistent=False
+        )
+        self.bags = nn.ModuleList(
+            nn.EmbeddingBag(int(s), dim, mode="sum", sparse=True) for s in slot_sizes
+        )
+        for bag in self.bags:
+            nn.init.uniform_(bag.weight, init[0], init[1])
+
+    def rows(self, cat_ids: np.ndarray) -> torch.Tensor:
+        """Row indices (batch, slots) int64: each id modulo its slot's size."""
+        sizes = self.sizes.numpy().astype(np.uint64)
+        return torch.from_numpy((cat_ids % sizes).astype(np.int64))
+
+    def forward(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return [bag(rows[:, j : j + 1]) for j, bag in enumerate(self.bags)]
+
+
+def train_single_process(
+    train_batches: Iterable[Batch],
+    test_batches: Iterable[Batch],
+    slot_sizes: Sequence[int],
+    dim: int,
+    model_factory: Callable[[], nn.Module],
+    embedding_lr: float = 1e-2,
+    dense_lr: float = 1e-3,
+    *,
+    initial_accumulator_value: float = 1e-2,
+    eps: float = 1e-10,
+    emb_initialization: tuple[float, float] = (-0.01, 0.01),
+    seed: int = 0,
+    max_steps: int | None = None,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+) -> dict[str, Any]:
+    """Train ``model_factory()`` on ``train_batches`` for one pass, then score ``test_batches``.
+
+    The model is called PERSIA-style, ``model([dense], [emb_slot_0, ...])``, and must
+    return logits (batch, 1); the loss is ``BCEWithLogitsLoss``. ``progress`` may wrap
+    the training iterable (e.g. ``tqdm``). Returns ``{"samples_per_s", "auc", "losses",
+    "steps", "samples", "train_seconds"}``; ``samples_per_s`` counts the training loop
+    only (batch conversion, forward, backward, both optimizer steps).
+    """
+    torch.manual_seed(seed)
+    embeddings = SlotEmbeddings(slot_sizes, dim, emb_initialization)
+    model = model_factory()
+    emb_opt = torch.optim.Adagrad(
+        embeddings.parameters(),
+        lr=embedding_lr,
+        initial_accumulator_value=initial_accumulator_value,
+        eps=eps,
+    )
+    dense_opt = torch.optim.Adam(model.parameters(), lr=dense_lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    losses: list[float] = []
+    samples = 0
+    model.train()
+    iterable = progress(train_batches) if progress is not None else train_batches
+    start = time.perf_counter()
+    # Opting out explicitly: torch otherwise warns on every sparse Adagrad step.
+    with torch.sparse.check_sparse_tensor_invariants(enable=False):
+        for step, (cat_ids, dense, label) in enumerate(iterable):
+            if max_steps is not None and step >= max_steps:
+                break
+            emb = embeddings(embeddings.rows(cat_ids))
+            logits = model([torch.from_numpy(dense)], emb)
+            loss = loss_fn(logits, torch.from_numpy(label))
+            emb_opt.zero_grad(set_to_none=True)
+            dense_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            emb_opt.step()
+            dense_opt.step()
+            losses.append(float(loss.detach()))
+            samples += len(label)
+    train_seconds = time.perf_counter() - start
+
+    model.eval()
+    scores, labels = [], []
+    with torch.no_grad():
+        for cat_ids, dense, label in test_batches:
+            emb = embeddings(embeddings.rows(cat_ids))
+            scores.append(model([torch.from_numpy(dense)], emb).numpy().reshape(-1))
+            labels.append(np.asarray(label).reshape(-1))
+    auc = roc_auc(np.concatenate(labels), np.concatenate(scores)) if scores else float("nan")
+    return {
+        "samples_per_s": samples / train_seconds if train_seconds > 0 else float("nan"),
+        "auc": auc,
+        "losses": losses,
+        "steps": len(losses),
+        "samples": samples,
+        "train_seconds": train_seconds,
+    }
