@@ -1,0 +1,3 @@
+from services.nn_worker.main import main
+
+raise SystemExit(main())

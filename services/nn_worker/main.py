@@ -1,0 +1,104 @@
+"""``persia-launcher nn-worker train.py``: run the training script on N ranks per node.
+
+The ranks are started by torch's own launcher (``torch.distributed.run``, the code
+behind ``torchrun``), which sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` for each
+process, watches the processes and reaps them. The script path falls back to
+``$PERSIA_NN_WORKER_ENTRY``; a missing script is one line on stderr and exit code 2.
+The exit code is the script's (the first failing rank's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from shared.cli import UsageError, fail
+from shared.constants import ENV_NN_WORKER_ENTRY
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher nn-worker",
+        usage="persia-launcher nn-worker [train.py] [flags] [-- script arguments]",
+        description="Run the training script (train.py) on --nproc-per-node ranks of this node "
+        "through torch.distributed.run; each rank hosts a batch ingress for the data loaders.",
+    )
+    parser.add_argument(
+        "script", nargs="?", default=None,
+        help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})",
+    )  # fmt: skip
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                        help="ranks on this node (default 1)")  # fmt: skip
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0,
+                        help="index of this node, 0-based (default 0)")  # fmt: skip
+    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
+                        help="address of node 0 for torch's rendezvous (default 127.0.0.1)")  # fmt: skip
+    parser.add_argument("--master-port", "--master_port", type=int, default=29500,
+                        help="port of torch's rendezvous on node 0 (default 29500)")  # fmt: skip
+    return parser
+
+
+def _check(args: argparse.Namespace) -> str:
+    script = args.script or os.environ.get(ENV_NN_WORKER_ENTRY)
+    if not script:
+        raise UsageError(f"no training script given: pass train.py or set ${ENV_NN_WORKER_ENTRY}")
+    if not os.path.isfile(script):
+        source = "the script argument" if args.script else f"${ENV_NN_WORKER_ENTRY}"
+        raise UsageError(f"{script}: no such file (set by {source})")
+    if args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if args.nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise UsageError(f"--node-rank must be in [0, {args.nnodes - 1}], got {args.node_rank}")
+    if not 0 < args.master_port < 65536:
+        raise UsageError(f"--master-port must be in [1, 65535], got {args.master_port}")
+    return script
+
+
+def torchrun_args(args: argparse.Namespace, script: str) -> list[str]:
+    """The ``torch.distributed.run`` command line for these flags (static rendezvous)."""
+    return [
+        f"--nproc-per-node={args.nproc_per_node}",
+        f"--nnodes={args.nnodes}",
+        f"--node-rank={args.node_rank}",
+        f"--master-addr={args.master_addr}",
+        f"--master-port={args.master_port}",
+        "--max-restarts=0",
+        script,
+        *args.script_args,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after = argv.index("--") if "--" in argv else len(argv)
+    args, unknown = build_parser().parse_known_args(argv[:after])
+    args.script_args = unknown + argv[after + 1 :]
+    try:
+        script = _check(args)
+    except UsageError as exc:
+        return fail(str(exc))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
+    try:
+        run(parse_args(torchrun_args(args, script)))
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        code = failure.exitcode
+        if code < 0:  # killed by a signal: the shell's convention
+            code = 128 + (-code if -code in signal.valid_signals() else 1)
+        return code or 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
