@@ -71,6 +71,9 @@ def test_procfiles_are_valid_launcher_invocations(procfile):
             continue
         name, _, command = line.partition(":")
         argv = shlex.split(substitute(command, env, f"{procfile}:{n}"))
+        # `exec` so that honcho's SIGTERM reaches the service itself, not a shell around it
+        assert argv[0] == "exec", f"{procfile}:{n}: start the command with exec"
+        argv = argv[1:]
         if argv[0] == "persia-launcher":
             role, args = check_launcher_command(argv[1:], f"{procfile}:{n} ({name})")
             roles.add(role)

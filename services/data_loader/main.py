@@ -41,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--replica-size", type=int, default=1, help="number of data-loader replicas (default 1)"
     )
     parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="exit as soon as the script finishes; by default the loader stays up until the job's "
+        "NN workers have left the registry (or SIGTERM), so that under honcho the NN worker is "
+        "the first process to exit",
+    )
+    parser.add_argument(
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
     )
     return parser
