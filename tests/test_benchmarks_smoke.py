@@ -1,0 +1,67 @@
+"""Smoke test of the service benchmarks: each runs end to end at a tiny size (``--quick``).
+
+The two scripts run concurrently as subprocesses (each starts its own redis-server and
+services); the test checks they exit 0, print exactly one parseable ``RESULT`` line with
+the promised keys, and write their JSON. Numbers are not judged here: only that the
+scripts still work against the current code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _common import parse_result_line  # noqa: E402
+
+BENCHES = {
+    "ps_bench.py": [
+        "engine_lookup_ids_per_s",
+        "engine_adagrad_update_ids_per_s",
+        "http_lookup_ids_per_s",
+        "bytes_per_entry_ratio",
+    ],
+    "ew_bench.py": ["ew_samples_per_s", "ew_ids_per_s"],
+}
+
+
+@pytest.mark.timeout(170)
+def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
+    started = time.monotonic()
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(REPO / "benchmarks" / name), "--quick", "--json", str(tmp_path / f"{name}.json")],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in BENCHES
+    }  # fmt: skip
+    outputs = {}
+    try:
+        for name, proc in procs.items():
+            outputs[name] = proc.communicate(timeout=150)[0]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for name, keys in BENCHES.items():
+        out = outputs[name]
+        assert procs[name].returncode == 0, f"{name} failed:\n{out[-3000:]}"
+        assert out.rstrip().splitlines()[-1].startswith("RESULT "), f"{name}: RESULT is not last"
+        result = parse_result_line(out)
+        assert list(result) == keys, f"{name}: {result}"
+        assert all(math.isfinite(v) and v > 0 for v in result.values()), f"{name}: {result}"
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        assert "machine" in doc
+    print(f"benchmarks quick: {time.monotonic() - started:.1f}s")
