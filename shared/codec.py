@@ -4,8 +4,11 @@ An array travels as extension ``NDARRAY_EXT_CODE`` whose payload is::
 
     u16 little-endian header length | msgpack [dtype str, shape] | zero padding to 16 | raw bytes
 
-Decoding wraps the raw bytes with ``np.frombuffer`` (no copy beyond msgpack's own),
-so decoded arrays are read-only; copy one before writing to it. Object, structured
+Encoding walks dicts and lists itself and emits each array's extension header and raw
+bytes as separate chunks joined once at the end, so an array is copied once (not three
+times, as ``ExtType`` + msgpack's growing buffer + ``bytes()`` would). Decoding wraps the
+raw bytes with ``np.frombuffer`` (no copy beyond msgpack's own), so decoded arrays are
+read-only; copy one before writing to it. Object, structured
 and other non-numeric dtypes are refused both ways, so no pickle ever crosses the wire.
 """
 
@@ -32,7 +35,8 @@ def _check_dtype(dtype: np.dtype) -> None:
         )
 
 
-def _encode_array(arr: np.ndarray) -> msgpack.ExtType:
+def _array_chunks(arr: np.ndarray) -> tuple[bytes, memoryview]:
+    """(extension payload header, raw bytes view) of an array; the view is not copied."""
     _check_dtype(arr.dtype)
     if arr.ndim > MAX_ARRAY_DIMS:
         raise ProtocolError(f"array with {arr.ndim} dimensions: at most {MAX_ARRAY_DIMS} allowed")
@@ -40,10 +44,56 @@ def _encode_array(arr: np.ndarray) -> msgpack.ExtType:
     header = msgpack.packb([arr.dtype.str, list(arr.shape)])
     start = _HEADER_LEN.size + len(header)
     pad = (-start) % _ALIGN
-    payload = b"".join(
-        (_HEADER_LEN.pack(len(header)), header, b"\0" * pad, arr.reshape(-1).view(np.uint8).data)
-    )
-    return msgpack.ExtType(NDARRAY_EXT_CODE, payload)
+    head = b"".join((_HEADER_LEN.pack(len(header)), header, b"\0" * pad))
+    return head, arr.reshape(-1).view(np.uint8).data
+
+
+def _encode_array(arr: np.ndarray) -> msgpack.ExtType:
+    head, data = _array_chunks(arr)
+    return msgpack.ExtType(NDARRAY_EXT_CODE, head + bytes(data))
+
+
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+_EXT_CODE_BYTE = NDARRAY_EXT_CODE.to_bytes(1, "big", signed=True)
+
+
+def _ext_header(n: int) -> bytes:
+    """The msgpack ext header (smallest form) for an ``n``-byte payload of our array type."""
+    if n in _FIXEXT:
+        return bytes((_FIXEXT[n],)) + _EXT_CODE_BYTE
+    if n < 1 << 8:
+        return b"\xc7" + struct.pack(">B", n) + _EXT_CODE_BYTE
+    if n < 1 << 16:
+        return b"\xc8" + struct.pack(">H", n) + _EXT_CODE_BYTE
+    if n < 1 << 32:
+        return b"\xc9" + struct.pack(">I", n) + _EXT_CODE_BYTE
+    raise ProtocolError(f"array of {n} bytes is over msgpack's 4 GiB extension limit")
+
+
+def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
+    """Append the msgpack encoding of ``obj`` to ``out`` as chunks (arrays as raw views)."""
+    kind = type(obj)
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"message nested deeper than {_MAX_DEPTH} levels")
+    if kind is dict:
+        out.append(packer.pack_map_header(len(obj)))
+        for key, value in obj.items():
+            _walk(key, out, packer, depth + 1)
+            _walk(value, out, packer, depth + 1)
+    elif kind is list or kind is tuple:
+        out.append(packer.pack_array_header(len(obj)))
+        for item in obj:
+            _walk(item, out, packer, depth + 1)
+    elif kind is np.ndarray:
+        head, data = _array_chunks(obj)
+        out.append(_ext_header(len(head) + data.nbytes))
+        out.append(head)
+        out.append(data)
+    else:  # scalars, str, bytes, numpy scalars, sets: msgpack (+ _default) does them
+        out.append(packer.pack(obj))
+
+
+_MAX_DEPTH = 512
 
 
 def _default(obj: Any) -> Any:
@@ -86,8 +136,10 @@ def _ext_hook(code: int, payload: bytes) -> Any:
 
 def packb(obj: Any) -> bytes:
     """Encode ``obj`` (dicts, lists, scalars, str, bytes, numpy arrays) as msgpack bytes."""
+    chunks: list = []
     try:
-        return msgpack.packb(obj, default=_default, use_bin_type=True)
+        _walk(obj, chunks, msgpack.Packer(default=_default, use_bin_type=True), 0)
+        return b"".join(chunks)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"cannot encode message: {exc}") from exc
 
