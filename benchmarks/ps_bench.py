@@ -298,21 +298,21 @@ def main() -> None:
     print("service (loopback HTTP, msgpack):", flush=True)
     http, profile = ([], None) if args.skip_http else http_grid(args, sizes, dims, batches)
 
-    by_key = {(r["n"], r["dim"], r["batch"]): r for r in http}
+    eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine}
+    http_by = {(r["n"], r["dim"], r["batch"]): r for r in http}
     table = []
-    for r in engine or http:
-        key = (r["n"], r["dim"], r["batch"])
-        h = by_key.get(key, {})
+    for key in sorted(set(eng_by) | set(http_by)):
+        e, h = eng_by.get(key, {}), http_by.get(key, {})
         table.append({
-            "n": r["n"], "dim": r["dim"], "batch": r["batch"],
-            "eng_lookup": fmt_rate(r.get("train_lookup_ids_per_s")),
-            "eng_eval": fmt_rate(r.get("eval_lookup_ids_per_s")),
-            "eng_adagrad": fmt_rate(r.get("update_ids_per_s")),
+            "n": key[0], "dim": key[1], "batch": key[2],
+            "eng_lookup": fmt_rate(e.get("train_lookup_ids_per_s")),
+            "eng_eval": fmt_rate(e.get("eval_lookup_ids_per_s")),
+            "eng_adagrad": fmt_rate(e.get("update_ids_per_s")),
             "http_lookup": fmt_rate(h.get("lookup_ids_per_s")),
             "http_update": fmt_rate(h.get("update_ids_per_s")),
             "srv_cpu": f"{h['server_cpu_share']:.2f}" if h else "-",
-            "B/entry": f"{r.get('bytes_per_entry', 0):.1f}" if "bytes_per_entry" in r else "-",
-            "ratio": f"{r['bytes_per_entry_ratio']:.3f}",
+            "B/entry": f"{e['bytes_per_entry']:.1f}" if e else "-",
+            "ratio": f"{(e or h)['bytes_per_entry_ratio']:.3f}",
         })  # fmt: skip
     print_table(table, [(k, k) for k in table[0]] if table else [])
     for r in http:
