@@ -137,17 +137,23 @@ def main() -> None:
         )
         logger.info(f"rank {rank}/{world_size}: training, about {expected_steps} steps")
         progress = tqdm(train_loader, total=expected_steps, desc="train", disable=rank != 0)
-        steps = 0
+        steps, losses = 0, []
         for batch in progress:
             output, labels = ctx.forward(batch)
             loss = loss_fn(output, labels[0])
             ctx.backward(loss)
             steps += 1
-            progress.set_postfix(loss=f"{float(loss):.4f}", refresh=False)
+            losses.append(loss.item())
+            progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
             if max_steps is not None and steps >= max_steps:
                 break
         progress.close()
-        logger.info(f"rank {rank}: trained {steps} steps")
+        window = max(1, min(20, len(losses) // 4))
+        if losses:
+            logger.info(
+                f"rank {rank}: trained {steps} steps; mean loss of the first {window} steps "
+                f"{np.mean(losses[:window]):.4f}, of the last {window} {np.mean(losses[-window:]):.4f}"
+            )
 
         test_auc = evaluate(model, DataLoader(TestDataset()), loss_fn)
 
