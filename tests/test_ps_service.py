@@ -176,3 +176,33 @@ async def test_sigterm_drains_deregisters_and_exits_zero(ps, registry_settings):
     assert ps.stop() == 0
     assert await reg.discover(ROLE_EMBEDDING_PS) == {}
     await reg.close()
+
+
+async def test_incremental_packets_are_written_and_flushed_on_shutdown(services, tmp_path, client):
+    inc = tmp_path / "incremental"
+    glob = tmp_path / "global.yml"
+    glob.write_text(
+        "embedding_parameter_server_config:\n"
+        f"  capacity: 1000\n  enable_incremental_update: true\n  incremental_buffer_size: 4\n"
+        f"  incremental_dir: {inc}\n"
+    )
+    ps = services(
+        "services.embedding_ps",
+        ["--port", "0", "--global-config", str(glob)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+    )
+    await ready(client, ps.url)
+    ids = np.arange(6, dtype=np.uint64)
+    await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 2, "ids": ids}]})
+    grads = np.ones((6, 2), np.float32)
+    await client.call(f"{ps.url}/update", {"groups": [{"dim": 2, "ids": ids, "grads": grads}]})
+    await client.call(
+        f"{ps.url}/update", {"groups": [{"dim": 2, "ids": ids[:1], "grads": grads[:1]}]}
+    )
+    packets = sorted(p for p in (inc / "replica_0").iterdir() if p.name.startswith("packet_"))
+    assert len(packets) == 1  # 6 distinct ids >= 4: one packet; the 7th update is pending
+    assert ps.stop() == 0
+    packets = sorted(p for p in (inc / "replica_0").iterdir() if p.name.startswith("packet_"))
+    assert len(packets) == 2  # flushed at shutdown
+    assert all((p / "done").exists() for p in packets)

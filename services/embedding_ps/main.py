@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
+from services.embedding_ps.checkpoint import IncrementalWriter
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.server import create_app
 from shared.cli import (
@@ -43,9 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_replica_flags(args)
         # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
-        resolve_file(args.embedding_config, "--embedding-config", "PERSIA_EMBEDDING_CONFIG", required=False)
-        path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
-        config = load_global_config(path, strict=args.strict_config) if path else default_global_config()
+        resolve_file(
+            args.embedding_config, "--embedding-config", "PERSIA_EMBEDDING_CONFIG", required=False
+        )
+        path = resolve_file(
+            args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False
+        )
+        config = (
+            load_global_config(path, strict=args.strict_config) if path else default_global_config()
+        )
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     configure_logging(ROLE_EMBEDDING_PS, args.replica_index)
@@ -59,7 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
     if ps.enable_incremental_update:
-        store.enable_incremental(ps.incremental_dir, ps.incremental_buffer_size)
+        replica_dir = Path(ps.incremental_dir) / f"replica_{args.replica_index}"
+        try:
+            store.incremental = IncrementalWriter(replica_dir, ps.incremental_buffer_size)
+        except OSError as exc:
+            return fail(f"incremental_dir {replica_dir}: cannot be created: {exc}")
+        log.info(
+            "incremental updates: packets of %d ids under %s",
+            ps.incremental_buffer_size,
+            replica_dir,
+        )
     infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
     serving = config.common_config.job_type == JobType.Infer and bool(infer_checkpoint)
     if serving:

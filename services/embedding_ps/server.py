@@ -66,13 +66,17 @@ class _Status:
 STATUS = web.AppKey("ps_status", _Status)
 
 
-def _parse_groups(body: Any, *, with_grads: bool) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
+def _parse_groups(
+    body: Any, *, with_grads: bool
+) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
     groups = as_list(get(body, "groups"), "groups", max_len=MAX_GROUPS)
     parsed = []
     for i, raw in enumerate(groups):
         field = f"groups[{i}]"
         group = as_dict(raw, field)
-        dim = as_int(get(group, "dim", f"{field}.dim"), f"{field}.dim", min_value=1, max_value=MAX_DIM)
+        dim = as_int(
+            get(group, "dim", f"{field}.dim"), f"{field}.dim", min_value=1, max_value=MAX_DIM
+        )
         ids = as_array(get(group, "ids", f"{field}.ids"), f"{field}.ids", dtype="uint64", ndim=1)
         grads = None
         if with_grads:
@@ -230,6 +234,9 @@ def create_app(
         app[EXECUTOR] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps")
         yield
         app[EXECUTOR].shutdown(wait=True)
+        if store.incremental is not None:
+            store.incremental.flush(store)  # the last partial packet is not lost on shutdown
+        store.close()
 
     app.cleanup_ctx.append(executor_ctx)
     app[STATUS].refresh(app)
