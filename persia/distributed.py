@@ -144,12 +144,20 @@ class DDPOption(DistributedBaseOption):
                 "to train on CPUs"
             )
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(
-                self.backend,
-                init_method=self.init_url(master_addr),
-                rank=rank_id,
-                world_size=world_size,
-            )
+            # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes a tcp:// rendezvous join the
+            # launcher's store as a client; our rendezvous has its own master port, so rank 0
+            # must host it.
+            agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+            try:
+                torch.distributed.init_process_group(
+                    self.backend,
+                    init_method=self.init_url(master_addr),
+                    rank=rank_id,
+                    world_size=world_size,
+                )
+            finally:
+                if agent_store is not None:
+                    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
             _logger.info(
                 "torch.distributed process group ready (%s, rank %d/%d)",
                 self.backend,
