@@ -169,6 +169,11 @@ async def run_pipeline(
         },
         "worker_internal_ms": worker_ms,
         "cpu_share": {k: statistics.median(v) for k, v in cpu.items()},
+        # CPU milliseconds each process spent per batch: robust to other load on the machine
+        "cpu_ms_per_batch": {
+            k: 1e3 * statistics.median(v) * statistics.median(walls) / n_batches
+            for k, v in cpu.items()
+        },
     }
 
 
@@ -327,6 +332,8 @@ def main() -> None:
         "worker internal ms: "
         + ", ".join(f"{k} {v:.1f}" for k, v in ew["worker_internal_ms"].items())
     )
+    print("cpu ms per batch: " + ", ".join(f"{k} {v:.1f}" for k, v in ew["cpu_ms_per_batch"].items())
+          + f"; pytorch step {1e3 * base['step_s']['median_s']:.1f} ms wall")  # fmt: skip
     print(
         "cpu share (cores) during timed rounds: "
         + ", ".join(f"{k} {v:.2f}" for k, v in ew["cpu_share"].items())

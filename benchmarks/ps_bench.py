@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import re
 import statistics
 import tempfile
@@ -186,7 +187,7 @@ class PSDriver:
                     )
                     rows.append(row)
                     print(f"  http n={n} dim={dim} batch={batch}: lookup {fmt_rate(row['lookup_ids_per_s'])}/s "
-                          f"update {fmt_rate(row['update_ids_per_s'])}/s (server cpu {row['server_cpu_share']:.2f})", flush=True)  # fmt: skip
+                          f"update {fmt_rate(row['update_ids_per_s'])}/s (cpu: server {row['server_cpu_share']:.2f}, client {row['client_cpu_share']:.2f})", flush=True)  # fmt: skip
         await self.http.close()
         return rows
 
@@ -195,15 +196,16 @@ class PSDriver:
     ) -> dict[str, Any]:
         rates: dict[str, list[float]] = {"lookup": [], "update": []}
         grads = np.random.default_rng(0).normal(scale=1e-3, size=(batch, dim)).astype(np.float32)
-        cpu_share = []
+        cpu_share, client_share = [], []
         for r in range(repeats + 1):  # the first round warms connections and caches
             id_batches = zipf_batches(n, batch, steps, seed=100 + r)
             lookups = [{"train": True, "groups": [{"dim": dim, "ids": ids}]} for ids in id_batches]
             updates = [{"groups": [{"dim": dim, "ids": ids, "grads": grads}]} for ids in id_batches]
-            cpu0 = cpu_seconds(pid)
+            cpu0, me0 = cpu_seconds(pid), cpu_seconds(os.getpid())
             wall = await self.pump(lookups, "/lookup")
             if r:
                 cpu_share.append((cpu_seconds(pid) - cpu0) / wall)
+                client_share.append((cpu_seconds(os.getpid()) - me0) / wall)
                 rates["lookup"].append(batch * steps / wall)
             wall = await self.pump(updates, "/update")
             if r:
@@ -219,6 +221,7 @@ class PSDriver:
             row[f"{op}_ids_per_s"] = statistics.median(vals)
             row[f"{op}_ids_per_s_minmax"] = (min(vals), max(vals))
         row["server_cpu_share"] = statistics.median(cpu_share)
+        row["client_cpu_share"] = statistics.median(client_share)
         row["phases"] = await self.phases(
             zipf_batches(n, batch, 1, seed=7)[0], dim, max(3, steps // 2)
         )
