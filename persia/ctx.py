@@ -29,7 +29,7 @@ from persia.embedding.data import PersiaBatch
 from services.nn_worker import checkpoint as ckpt
 from services.nn_worker.batch import PersiaTrainingBatch
 from services.nn_worker.features import embedding_tensors, to_tensor
-from services.nn_worker.precision import Precision
+from services.nn_worker.precision import Precision, check_ctx_args
 from services.nn_worker.session import Session
 from shared.errors import InvalidInputError
 
@@ -77,22 +77,7 @@ class BaseCtx:
     """
 
     def __init__(self, threadpool_worker_size: int = 10, device_id: int | None = None):
-        if (
-            isinstance(threadpool_worker_size, bool)
-            or not isinstance(threadpool_worker_size, int)
-            or threadpool_worker_size < 1
-        ):
-            raise InvalidInputError(
-                "threadpool_worker_size", "a positive integer", threadpool_worker_size
-            )
-        if device_id is not None:
-            if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-                raise InvalidInputError("device_id", "None or a CUDA device index >= 0", device_id)
-            if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
-                raise InvalidInputError(
-                    "device_id", f"a CUDA device index below {torch.cuda.device_count()} "
-                    "(pass device_id=None to train on the CPU)", device_id,
-                )  # fmt: skip
+        threadpool_worker_size, device_id = check_ctx_args(threadpool_worker_size, device_id)
         self.threadpool_worker_size = threadpool_worker_size
         self.device_id = device_id
         self._token: contextvars.Token | None = None
@@ -222,7 +207,7 @@ class EmbeddingCtx(BaseCtx):
         embeddings, batch_id, worker = self._run(
             self.session.client.lookup_direct(persia_batch.id_part(), train)
         )
-        return _training_batch(persia_batch, embeddings, worker if batch_id is not None else None, batch_id,
+        return PersiaTrainingBatch.from_persia_batch(persia_batch, embeddings, worker if batch_id is not None else None, batch_id,
                                device_id if device_id is not None else self.device_id)  # fmt: skip
 
     def get_embedding_from_bytes(
@@ -373,24 +358,6 @@ class EmbeddingCtx(BaseCtx):
         if self._writer():
             self.load_embedding(src_dir, blocking=blocking)
         self._barrier()
-
-
-def _training_batch(
-    batch: PersiaBatch, embeddings, worker, batch_id, device_id
-) -> PersiaTrainingBatch:
-    return PersiaTrainingBatch(
-        batch_size=batch.batch_size,
-        non_id_type_features=[f.data for f in batch.non_id_type_features],
-        labels=[f.data for f in batch.labels],
-        embeddings=embeddings,
-        requires_grad=batch.requires_grad,
-        meta=batch.meta,
-        worker=worker,
-        batch_id=batch_id,
-        non_id_type_feature_names=[f.name for f in batch.non_id_type_features],
-        label_names=[f.name for f in batch.labels],
-        device_id=device_id,
-    )
 
 
 def eval_ctx(*args, **kwargs) -> EmbeddingCtx:

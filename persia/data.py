@@ -162,12 +162,10 @@ class DataLoader:
         reader = IteratorReader(iter(self.dataset), self.dataset.buffer_size, _check_batch)
 
         async def lookup_direct(batch: PersiaBatch) -> PersiaTrainingBatch:
-            from persia.ctx import _training_batch
-
             embeddings, batch_id, worker = await client.lookup_direct(
                 batch.id_part(), train and batch.requires_grad
             )
-            return _training_batch(
+            return PersiaTrainingBatch.from_persia_batch(
                 batch, embeddings, worker if batch_id is not None else None, batch_id, ctx.device_id
             )
 

@@ -150,7 +150,7 @@ def test_streaming_dataset_ends_when_the_loaders_are_done(redis_server, tmp_path
         ) as ctx:
             feeder.start()
             for batch in DataLoader(
-                StreamingDataset(buffer_size=2), embedding_staleness=2, timeout_ms=30000
+                StreamingDataset(buffer_size=2), embedding_staleness=2, timeout_ms=90000
             ):
                 output, labels = ctx.forward(batch)
                 ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))

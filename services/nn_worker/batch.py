@@ -42,6 +42,25 @@ class PersiaTrainingBatch:
     _released: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @classmethod
+    def from_persia_batch(
+        cls, batch, embeddings, worker: int | None, batch_id: int | None, device_id: int | None
+    ) -> PersiaTrainingBatch:
+        """A looked-up :class:`~persia.embedding.data.PersiaBatch` (direct path)."""
+        return cls(
+            batch_size=batch.batch_size,
+            non_id_type_features=[f.data for f in batch.non_id_type_features],
+            labels=[f.data for f in batch.labels],
+            embeddings=embeddings,
+            requires_grad=batch.requires_grad,
+            meta=batch.meta,
+            worker=worker,
+            batch_id=batch_id,
+            non_id_type_feature_names=[f.name for f in batch.non_id_type_features],
+            label_names=[f.name for f in batch.labels],
+            device_id=device_id,
+        )
+
     @property
     def trainable(self) -> bool:
         """Whether gradients of this batch can be sent (a training lookup kept it for them)."""

@@ -40,7 +40,7 @@ def normalize_address(address: str) -> str:
     (PERSIA's documentation writes ``"localhost: 8888"``)."""
     if not isinstance(address, str) or not address.strip():
         raise InvalidInputError("embedding_worker_address", "a 'host:port' string", address)
-    text = address.replace(" ", "")
+    text = address.replace(" ", "").rstrip("/")
     if not text.startswith(("http://", "https://")):
         text = "http://" + text
     host_port = text.split("://", 1)[1]

@@ -14,6 +14,8 @@ import logging
 
 import torch
 
+from shared.errors import InvalidInputError
+
 log = logging.getLogger(__name__)
 
 
@@ -71,3 +73,21 @@ class Precision:
             self.scaler.update()
         else:
             self.scaler.update(scale / shrink_factor)
+
+
+def check_ctx_args(threadpool_worker_size, device_id) -> tuple[int, int | None]:
+    """Validate a context's ``threadpool_worker_size`` and ``device_id`` (a usable CUDA index)."""
+    if isinstance(threadpool_worker_size, bool) or not isinstance(threadpool_worker_size, int) \
+            or threadpool_worker_size < 1:  # fmt: skip
+        raise InvalidInputError(
+            "threadpool_worker_size", "a positive integer", threadpool_worker_size
+        )
+    if device_id is not None:
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise InvalidInputError("device_id", "None or a CUDA device index >= 0", device_id)
+        if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
+            raise InvalidInputError(
+                "device_id", f"a CUDA device index below {torch.cuda.device_count()} "
+                "(pass device_id=None to train on the CPU)", device_id,
+            )  # fmt: skip
+    return threadpool_worker_size, device_id
