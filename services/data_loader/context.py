@@ -78,7 +78,12 @@ class DataCtx:
         self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
         runtime = get_runtime()
         self._registry = Registry(RegistrySettings.from_env())
-        self._workers, self._ranks = runtime.run(self._discover())
+        try:
+            self._workers, self._ranks = runtime.run(self._discover())
+        except BaseException:
+            runtime.run(self._registry.close())
+            self._registry = None
+            raise
         self._entered = True
         log.info(
             "data loader %d/%d: %d embedding worker(s), %d NN-worker rank(s)",
