@@ -151,3 +151,17 @@ def test_checkpoint_round_trip_with_fresh_services(redis_server, tmp_path):
     torch.testing.assert_close(
         loaded_opt["state"][0]["exp_avg"], trained_opt["state"][0]["exp_avg"]
     )
+
+
+def test_mixed_precision_on_cpu_uses_bf16_autocast(job, caplog):
+    model = SmallModel()
+    _clear()
+    with caplog.at_level("INFO"):
+        ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    assert "bf16 autocast" in caplog.text and ctx.grad_scaler is None
+    with ctx:
+        for batch in DataLoader(ListDataset([make_batch([1, 2, 3]), make_batch([4, 5, 6])])):
+            output, labels = ctx.forward(batch)
+            assert output.dtype == torch.float32
+            loss = ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
+            assert torch.isfinite(loss)
