@@ -180,6 +180,7 @@ async def load(request: web.Request, body: Any) -> dict:
     entries = await _in_thread(
         request, request.app[STORE].load, directory, state["replica_index"], state["replica_size"]
     )
+    request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
     request.app[STATUS].refresh(request.app)
     return {"entries": entries}
 

@@ -154,7 +154,7 @@ async def lookup(request: web.Request, body: Any) -> dict:
     embeddings = await worker.embeddings(pending, train)
     if train and pending.requires_grad:
         worker.awaiting.put(batch_id, pending.prepared)
-    return {"batch_id": batch_id, "embeddings": embeddings}
+    return {"batch_id": batch_id, "embeddings": embeddings, "requires_grad": pending.requires_grad}
 
 
 @msgpack_handler
@@ -169,7 +169,7 @@ async def lookup_direct(request: web.Request, body: Any) -> dict:
     if train and pending.requires_grad:
         batch_id = -next(worker.direct_ids)
         worker.awaiting.put(batch_id, pending.prepared)
-    return {"batch_id": batch_id, "embeddings": embeddings}
+    return {"batch_id": batch_id, "embeddings": embeddings, "requires_grad": pending.requires_grad}
 
 
 @msgpack_handler
