@@ -1,0 +1,33 @@
+"""Pyrsia's public API, import-compatible with PERSIA's documented Python API.
+
+Submodules, as in PERSIA: ``persia.ctx`` (contexts), ``persia.data`` (datasets and the
+data loader), ``persia.embedding`` (embedding config, batch types, optimizers),
+``persia.env``, ``persia.distributed``, ``persia.logger``, ``persia.utils``,
+``persia.service``. They are imported on first use, so ``import persia`` stays cheap
+and reads nothing from the environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "ctx",
+    "data",
+    "distributed",
+    "embedding",
+    "env",
+    "logger",
+    "service",
+    "utils",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__ and name != "__version__":
+        return importlib.import_module(f"persia.{name}")
+    raise AttributeError(f"module 'persia' has no attribute {name!r}")
