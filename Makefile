@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv redis-check test test-slow test-all lint format bench demo demo-multi clean
+.PHONY: venv warm redis-check test test-slow test-all lint format bench demo demo-multi clean
 
 venv: $(STAMP)
 
@@ -22,13 +22,17 @@ $(STAMP): pyproject.toml
 redis-check: $(STAMP)
 	@$(PY) -c "from shared.redis_local import find_redis_server as f; print('redis-server:', f())"
 
-test: $(STAMP) redis-check
+## compile the numba kernels once, before several services would each do it
+warm: $(STAMP)
+	$(PY) -m services.warmup
+
+test: $(STAMP) redis-check warm
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP) redis-check
+test-slow: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -m slow
 
-test-all: $(STAMP) redis-check
+test-all: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -m ''
 
 lint: $(STAMP)
@@ -45,11 +49,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/e2e_bench.py
 
 ## the newcomer's first command: install, prepare the Adult data, run the job on one machine
-demo: $(STAMP) redis-check
+demo: $(STAMP) redis-check warm
 	$(PY) examples/adult_income/data_prep.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile start
 
-demo-multi: $(STAMP) redis-check
+demo-multi: $(STAMP) redis-check warm
 	$(PY) examples/adult_income/data_prep.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile.multi start
 
