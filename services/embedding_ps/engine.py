@@ -2,7 +2,7 @@
 
 Ids are spread over ``num_shards`` internal shards by ``mix64(id) % num_shards`` (independent of
 PERSIA's farmhash replica routing). Each shard has its own lock and its own compiled hash table,
-LRU list and arenas (see :mod:`services.embedding_ps.kernels`); kernels release the GIL, so a
+stamp LRU and arenas (see :mod:`services.embedding_ps.kernels`); kernels release the GIL, so a
 large batch is split over a small thread pool when there are several shards.
 
 Semantics (issue 2, section 4):
@@ -250,8 +250,8 @@ class EmbeddingStore:
                     before = int(shard.meta[K.M_REINIT])
                     orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
                     n_orph = K.lookup_train(
-                        ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.table, shard.keys,
-                        shard.prev, shard.nxt, shard.row_of, shard.arena_of, shard.meta, hyper, opt, salt, orphans,
+                        ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
+                        shard.pool, shard.pstamp, shard.meta, hyper, opt, salt, orphans,
                     )  # fmt: skip
                     shard.free_orphans(orphans, n_orph)
                     return int(shard.meta[K.M_REINIT]) - before
@@ -274,10 +274,8 @@ class EmbeddingStore:
                         out,
                         arena.data,
                         np.int64(aid),
-                        shard.table,
-                        shard.keys,
-                        shard.row_of,
-                        shard.arena_of,
+                        shard.slots,
+                        shard.ent,
                         shard.meta,
                     )
 
@@ -319,8 +317,8 @@ class EmbeddingStore:
                         bad = int((~np.isfinite(grads[pos]).all(axis=1)).sum())
                         return pos.shape[0] - bad, bad
                     return K.update_rows(
-                        ids, pos, grads, arena.data, np.int64(aid), shard.table, shard.keys, shard.row_of,
-                        shard.arena_of, shard.meta, opt, bound, applied,
+                        ids, pos, grads, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta, opt,
+                        bound, applied,
                     )  # fmt: skip
 
             res = self._run(one, self._split(ids))
@@ -361,10 +359,8 @@ class EmbeddingStore:
                             rows,
                             a.data,
                             np.int64(aid),
-                            shard.table,
-                            shard.keys,
-                            shard.row_of,
-                            shard.arena_of,
+                            shard.slots,
+                            shard.ent,
                             shard.meta,
                             found,
                         )
@@ -395,8 +391,8 @@ class EmbeddingStore:
                 shard.reserve(pos.shape[0], arena)
                 orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
                 n_orph = K.insert_rows(
-                    ids[pos], rows[pos], arena.data, arena.free, arena.ameta, np.int64(aid), shard.table, shard.keys,
-                    shard.prev, shard.nxt, shard.row_of, shard.arena_of, shard.meta, orphans,
+                    ids[pos], rows[pos], arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
+                    shard.pool, shard.pstamp, shard.meta, orphans,
                 )  # fmt: skip
                 shard.free_orphans(orphans, n_orph)
 

@@ -1,19 +1,27 @@
-"""Compiled kernels of one PS shard: hash table, LRU list, initialization, lookup and insert.
+"""Compiled kernels of one PS shard: lookup (train / eval), update, insert, gather.
 
 Data layout of one shard (all numpy arrays, owned by :class:`services.embedding_ps.shard.Shard`)::
 
-    table   int32[T]      open addressing, linear probing, T a power of two; entry index or -1.
-                          The home slot of a key is the top ``bits`` bits of mix(key), so every
-                          uint64 (0 and 2**64-1 included) is a valid key. Deletion is
-                          backward-shift: no tombstones ever build up.
-    keys    uint64[E]     entry -> id          (entries 0..n-1 are all live)
-    prev/nxt int32[E]     intrusive doubly-linked LRU list; head = most recent, tail = victim
-    row_of  int32[E]      row of the entry inside its arena
-    arena_of int8[E]      which arena (one per vector width) holds the entry
+    slots   uint32[3*T]   open addressing, linear probing, any size T < 2**32. Slot s holds
+                          [key low 32 bits, key high 32 bits, entry] (entry 0xFFFFFFFF = free),
+                          so a probe compares keys inside the slot's own cache line. The home
+                          slot is mix(key) scaled onto [0, T): every uint64 is a valid key.
+                          Deletion is backward-shift: no tombstones ever build up.
+    ent     int64[E, 2]   entry -> [stamp << 8 | arena id, row << 32 | slot]; entries 0..n-1 live
+    pool    int32[M]      eviction candidates (the M oldest entries at the last refill), oldest
+    pstamp  int64[M]      first, with the stamp each had then (allocated once eviction can occur)
     arena   float32[R, W] one per width: row = [embedding (dim) | optimizer state]
-    free    int32[R]      rows of that arena freed by eviction / re-dimensioning
+    free    int32[F]      rows of that arena freed by eviction / re-dimensioning (grown lazily)
 
-    meta int64[8]: see the M_* constants.   ameta int64[2]: rows used (high-water), free count.
+    meta int64[9]: see the M_* constants.   ameta int64[2]: rows used (high-water), free count.
+
+LRU: a touch stores a fresh stamp from the shard's clock (consecutive stamps in batch order);
+eviction takes the oldest unchanged pool candidate, which is exactly the least recently used entry.
+
+Hot kernels work in passes over the batch so that each id's chain of dependent loads (slot ->
+entry -> row) becomes independent loads the CPU overlaps: pass 1 hashes and probes every id
+(prefetching slots PREFETCH ids ahead), pass 2 reads every found entry (prefetched ahead), pass 3
+gathers / updates the rows (prefetched ahead) in batch order.
 
 Every kernel is ``nogil`` so shards can be worked on from several threads, and ``cache=True`` so a
 service start does not pay for compilation again. All kernels take the same argument types on
@@ -29,27 +37,35 @@ from services.embedding_ps.optimizers import apply, finite, init_state
 from services.embedding_ps.table import (  # noqa: F401  (re-exported for the engine)
     A_FREE,
     A_USED,
+    AID_MASK,
     EMPTY,
-    M_BITS,
+    FREE_SLOT,
+    HIGH,
+    LOW,
     M_CAP,
+    M_CLOCK,
     M_EVICT,
-    M_HEAD,
     M_N,
+    M_PLEN,
+    M_PPOS,
     M_REFUSED,
     M_REINIT,
-    M_TAIL,
+    M_SLOTS,
     META_LEN,
-    _delete_slot,
-    _home,
-    _push_head,
+    PREFETCH,
     _uniform,
-    _unlink,
+    delete_slot,
+    home,
     mix64,
     mix64_py,
+    prefetch,
     probe,
+    refill_pool,
+    rehash,
+    set_slot,
     shard_of,
     touch,
-    warm,
+    victim,
 )
 
 _jit = nb.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
@@ -72,146 +88,190 @@ def init_embedding(row, key, dim, lower, upper):
 def _alloc_row(free, ameta):
     if ameta[A_FREE] > 0:
         ameta[A_FREE] -= 1
-        return free[ameta[A_FREE]]
+        return np.int64(free[ameta[A_FREE]])
     r = ameta[A_USED]
     ameta[A_USED] += 1
-    return np.int32(r)
+    return np.int64(r)
 
 
 @nb.njit(inline="always", cache=True)
-def _place(
-    table,
-    keys,
-    prev,
-    nxt,
-    row_of,
-    arena_of,
-    meta,
-    free,
-    ameta,
-    arena_id,
-    key,
-    slot,
-    orphans,
-    n_orphans,
-):
-    """Create an entry for ``key`` (not present; ``slot`` = probe result), evicting the LRU tail
-    when full. Returns (entry, row, n_orphans); rows of evicted entries living in another arena are
-    appended to ``orphans`` (arena, row) for the caller to free."""
-    bits = meta[M_BITS]
+def _resolve(ids, pos, slots, nslots):
+    """Pass 1: home slot of every id (prefetched PREFETCH ids ahead), then its entry (or -1).
+    Returns (homes, entries, misses). Independent loads, so many cache misses overlap."""
+    n = pos.shape[0]
+    d = PREFETCH
+    homes = np.empty(n, dtype=np.int64)
+    es = np.empty(n, dtype=np.int64)
+    for k in range(min(d, n)):
+        homes[k] = home(ids[pos[k]], nslots)
+        prefetch(slots, 3 * homes[k])
+    misses = 0
+    for k in range(n):
+        if k + d < n:
+            h = home(ids[pos[k + d]], nslots)
+            homes[k + d] = h
+            prefetch(slots, 3 * h)
+        s = probe(slots, ids[pos[k]], homes[k], nslots)
+        if s >= 0:
+            es[k] = np.int64(slots[3 * s + 2])
+        else:
+            es[k] = -1
+            misses += 1
+    return homes, es, misses
+
+
+@nb.njit(inline="always", cache=True)
+def _rows_of(es, ent, arena_id, stamp0):
+    """Pass 2: arena row of every resolved entry stored in ``arena_id`` (else -1). With
+    ``stamp0 >= 0`` each such entry is also touched with stamp ``stamp0 + k`` (batch order)."""
+    n = es.shape[0]
+    d = PREFETCH
+    rows = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        if k + d < n and es[k + d] >= 0:
+            prefetch(ent[es[k + d]], 0)
+        e = es[k]
+        rows[k] = -1
+        if e >= 0 and (ent[e, 0] & AID_MASK) == arena_id:
+            rows[k] = ent[e, 1] >> 32
+            if stamp0 >= 0:
+                ent[e, 0] = ((stamp0 + k) << 8) | arena_id
+    return rows
+
+
+@nb.njit(inline="always", cache=True)
+def _warm_row(arena, rows, k):
+    """Prefetch the first and last line of the row of id k + PREFETCH (pass 3)."""
+    if k + PREFETCH < rows.shape[0]:
+        r = rows[k + PREFETCH]
+        if r >= 0:
+            prefetch(arena[r], 0)
+            prefetch(arena[r], arena.shape[1] - 1)
+
+
+@nb.njit(inline="always", cache=True)
+def _place(slots, ent, meta, pool, pstamp, free, ameta, arena_id, key, s, h, orphans, n_orphans):
+    """Create an entry for ``key`` (absent; ``s`` = probe result from home ``h``), evicting the
+    least recently used entry when full. Returns (entry, row, n_orphans); rows of evicted entries
+    living in another arena are appended to ``orphans`` (arena, row) for the caller to free."""
+    nslots = meta[M_SLOTS]
     if meta[M_N] < meta[M_CAP]:
-        e = np.int32(meta[M_N])
+        e = meta[M_N]
         meta[M_N] += 1
         r = _alloc_row(free, ameta)
     else:
-        e = np.int32(meta[M_TAIL])
-        _unlink(prev, nxt, meta, e)
-        _delete_slot(table, keys, probe(table, keys, keys[e], bits), bits)
+        e = victim(ent, pool, pstamp, meta)
+        delete_slot(slots, ent, ent[e, 1] & LOW, nslots)
         meta[M_EVICT] += 1
-        if arena_of[e] == arena_id:
-            r = row_of[e]
+        if (ent[e, 0] & AID_MASK) == arena_id:
+            r = ent[e, 1] >> 32
         else:
-            orphans[n_orphans, 0] = arena_of[e]
-            orphans[n_orphans, 1] = row_of[e]
+            orphans[n_orphans, 0] = ent[e, 0] & AID_MASK
+            orphans[n_orphans, 1] = ent[e, 1] >> 32
             n_orphans += 1
             r = _alloc_row(free, ameta)
-        # the hole may have moved our insertion slot: probe again
-        slot = probe(table, keys, key, bits)
-    table[-slot - 1] = e
-    keys[e] = key
-    row_of[e] = r
-    arena_of[e] = arena_id
-    _push_head(prev, nxt, meta, e)
+        s = probe(slots, key, h, nslots)  # the deletion may have moved the insertion slot
+    ent[e, 1] = r << 32
+    set_slot(slots, ent, -s - 1, key, e)
+    touch(ent, meta, e, arena_id)
     return e, r, n_orphans
 
 
-@_jit
-def lookup_train(
-    ids,
-    pos,
-    out,
-    arena,
-    free,
-    ameta,
-    arena_id,
-    table,
-    keys,
-    prev,
-    nxt,
-    row_of,
-    arena_of,
-    meta,
-    hyper,
-    opt,
-    salt,
-    orphans,
-):
-    """Training lookup of ``ids[pos]`` into ``out[pos]`` (batch order): hits are refreshed,
-    unknown ids are admitted with probability ``hyper[2]`` and initialized, refused ids get zeros.
-    An id stored at another dim is re-initialized in this arena. Returns the number of orphans."""
+@nb.njit(inline="always", cache=True)
+def _redim(ent, e, free, ameta, arena_id, orphans, n_orphans):
+    """Move entry ``e`` (stored in another arena) to a fresh row of this one."""
+    orphans[n_orphans, 0] = ent[e, 0] & AID_MASK
+    orphans[n_orphans, 1] = ent[e, 1] >> 32
+    r = _alloc_row(free, ameta)
+    ent[e, 1] = (ent[e, 1] & LOW) | (r << 32)
+    return r, n_orphans + 1
+
+
+@nb.njit(inline="always", cache=True)
+def _train_one(ids, i, key, h, out, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta,
+               hyper, opt, salt, orphans, n_orphans):  # fmt: skip
+    """Sequential training lookup of one id (probe, touch or admit/insert, copy out)."""
     dim = out.shape[1]
-    bits = meta[M_BITS]
+    nslots = meta[M_SLOTS]
     lower, upper, p = hyper[0], hyper[1], hyper[2]
-    n_orphans = 0
-    for k in range(pos.shape[0]):
-        warm(ids, pos, k, table, keys, row_of, arena_of, prev, nxt, arena, bits, True)
-        i = pos[k]
-        key = ids[i]
-        s = probe(table, keys, key, bits)
-        if s >= 0:
-            e = table[s]
-            touch(prev, nxt, meta, e)
-            if arena_of[e] == arena_id:
-                r = row_of[e]
-            else:
-                orphans[n_orphans, 0] = arena_of[e]
-                orphans[n_orphans, 1] = row_of[e]
-                n_orphans += 1
-                r = _alloc_row(free, ameta)
-                row_of[e] = r
-                arena_of[e] = arena_id
-                meta[M_REINIT] += 1
-                init_embedding(arena[r], key, dim, lower, upper)
-                init_state(arena[r], dim, opt)
-        else:
-            if p < 1.0 and not _uniform(mix64(key ^ salt)) < p:
-                meta[M_REFUSED] += 1
-                out[i, :] = 0.0
-                continue
-            e, r, n_orphans = _place(
-                table,
-                keys,
-                prev,
-                nxt,
-                row_of,
-                arena_of,
-                meta,
-                free,
-                ameta,
-                arena_id,
-                key,
-                s,
-                orphans,
-                n_orphans,
-            )
+    s = probe(slots, key, h, nslots)
+    if s >= 0:
+        e = np.int64(slots[3 * s + 2])
+        r = ent[e, 1] >> 32
+        if (ent[e, 0] & AID_MASK) != arena_id:
+            r, n_orphans = _redim(ent, e, free, ameta, arena_id, orphans, n_orphans)
+            meta[M_REINIT] += 1
             init_embedding(arena[r], key, dim, lower, upper)
             init_state(arena[r], dim, opt)
-        for j in range(dim):
-            out[i, j] = arena[r, j]
+        touch(ent, meta, e, arena_id)
+    else:
+        if p < 1.0 and not _uniform(mix64(key ^ salt)) < p:
+            meta[M_REFUSED] += 1
+            meta[M_CLOCK] += 1  # keep stamps = clock0 + batch position
+            out[i, :] = 0.0
+            return n_orphans
+        e, r, n_orphans = _place(
+            slots, ent, meta, pool, pstamp, free, ameta, arena_id, key, s, h, orphans, n_orphans
+        )
+        init_embedding(arena[r], key, dim, lower, upper)
+        init_state(arena[r], dim, opt)
+    for j in range(dim):
+        out[i, j] = arena[r, j]
     return n_orphans
 
 
 @_jit
-def lookup_eval(ids, pos, out, arena, arena_id, table, keys, row_of, arena_of, meta):
+def lookup_train(ids, pos, out, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta,
+                 hyper, opt, salt, orphans):  # fmt: skip
+    """Training lookup of ``ids[pos]`` into ``out[pos]`` (batch order): hits are refreshed,
+    unknown ids are admitted with probability ``hyper[2]`` and initialized, refused ids get zeros.
+    An id stored at another dim is re-initialized in this arena. Returns the number of orphans.
+
+    Position k of the call gets stamp clock0 + k. When the call cannot evict (every miss fits),
+    hits are resolved and touched in independent passes (probe, entry, row gather) and only the
+    misses run sequentially; otherwise every id runs sequentially so evictions see exact recency.
+    """
+    n = pos.shape[0]
+    nslots = meta[M_SLOTS]
+    homes, es, misses = _resolve(ids, pos, slots, nslots)
+    clock0 = meta[M_CLOCK]
+    n_orphans = 0
+    if meta[M_N] + misses > meta[M_CAP]:
+        for k in range(n):
+            i = pos[k]
+            n_orphans = _train_one(ids, i, ids[i], homes[k], out, arena, free, ameta, arena_id,
+                                   slots, ent, pool, pstamp, meta, hyper, opt, salt, orphans,
+                                   n_orphans)  # fmt: skip
+        return n_orphans
+    rows = _rows_of(es, ent, arena_id, clock0)
+    dim = out.shape[1]
+    for k in range(n):
+        _warm_row(arena, rows, k)
+        i = pos[k]
+        r = rows[k]
+        if r >= 0:
+            for j in range(dim):
+                out[i, j] = arena[r, j]
+        else:  # unknown (maybe inserted earlier in this call) or stored at another dim
+            meta[M_CLOCK] = clock0 + k
+            n_orphans = _train_one(ids, i, ids[i], homes[k], out, arena, free, ameta, arena_id,
+                                   slots, ent, pool, pstamp, meta, hyper, opt, salt, orphans,
+                                   n_orphans)  # fmt: skip
+    meta[M_CLOCK] = clock0 + n
+    return n_orphans
+
+
+@_jit
+def lookup_eval(ids, pos, out, arena, arena_id, slots, ent, meta):
     """Evaluation lookup: no insert, no LRU refresh; unknown ids (or stored at another dim) -> zeros."""
     dim = out.shape[1]
-    bits = meta[M_BITS]
+    homes, es, misses = _resolve(ids, pos, slots, meta[M_SLOTS])
+    rows = _rows_of(es, ent, arena_id, np.int64(-1))
     for k in range(pos.shape[0]):
-        warm(ids, pos, k, table, keys, row_of, arena_of, row_of, row_of, arena, bits, False)
+        _warm_row(arena, rows, k)
         i = pos[k]
-        s = probe(table, keys, ids[i], bits)
-        if s >= 0 and arena_of[table[s]] == arena_id:
-            r = row_of[table[s]]
+        r = rows[k]
+        if r >= 0:
             for j in range(dim):
                 out[i, j] = arena[r, j]
         else:
@@ -219,44 +279,51 @@ def lookup_eval(ids, pos, out, arena, arena_id, table, keys, row_of, arena_of, m
 
 
 @_jit
-def insert_rows(
-    ids, rows, arena, free, ameta, arena_id, table, keys, prev, nxt, row_of, arena_of, meta, orphans
-):
+def update_rows(ids, pos, grads, arena, arena_id, slots, ent, meta, opt, bound, applied):
+    """Apply ``grads[pos]`` to the entries of ``ids[pos]`` in order (a duplicated id gets one
+    step per occurrence). Unknown ids (or stored at another dim) and non-finite rows are skipped;
+    ``applied[pos[k]]`` is set when the step was applied. Returns (skipped_unknown, skipped_nonfinite).
+    """
+    dim = grads.shape[1]
+    homes, es, misses = _resolve(ids, pos, slots, meta[M_SLOTS])
+    rows = _rows_of(es, ent, arena_id, np.int64(-1))
+    unknown = 0
+    nonfinite = 0
+    for k in range(pos.shape[0]):
+        _warm_row(arena, rows, k)
+        i = pos[k]
+        g = grads[i]
+        if not finite(g):
+            nonfinite += 1
+            continue
+        r = rows[k]
+        if r < 0:
+            unknown += 1
+            continue
+        apply(arena[r], g, dim, opt, bound)
+        applied[i] = True
+    return unknown, nonfinite
+
+
+@_jit
+def insert_rows(ids, rows, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta, orphans):
     """Store full rows (embedding + state, e.g. from a checkpoint) under ``ids``, as inserts that
     refresh recency. Existing entries are overwritten. Returns the number of orphans."""
-    bits = meta[M_BITS]
+    nslots = meta[M_SLOTS]
     n_orphans = 0
     for i in range(ids.shape[0]):
         key = ids[i]
-        s = probe(table, keys, key, bits)
+        h = home(key, nslots)
+        s = probe(slots, key, h, nslots)
         if s >= 0:
-            e = table[s]
-            touch(prev, nxt, meta, e)
-            if arena_of[e] == arena_id:
-                r = row_of[e]
-            else:
-                orphans[n_orphans, 0] = arena_of[e]
-                orphans[n_orphans, 1] = row_of[e]
-                n_orphans += 1
-                r = _alloc_row(free, ameta)
-                row_of[e] = r
-                arena_of[e] = arena_id
+            e = np.int64(slots[3 * s + 2])
+            r = ent[e, 1] >> 32
+            if (ent[e, 0] & AID_MASK) != arena_id:
+                r, n_orphans = _redim(ent, e, free, ameta, arena_id, orphans, n_orphans)
+            touch(ent, meta, e, arena_id)
         else:
             e, r, n_orphans = _place(
-                table,
-                keys,
-                prev,
-                nxt,
-                row_of,
-                arena_of,
-                meta,
-                free,
-                ameta,
-                arena_id,
-                key,
-                s,
-                orphans,
-                n_orphans,
+                slots, ent, meta, pool, pstamp, free, ameta, arena_id, key, s, h, orphans, n_orphans
             )
         for j in range(rows.shape[1]):
             arena[r, j] = rows[i, j]
@@ -264,52 +331,15 @@ def insert_rows(
 
 
 @_jit
-def gather_rows(ids, out, arena, arena_id, table, keys, row_of, arena_of, meta, found):
+def gather_rows(ids, out, arena, arena_id, slots, ent, meta, found):
     """Full rows of ``ids`` stored in this arena (for incremental packets); ``found[i]`` says which."""
-    bits = meta[M_BITS]
+    nslots = meta[M_SLOTS]
     for i in range(ids.shape[0]):
-        s = probe(table, keys, ids[i], bits)
-        if s >= 0 and arena_of[table[s]] == arena_id:
-            out[i, :] = arena[row_of[table[s]], :]
-            found[i] = True
-        else:
-            found[i] = False
-
-
-@_jit
-def rehash(table, keys, n, bits):
-    """Rebuild ``table`` (already filled with -1, size 2**bits) from entries 0..n-1."""
-    mask = (np.int64(1) << bits) - 1
-    for e in range(n):
-        s = _home(keys[e], bits)
-        while table[s] != EMPTY:
-            s = (s + 1) & mask
-        table[s] = e
-
-
-@_jit
-def update_rows(
-    ids, pos, grads, arena, arena_id, table, keys, row_of, arena_of, meta, opt, bound, applied
-):
-    """Apply ``grads[pos]`` to the entries of ``ids[pos]`` in order (a duplicated id gets one
-    step per occurrence). Unknown ids (or stored at another dim) and non-finite rows are skipped;
-    ``applied[pos[k]]`` is set when the step was applied. Returns (skipped_unknown, skipped_nonfinite).
-    """
-    dim = grads.shape[1]
-    bits = meta[M_BITS]
-    unknown = 0
-    nonfinite = 0
-    for k in range(pos.shape[0]):
-        warm(ids, pos, k, table, keys, row_of, arena_of, row_of, row_of, arena, bits, False)
-        i = pos[k]
-        g = grads[i]
-        if not finite(g):
-            nonfinite += 1
-            continue
-        s = probe(table, keys, ids[i], bits)
-        if s < 0 or arena_of[table[s]] != arena_id:
-            unknown += 1
-            continue
-        apply(arena[row_of[table[s]]], g, dim, opt, bound)
-        applied[i] = True
-    return unknown, nonfinite
+        key = ids[i]
+        s = probe(slots, key, home(key, nslots), nslots)
+        found[i] = False
+        if s >= 0:
+            e = np.int64(slots[3 * s + 2])
+            if (ent[e, 0] & AID_MASK) == arena_id:
+                out[i, :] = arena[ent[e, 1] >> 32, :]
+                found[i] = True

@@ -1,8 +1,9 @@
 """One internal shard of the PS store: the arrays the kernels work on, their growth, and a lock.
 
 Arrays grow geometrically (factor 1.25, never past the shard's capacity) before each kernel call,
-by enough for the worst case of that call, so the compiled kernels never allocate. The hash table
-is a power of two kept at most 3/4 full and rebuilt when it doubles.
+by enough for the worst case of that call, so the compiled kernels never allocate storage. The
+hash table is sized for a load of SIZE_LOAD (of the capacity once it is in reach) and rebuilt
+when it would pass MAX_LOAD. The eviction pool is allocated once the shard can become full.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from services.embedding_ps import kernels as K
 
 GROWTH = 1.25
 MIN_ROWS = 1024
-MAX_LOAD = 0.75
-MIN_BITS = 10
+MIN_SLOTS = 1024
+SIZE_LOAD = 0.65
+MAX_LOAD = 0.8
+POOL_FRACTION = 32  # eviction pool = capacity / POOL_FRACTION oldest entries (at least 1024)
 
 
 def _grown(current: int, needed: int, cap: int) -> int:
@@ -25,15 +28,15 @@ def _grown(current: int, needed: int, cap: int) -> int:
     return min(cap, max(needed, math.ceil(current * GROWTH), MIN_ROWS))
 
 
-def _resize(a: np.ndarray, n: int, fill=None) -> np.ndarray:
-    out = (
-        np.empty((n,) + a.shape[1:], dtype=a.dtype)
-        if fill is None
-        else np.full((n,) + a.shape[1:], fill, dtype=a.dtype)
-    )
+def _resize(a: np.ndarray, n: int) -> np.ndarray:
+    out = np.empty((n,) + a.shape[1:], dtype=a.dtype)
     m = min(n, a.shape[0])
     out[:m] = a[:m]
     return out
+
+
+def _free_slots(nslots: int) -> np.ndarray:
+    return np.full(3 * nslots, K.FREE_SLOT, dtype=np.uint32)
 
 
 class Arena:
@@ -43,7 +46,7 @@ class Arena:
         self.dim = dim
         self.width = width
         self.data = np.empty((0, width), dtype=np.float32)
-        self.free = np.empty(0, dtype=np.int32)
+        self.free = np.empty(0, dtype=np.int32)  # grown only when rows are freed
         self.ameta = np.zeros(2, dtype=np.int64)  # rows used (high-water mark), free count
 
     @property
@@ -54,16 +57,21 @@ class Arena:
         used, nfree = int(self.ameta[K.A_USED]), int(self.ameta[K.A_FREE])
         needed = min(cap, used + max(0, n_new - nfree))
         if needed > self.data.shape[0]:
-            n = _grown(self.data.shape[0], needed, cap)
-            self.data = _resize(self.data, n)
-            self.free = _resize(self.free, n)
+            self.data = _resize(self.data, _grown(self.data.shape[0], needed, cap))
+
+    def push_free(self, rows: np.ndarray) -> None:
+        f = int(self.ameta[K.A_FREE])
+        if f + rows.shape[0] > self.free.shape[0]:
+            self.free = _resize(self.free, max(f + rows.shape[0], 2 * self.free.shape[0]))
+        self.free[f : f + rows.shape[0]] = rows
+        self.ameta[K.A_FREE] = f + rows.shape[0]
 
     def nbytes(self) -> int:
         return self.data.nbytes + self.free.nbytes + self.ameta.nbytes
 
 
 class Shard:
-    """Hash table + LRU list + arenas of one internal shard; callers hold ``lock`` around use."""
+    """Hash table + stamp LRU + arenas of one internal shard; callers hold ``lock`` around use."""
 
     def __init__(self, capacity: int):
         self.lock = threading.Lock()
@@ -72,15 +80,12 @@ class Shard:
 
     def reset(self) -> None:
         self.meta = np.zeros(K.META_LEN, dtype=np.int64)
-        self.meta[K.M_HEAD] = self.meta[K.M_TAIL] = K.EMPTY
         self.meta[K.M_CAP] = self.capacity
-        self.meta[K.M_BITS] = MIN_BITS
-        self.table = np.full(1 << MIN_BITS, K.EMPTY, dtype=np.int32)
-        self.keys = np.empty(0, dtype=np.uint64)
-        self.prev = np.empty(0, dtype=np.int32)
-        self.nxt = np.empty(0, dtype=np.int32)
-        self.row_of = np.empty(0, dtype=np.int32)
-        self.arena_of = np.empty(0, dtype=np.int8)
+        self.meta[K.M_SLOTS] = MIN_SLOTS
+        self.slots = _free_slots(MIN_SLOTS)
+        self.ent = np.empty((0, 2), dtype=np.int64)
+        self.pool = np.empty(0, dtype=np.int32)
+        self.pstamp = np.empty(0, dtype=np.int64)
         self.arenas: list[Arena | None] = []
 
     @property
@@ -98,21 +103,21 @@ class Shard:
 
     def reserve(self, n_new: int, arena: Arena | None = None) -> None:
         """Make room for up to ``n_new`` new entries (and rows in ``arena``) without reallocation."""
-        needed = min(self.capacity, self.n + n_new)
-        if needed > self.keys.shape[0]:
-            n = _grown(self.keys.shape[0], needed, self.capacity)
-            self.keys = _resize(self.keys, n)
-            self.prev = _resize(self.prev, n)
-            self.nxt = _resize(self.nxt, n)
-            self.row_of = _resize(self.row_of, n)
-            self.arena_of = _resize(self.arena_of, n)
-        bits = int(self.meta[K.M_BITS])
-        if needed > MAX_LOAD * (1 << bits):
-            while needed > MAX_LOAD * (1 << bits):
-                bits += 1
-            self.table = np.full(1 << bits, K.EMPTY, dtype=np.int32)
-            self.meta[K.M_BITS] = bits
-            K.rehash(self.table, self.keys, np.int64(self.n), np.int64(bits))
+        n = self.n
+        needed = min(self.capacity, n + n_new)
+        if needed > self.ent.shape[0]:
+            self.ent = _resize(self.ent, _grown(self.ent.shape[0], needed, self.capacity))
+        nslots = int(self.meta[K.M_SLOTS])
+        if needed > MAX_LOAD * nslots:
+            target = min(self.capacity, max(needed, 2 * n))
+            nslots = max(MIN_SLOTS, math.ceil(target / SIZE_LOAD) + 1)
+            old, self.slots = self.slots, _free_slots(nslots)
+            self.meta[K.M_SLOTS] = nslots
+            K.rehash(old, self.slots, self.ent, np.int64(n), np.int64(nslots))
+        if n + n_new > self.capacity and self.pool.shape[0] == 0:
+            m = min(self.capacity, max(MIN_ROWS, self.capacity // POOL_FRACTION))
+            self.pool = np.empty(m, dtype=np.int32)
+            self.pstamp = np.empty(m, dtype=np.int64)
         if arena is not None:
             arena.reserve(n_new, self.capacity)
 
@@ -122,21 +127,20 @@ class Shard:
             return
         o = orphans[:count]
         for aid in np.unique(o[:, 0]):
-            rows = o[o[:, 0] == aid, 1].astype(np.int32)
-            a = self.arenas[int(aid)]
-            f = int(a.ameta[K.A_FREE])
-            a.free[f : f + rows.shape[0]] = rows
-            a.ameta[K.A_FREE] = f + rows.shape[0]
+            self.arenas[int(aid)].push_free(o[o[:, 0] == aid, 1].astype(np.int32))
 
     def nbytes(self) -> int:
-        arrays = (self.meta, self.table, self.keys, self.prev, self.nxt, self.row_of, self.arena_of)
+        arrays = (self.meta, self.slots, self.ent, self.pool, self.pstamp)
         return sum(a.nbytes for a in arrays) + sum(a.nbytes() for a in self.arenas if a is not None)
 
     def live_ids(self, arena_id: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, rows) of the entries stored in arena ``arena_id``, rows copied out."""
-        n = self.n
-        mask = self.arena_of[:n] == arena_id
+        ent = self.ent[: self.n]
+        mask = (ent[:, 0] & K.AID_MASK) == arena_id
         a = self.arenas[arena_id] if arena_id < len(self.arenas) else None
         if a is None or not mask.any():
             return np.empty(0, dtype=np.uint64), None
-        return self.keys[:n][mask].copy(), a.data[self.row_of[:n][mask]]
+        word = ent[mask, 1]
+        sl = self.slots.reshape(-1, 3)[word & K.LOW]
+        keys = sl[:, 0].astype(np.uint64) | (sl[:, 1].astype(np.uint64) << np.uint64(32))
+        return keys, a.data[word >> 32]

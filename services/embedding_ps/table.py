@@ -1,7 +1,8 @@
-"""Compiled primitives of a PS shard: the open-addressing hash table, the LRU list, prefetching.
+"""Compiled primitives of a PS shard: the open-addressing hash table, stamp LRU, prefetching.
 
 See :mod:`services.embedding_ps.kernels` for the data layout. Everything here is inlined into the
-kernels; nothing is called from Python except :func:`mix64_py` and :func:`shard_of`.
+kernels (except the rarely run :func:`refill_pool` and :func:`rehash`); nothing is called from
+Python except :func:`mix64_py` and :func:`shard_of`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-M_N, M_HEAD, M_TAIL, M_CAP, M_BITS, M_EVICT, M_REFUSED, M_REINIT = range(8)
-META_LEN = 8
+M_N, M_CLOCK, M_CAP, M_SLOTS, M_EVICT, M_REFUSED, M_REINIT, M_PPOS, M_PLEN = range(9)
+META_LEN = 9
 A_USED, A_FREE = 0, 1
 EMPTY = -1
+FREE_SLOT = np.uint32(0xFFFFFFFF)  # entry word of an empty hash slot
+LOW = np.int64(0xFFFFFFFF)
+HIGH = np.int64(-(1 << 32))
+AID_MASK = np.int64(0xFF)
 
-
-PREFETCH = 16  # ids of look-ahead: the pipeline below keeps ~3x this many cache misses in flight
+PREFETCH = 16  # ids of look-ahead of each pass
 
 
 @intrinsic
@@ -78,8 +82,10 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 @nb.njit(inline="always", cache=True)
-def _home(key, bits):
-    return np.int64(mix64(key) >> np.uint64(64 - bits))
+def home(key, nslots):
+    """Home slot of ``key``: the high 32 bits of mix(key) scaled onto [0, nslots), so the table
+    can have any size (nslots < 2**32)."""
+    return np.int64(((mix64(key) >> np.uint64(32)) * np.uint64(nslots)) >> np.uint64(32))
 
 
 @nb.njit(inline="always", cache=True)
@@ -89,106 +95,116 @@ def _uniform(x):
 
 
 @nb.njit(inline="always", cache=True)
-def probe(table, keys, key, bits):
-    """Slot holding ``key``, or ``-(empty slot) - 1`` where it would be inserted."""
-    mask = (np.int64(1) << bits) - 1
-    s = _home(key, bits)
+def slot_key(slots, s):
+    return np.uint64(slots[3 * s]) | (np.uint64(slots[3 * s + 1]) << np.uint64(32))
+
+
+@nb.njit(inline="always", cache=True)
+def probe(slots, key, s, nslots):
+    """Slot holding ``key`` (search starts at its home ``s``), or ``-(empty slot) - 1``."""
+    lo = np.uint32(key & np.uint64(0xFFFFFFFF))
+    hi = np.uint32(key >> np.uint64(32))
     while True:
-        e = table[s]
-        if e == EMPTY:
+        b = 3 * s
+        if slots[b + 2] == FREE_SLOT:
             return -s - 1
-        if keys[e] == key:
+        if slots[b] == lo and slots[b + 1] == hi:
             return s
-        s = (s + 1) & mask
+        s += 1
+        if s == nslots:
+            s = 0
 
 
 @nb.njit(inline="always", cache=True)
-def warm(ids, pos, k, table, keys, row_of, arena_of, prev, nxt, arena, bits, lru):
-    """Software pipeline: while id k is processed, prefetch the table slot of id k+3D, the entry
-    fields of id k+2D and the arena row (and LRU neighbours) of id k+D. Only hints: the real work
-    re-reads everything, so stale guesses cost nothing but bandwidth."""
-    n = pos.shape[0]
-    d = PREFETCH
-    if k + 3 * d < n:
-        prefetch(table, _home(ids[pos[k + 3 * d]], bits))
-    if k + 2 * d < n:
-        e = table[_home(ids[pos[k + 2 * d]], bits)]
-        if e != EMPTY:
-            prefetch(keys, e)
-            prefetch(row_of, e)
-            prefetch(arena_of, e)
-            if lru:
-                prefetch(prev, e)
-                prefetch(nxt, e)
-    if k + d < n:
-        e = table[_home(ids[pos[k + d]], bits)]
-        if e != EMPTY:
-            r = row_of[e]
-            if r < arena.shape[0]:
-                prefetch(arena[r], 0)
-            if lru:
-                p = prev[e]
-                q = nxt[e]
-                if p != EMPTY:
-                    prefetch(prev, p)
-                    prefetch(nxt, p)
-                if q != EMPTY:
-                    prefetch(prev, q)
-                    prefetch(nxt, q)
+def set_slot(slots, ent, s, key, e):
+    """Store (key, entry e) in slot ``s`` and record the slot in the entry."""
+    b = 3 * s
+    slots[b] = np.uint32(key & np.uint64(0xFFFFFFFF))
+    slots[b + 1] = np.uint32(key >> np.uint64(32))
+    slots[b + 2] = np.uint32(e)
+    ent[e, 1] = (ent[e, 1] & HIGH) | s
 
 
 @nb.njit(inline="always", cache=True)
-def _delete_slot(table, keys, s, bits):
-    """Backward-shift deletion of slot ``s`` (linear probing, no tombstones)."""
-    mask = (np.int64(1) << bits) - 1
+def delete_slot(slots, ent, s, nslots):
+    """Backward-shift deletion of slot ``s`` (linear probing, no tombstones); moved entries get
+    their new slot recorded."""
     i = s
     j = s
     while True:
-        j = (j + 1) & mask
-        e = table[j]
-        if e == EMPTY:
+        j += 1
+        if j == nslots:
+            j = 0
+        bj = 3 * j
+        if slots[bj + 2] == FREE_SLOT:
             break
-        k = _home(keys[e], bits)
-        # move e back into the hole at i unless its home lies cyclically in (i, j]
+        k = home(slot_key(slots, j), nslots)
+        # move the key at j back into the hole at i unless its home lies cyclically in (i, j]
         if i <= j:
             stay = i < k <= j
         else:
             stay = k > i or k <= j
         if not stay:
-            table[i] = e
+            bi = 3 * i
+            slots[bi] = slots[bj]
+            slots[bi + 1] = slots[bj + 1]
+            slots[bi + 2] = slots[bj + 2]
+            e = np.int64(slots[bj + 2])
+            ent[e, 1] = (ent[e, 1] & HIGH) | i
             i = j
-    table[i] = EMPTY
+    slots[3 * i + 2] = FREE_SLOT
 
 
 @nb.njit(inline="always", cache=True)
-def _unlink(prev, nxt, meta, e):
-    p = prev[e]
-    n = nxt[e]
-    if p != EMPTY:
-        nxt[p] = n
-    else:
-        meta[M_HEAD] = n
-    if n != EMPTY:
-        prev[n] = p
-    else:
-        meta[M_TAIL] = p
+def touch(ent, meta, e, arena_id):
+    """Mark entry ``e`` (stored in ``arena_id``) most recently used: one store of a fresh stamp."""
+    ent[e, 0] = (meta[M_CLOCK] << 8) | arena_id
+    meta[M_CLOCK] += 1
+
+
+@nb.njit(nogil=True, cache=True)
+def refill_pool(ent, n, pool, pstamp, meta):
+    """Fill the eviction pool with the ``len(pool)`` least recently used entries, oldest first,
+    recording their stamps (stamps are unique, so the selection is exact)."""
+    m = min(pool.shape[0], n)
+    st = ent[:n, 0].copy()
+    thr = np.partition(st, m - 1)[m - 1]
+    c = 0
+    for e in range(n):
+        if ent[e, 0] <= thr:
+            pool[c] = e
+            pstamp[c] = ent[e, 0]
+            c += 1
+    order = np.argsort(pstamp[:c])
+    p = pool[:c][order]
+    q = pstamp[:c][order]
+    pool[:c] = p
+    pstamp[:c] = q
+    meta[M_PPOS] = 0
+    meta[M_PLEN] = c
 
 
 @nb.njit(inline="always", cache=True)
-def _push_head(prev, nxt, meta, e):
-    h = meta[M_HEAD]
-    prev[e] = EMPTY
-    nxt[e] = h
-    if h != EMPTY:
-        prev[h] = e
-    else:
-        meta[M_TAIL] = e
-    meta[M_HEAD] = e
+def victim(ent, pool, pstamp, meta):
+    """The least recently used entry (exact): the oldest pool candidate whose stamp is unchanged.
+
+    The pool holds the M oldest entries at refill time; an entry outside it is younger than every
+    candidate, and a candidate touched since has a new stamp and is skipped, so the first
+    unchanged candidate is the global minimum."""
+    while True:
+        if meta[M_PPOS] >= meta[M_PLEN]:
+            refill_pool(ent, meta[M_N], pool, pstamp, meta)
+        p = meta[M_PPOS]
+        meta[M_PPOS] = p + 1
+        e = np.int64(pool[p])
+        if ent[e, 0] == pstamp[p]:
+            return e
 
 
-@nb.njit(inline="always", cache=True)
-def touch(prev, nxt, meta, e):
-    """Move entry ``e`` to the head (most recently used) of the LRU list."""
-    if meta[M_HEAD] != e:
-        _unlink(prev, nxt, meta, e)
-        _push_head(prev, nxt, meta, e)
+@nb.njit(nogil=True, cache=True)
+def rehash(old_slots, slots, ent, n, nslots):
+    """Rebuild ``slots`` (all free, ``nslots`` slots) from entries 0..n-1 of ``old_slots``."""
+    for e in range(n):
+        key = slot_key(old_slots, ent[e, 1] & LOW)
+        s = probe(slots, key, home(key, nslots), nslots)
+        set_slot(slots, ent, -s - 1, key, e)
