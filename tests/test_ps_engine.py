@@ -257,3 +257,36 @@ def test_memory_close_to_raw():
     s = store.stats()
     assert s["raw_bytes_per_entry"] == 8 + 16 * 4 * 2
     assert s["bytes_per_entry"] / s["raw_bytes_per_entry"] < 1.3
+
+
+def test_eviction_inside_a_batch_follows_batch_order():
+    """A batch that evicts sees recency as of each position: the first new id evicts 0, the LRU
+    entry, even though 0 comes later in the same batch (and is then re-inserted, evicting 1)."""
+    store = EmbeddingStore(5, num_shards=1, optimizer=SGDSpec(0.1))
+    store.lookup(u64(0, 1, 2, 3, 4), 4, train=True)
+    store.lookup(u64(10, 0), 4, train=True)
+    assert stored(store) == {0, 2, 3, 4, 10}
+
+
+@pytest.mark.parametrize("admit", [1.0, 0.7])
+def test_lru_exact_with_eviction_pool_smaller_than_capacity(admit):
+    """Capacity 3000 (eviction pool of 1024 candidates, refilled many times), duplicates in
+    batches, hits and misses mixed, some batches evicting and some not: same set as an exact LRU."""
+    rng = np.random.default_rng(11)
+    space = rng.integers(0, 2**64, 6000, dtype=np.uint64)
+    hp = EmbeddingHyperparams(admit_probability=admit)
+    store = EmbeddingStore(3000, num_shards=1, hyperparams=hp, optimizer=SGDSpec(0.1), seed=5)
+    ref: OrderedDict[int, None] = OrderedDict()
+    for step in range(40):
+        hot = space[: rng.integers(500, 6000)]
+        batch = rng.choice(hot, size=rng.integers(1, 1500))
+        store.lookup(batch, 4, train=True)
+        kept = stored(store)
+        for k in batch.tolist():
+            if k in ref:
+                ref.move_to_end(k)
+            elif admit == 1.0 or k in kept:  # refused ids are never stored (seeded: deterministic)
+                ref[k] = None
+                if len(ref) > 3000:
+                    ref.popitem(last=False)
+        assert kept == set(ref), step
