@@ -141,12 +141,15 @@ def _rows_of(es, ent, arena_id, stamp0):
 
 @nb.njit(inline="always", cache=True)
 def _warm_row(arena, rows, k):
-    """Prefetch the first and last line of the row of id k + PREFETCH (pass 3)."""
+    """Prefetch every cache line of the row of id k + PREFETCH (pass 3); rows need not be
+    line-aligned, so the last element is prefetched too."""
     if k + PREFETCH < rows.shape[0]:
         r = rows[k + PREFETCH]
         if r >= 0:
-            prefetch(arena[r], 0)
-            prefetch(arena[r], arena.shape[1] - 1)
+            w = arena.shape[1]
+            for j in range(0, w, 16):
+                prefetch(arena[r], j)
+            prefetch(arena[r], w - 1)
 
 
 @nb.njit(inline="always", cache=True)
@@ -289,6 +292,7 @@ def update_rows(ids, pos, grads, arena, arena_id, slots, ent, meta, opt, bound, 
     rows = _rows_of(es, ent, arena_id, np.int64(-1))
     unknown = 0
     nonfinite = 0
+    tmp = np.empty(dim, dtype=np.float64)
     for k in range(pos.shape[0]):
         _warm_row(arena, rows, k)
         i = pos[k]
@@ -300,7 +304,7 @@ def update_rows(ids, pos, grads, arena, arena_id, slots, ent, meta, opt, bound, 
         if r < 0:
             unknown += 1
             continue
-        apply(arena[r], g, dim, opt, bound)
+        apply(arena[r], g, dim, opt, bound, tmp)
         applied[i] = True
     return unknown, nonfinite
 

@@ -93,8 +93,10 @@ def finite(g):
 
 
 @nb.njit(inline="always", cache=True)
-def apply(row, g, dim, opt, bound):
-    """One optimizer step on ``row`` with gradient ``g``, then clip the embedding to ``bound``."""
+def apply(row, g, dim, opt, bound, tmp):
+    """One optimizer step on ``row`` with gradient ``g``, then clip the embedding to ``bound``.
+    ``tmp`` is float64 scratch of at least ``dim`` values (lets the square roots run as their
+    own vectorizable loop; the arithmetic is the same, in the same order)."""
     kind = np.int64(opt[0])
     lr = opt[1]
     wd = opt[2]
@@ -125,10 +127,12 @@ def apply(row, g, dim, opt, bound):
             row[dim] = np.float32(a * gsm + sq / dim)
         else:
             for j in range(dim):
+                tmp[j] = math.sqrt(np.float64(row[dim + j]) + eps)
+            for j in range(dim):
                 gj = np.float64(g[j])
                 w = np.float64(row[j])
                 a = np.float64(row[dim + j])
-                row[j] = np.float32(w - lr * (gj + wd * w) / math.sqrt(a + eps))
+                row[j] = np.float32(w - lr * (gj + wd * w) / tmp[j])
                 row[dim + j] = np.float32(a * gsm + gj * gj)
     elif kind == ADAM:
         b1 = opt[3]
