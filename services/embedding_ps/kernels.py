@@ -190,7 +190,7 @@ def _redim(ent, e, free, ameta, arena_id, orphans, n_orphans):
     return r, n_orphans + 1
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(nogil=True, cache=True, boundscheck=False)  # not inlined: two call sites, misses only
 def _train_one(ids, i, key, h, out, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta,
                hyper, opt, salt, orphans, n_orphans):  # fmt: skip
     """Sequential training lookup of one id (probe, touch or admit/insert, copy out)."""
