@@ -149,6 +149,10 @@ async def test_nan_gradient_slot_is_skipped_and_counted(services, configs, clien
     np.testing.assert_array_equal(again["embeddings"][0]["data"], out["embeddings"][0]["data"])
     metrics = await (await client._get_session().get(f"{w.url}/metrics")).text()
     assert 'pyrsia_ew_nan_skipped_slots_total{slot="user"} 1.0' in metrics
+    # the first lookup is sampled for the unique-id rate: 5 ids of slot "user", each distinct or not
+    users = len(np.unique(batch.id_type_features[0].data))
+    assert 'pyrsia_ew_sampled_slot_ids_total{slot="user"} 5.0' in metrics
+    assert f'pyrsia_ew_sampled_slot_unique_ids_total{{slot="user"}} {float(users)}' in metrics
 
 
 async def test_back_pressure_duplicates_and_dropped_references(services, configs, client):

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ from shared.validate import as_array, as_bool, as_dict, as_float, as_int, as_lis
 log = logging.getLogger(__name__)
 
 MAX_FEATURES = 4096
+UNIQUE_RATE_SAMPLING = 8
+"""Distinct ids per slot are counted on every 8th batch (the count costs a pass over the ids)."""
 GRADIENT_BUFFER_FACTOR = 4
 """The gradient buffer holds this many times ``forward_buffer_size`` batches at most."""
 
@@ -65,6 +67,7 @@ class Worker:
     executor: ThreadPoolExecutor
     metrics: dict[str, Any]
     direct_ids: itertools.count
+    lookups: itertools.count = field(default_factory=itertools.count)
 
     async def in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -110,12 +113,20 @@ class Worker:
         answers = await self.ps.lookup(
             replica_lookups(prepared), train=train and pending.requires_grad
         )
-        pooled = await self.in_thread(
-            lambda: pool_forward(prepared, scatter_responses(prepared, answers))
-        )
+        sample = next(self.lookups) % UNIQUE_RATE_SAMPLING == 0
+
+        def pool() -> tuple[list[np.ndarray], list[int] | None]:
+            pooled = pool_forward(prepared, scatter_responses(prepared, answers))
+            uniques = [p.unique_count() for p in prepared.slots] if sample else None
+            return pooled, uniques
+
+        pooled, uniques = await self.in_thread(pool)
         self.metrics["lookup_latency"].observe(time.perf_counter() - started)
-        for plan in prepared.slots:
+        for i, plan in enumerate(prepared.slots):
             self.metrics["slot_ids"].labels(slot=plan.name).inc(plan.inverse.shape[0])
+            if uniques is not None:
+                self.metrics["sampled_slot_ids"].labels(slot=plan.name).inc(plan.inverse.shape[0])
+                self.metrics["sampled_slot_unique_ids"].labels(slot=plan.name).inc(uniques[i])
         for dim, group in prepared.groups.items():
             self.metrics["unique_ids"].labels(dim=str(dim)).inc(group.ids.shape[0])
         return [{"name": p.name, "data": t} for p, t in zip(prepared.slots, pooled, strict=True)]
@@ -281,6 +292,18 @@ def _metrics(app: web.Application, worker_ref: list[Worker]) -> dict[str, Any]:
     return {
         "slot_ids": prom.Counter(
             "pyrsia_ew_slot_ids", "ids looked up per slot", ["slot"], registry=reg
+        ),
+        "sampled_slot_ids": prom.Counter(
+            "pyrsia_ew_sampled_slot_ids",
+            "ids per slot in sampled batches (with the next metric: the unique-id rate per slot)",
+            ["slot"],
+            registry=reg,
+        ),
+        "sampled_slot_unique_ids": prom.Counter(
+            "pyrsia_ew_sampled_slot_unique_ids",
+            "distinct ids per slot in sampled batches",
+            ["slot"],
+            registry=reg,
         ),
         "unique_ids": prom.Counter(
             "pyrsia_ew_unique_ids", "distinct ids looked up per dim group", ["dim"], registry=reg
