@@ -1,0 +1,338 @@
+"""End-to-end benchmark: Pyrsia's whole pipeline vs a single PyTorch process, same model, same batches.
+
+The DLRM-style model of ``benchmarks/e2e/model.py`` (one dim-16 embedding per slot, a
+small bottom MLP for the dense features, top MLP 512-256-1) is trained two ways:
+
+(a) Pyrsia: redis-server, one embedding PS, one embedding worker, the NN worker
+    (``persia-launcher nn-worker benchmarks/e2e/train.py --nproc-per-node 1``) and one data
+    loader (``persia-launcher data-loader benchmarks/e2e/data_loader.py``), all real
+    processes on loopback; every one must exit 0.
+(b) ``benchmarks.baseline.train_single_process``: ``nn.EmbeddingBag`` (sparse) + sparse
+    Adagrad, dense Adam, in this process.
+
+Same batches (batch size 1,024, same order: the NN worker hands them out in batch-id
+order), same number of steps, same hyperparameters (``e2e/model.py``). samples/s is
+training samples over the wall time of the training loop only (Pyrsia: measured inside
+train.py from the first batch in hand to the last gradients applied; start-up and
+evaluation are reported separately). Each side runs at each ``--threads`` count and the
+best is kept. Data: the real Census-Income (KDD) set (one epoch, test AUC on the test
+split; UCI, Lane & Kohavi 2000, CC BY 4.0) and a Criteo-shaped synthetic set.
+
+Also reported: each process's CPU share over the training window (``/proc``), the
+services' ``/metrics`` latency means, and where train.py's loop spends its time
+(waiting for the next looked-up batch, forward, backward, final flush). Ends with::
+
+    RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
+
+    python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--criteo-rows 200000] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import REPO, Cluster, fmt_rate, print_table, write_json
+
+sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
+
+from baseline import array_batches, train_single_process  # noqa: E402
+from e2e import data as e2e_data  # noqa: E402
+from e2e.model import (  # noqa: E402
+    ADAGRAD_EPS,
+    DENSE_LR,
+    EMBEDDING_DIM,
+    EMBEDDING_LR,
+    INIT_RANGE,
+    INITIAL_ACCUMULATOR,
+    SEED,
+    build_model,
+)
+from e2e.procs import CpuSampler, scrape_histograms  # noqa: E402
+
+from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
+from tests.redis_server import free_port  # noqa: E402
+
+E2E = REPO / "benchmarks" / "e2e"
+BATCH = 1024
+RUN_TIMEOUT_S = 1800.0
+
+
+# ------------------------------------------------------------------------------- Pyrsia
+def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
+               staleness: int, max_steps: int, profile: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits."""
+    result_path = tmp / f"result-{threads}-{time.monotonic_ns()}.json"
+    env = {
+        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
+        "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
+        "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
+    }  # fmt: skip
+    if profile:
+        env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
+    flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
+             "--port", "0", "--replica-index", "0", "--replica-size", "1"]  # fmt: skip
+    sampler = CpuSampler()
+    t_launch = time.time()
+    with Cluster(log_dir=tmp) as cluster:
+        sampler.track("redis", cluster.redis.proc.pid)
+        full_env = {**os.environ, **cluster.env, **env, "PYTHONUNBUFFERED": "1"}
+        launcher = [sys.executable, "-m", "persia.launcher"]
+        logs = {name: open(tmp / f"{name}-{threads}.log", "wb") for name in ("nn", "dl")}  # noqa: SIM115
+        children: list[subprocess.Popen] = []
+        try:
+            # The NN worker and the data loader start first (they wait for the registry), so
+            # their imports overlap the servers' start-up.
+            nn = subprocess.Popen(
+                [*launcher, "nn-worker", str(E2E / "train.py"), "--nproc-per-node", "1",
+                 "--master-port", str(free_port())],
+                cwd=REPO, env=full_env, stdout=logs["nn"], stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            children.append(nn)
+            sampler.track("nn_worker", nn.pid)
+            dl = subprocess.Popen(
+                [*launcher, "data-loader", str(E2E / "data_loader.py"), "--exit-when-done"],
+                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            children.append(dl)
+            sampler.track("data_loader", dl.pid)
+            ps = cluster.start(
+                "services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
+            )
+            sampler.track("embedding_ps", ps.proc.pid)
+            ew = cluster.start(
+                "services.embedding_worker", flags, role=ROLE_EMBEDDING_WORKER, wait_ready=False
+            )
+            sampler.track("embedding_worker", ew.proc.pid)
+            sampler.start()
+            t_services = time.time()
+            nn_code = nn.wait(timeout=RUN_TIMEOUT_S)
+            dl_code = dl.wait(timeout=60)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            for fh in logs.values():
+                fh.close()
+        metrics = {
+            "embedding_worker": scrape_histograms(ew.url),
+            "embedding_ps": scrape_histograms(ps.url),
+        }
+        sampler.stop()
+        codes = {"nn_worker": nn_code, "data_loader": dl_code}
+        codes.update(zip(("embedding_worker", "embedding_ps"), cluster.stop(), strict=True))
+    bad = {k: v for k, v in codes.items() if v != 0}
+    if bad or not result_path.exists():
+        tail = (tmp / f"nn-{threads}.log").read_text(errors="replace")[-3000:]
+        tail_dl = (tmp / f"dl-{threads}.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(
+            f"Pyrsia run failed, exit codes {codes}\n--- nn worker\n{tail}\n--- data loader\n{tail_dl}"
+        )
+    res = json.loads(result_path.read_text())
+    res["startup_s"] = res["t_first"] - t_launch
+    res["services_registered_s"] = t_services - t_launch
+    res["ctx_ready_s"] = res["t_ready"] - t_launch
+    res["cpu"] = sampler.window(res["t_first"], res["t_end"])
+    res["cpu_s"] = sum(v["cpu_s"] for v in res["cpu"].values())
+    res["metrics"] = metrics
+    res["exit_codes"] = codes
+    return res
+
+
+# ------------------------------------------------------------------------------- baseline
+def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int) -> dict[str, Any]:
+    """The single-process PyTorch run on the same batches (``threads`` torch threads)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    cpu: list[float] = []
+
+    def timed(batches):  # CPU seconds of this process from the first batch to the loop's end
+        cpu.append(time.process_time())
+        yield from batches
+        cpu.append(time.process_time())
+
+    try:
+        res = train_single_process(
+            array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], BATCH),
+            array_batches(data["test_cat_ids"], data["test_dense"], data["test_label"], 4096),
+            slot_sizes=[int(c) for c in data["cardinalities"]],
+            dim=EMBEDDING_DIM,
+            model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
+            embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
+            initial_accumulator_value=INITIAL_ACCUMULATOR, eps=ADAGRAD_EPS,
+            emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=timed,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(previous)
+    res["threads"] = threads
+    res["cpu_s"] = cpu[-1] - cpu[0] if len(cpu) == 2 else float("nan")
+    res["first_losses"], res["last_losses"] = res["losses"][:3], res["losses"][-3:]
+    del res["losses"]
+    return res
+
+
+# ------------------------------------------------------------------------------- report
+def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace,
+                  max_steps: int) -> dict[str, Any]:  # fmt: skip
+    data = e2e_data.load(data_path)
+    configs = e2e_data.write_configs(data, tmp)
+    runs: dict[str, list[dict[str, Any]]] = {"pyrsia": [], "baseline": []}
+    for threads in args.threads:
+        print(f"[{name}] Pyrsia pipeline, {threads} torch thread(s) ...", flush=True)
+        runs["pyrsia"].append(run_pyrsia(data_path, configs, tmp, threads=threads,
+                                         staleness=args.staleness, max_steps=max_steps,
+                                         profile=args.profile))  # fmt: skip
+        print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
+        runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
+    best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
+    p, b = best["pyrsia"], best["baseline"]
+    if p["steps"] != b["steps"]:
+        raise RuntimeError(f"{name}: Pyrsia ran {p['steps']} steps, the baseline {b['steps']}")
+    return {
+        "dataset": name, "train_rows": len(data["train_label"]), "test_rows": len(data["test_label"]),
+        "slots": len(data["slot_names"]), "dense": int(data["train_dense"].shape[1]),
+        "batch_size": BATCH, "steps": p["steps"], "runs": runs, "pyrsia": p, "baseline": b,
+        "ratio": p["samples_per_s"] / b["samples_per_s"],
+    }  # fmt: skip
+
+
+def print_report(results: list[dict[str, Any]]) -> None:
+    rows = []
+    for r in results:
+        for side in ("pyrsia", "baseline"):
+            for run in r["runs"][side]:
+                rows.append({
+                    "data": r["dataset"], "side": side, "threads": run["threads"], "steps": run["steps"],
+                    "train_s": f"{run['train_seconds']:.2f}", "samples/s": fmt_rate(run["samples_per_s"]),
+                    "auc": f"{run['auc']:.4f}", "cpu_ms/step": f"{1e3 * run['cpu_s'] / run['steps']:.0f}",
+                    "best": "*" if run is r[side] else "",
+                })  # fmt: skip
+    print()
+    print_table(
+        rows,
+        [
+            (k, k)
+            for k in (
+                "data",
+                "side",
+                "threads",
+                "steps",
+                "train_s",
+                "samples/s",
+                "auc",
+                "cpu_ms/step",
+                "best",
+            )
+        ],
+    )
+    print()
+    print_table(
+        [{"data": r["dataset"], "pyrsia": fmt_rate(r["pyrsia"]["samples_per_s"]),
+          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratio']:.3f}",
+          "auc_pyrsia": f"{r['pyrsia']['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
+          "auc_gap": f"{r['pyrsia']['auc'] - r['baseline']['auc']:+.4f}",
+          "startup_s": f"{r['pyrsia']['startup_s']:.1f}", "eval_s": f"{r['pyrsia']['eval_seconds']:.1f}"}
+         for r in results],
+        [(k, k) for k in ("data", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
+                          "auc_gap", "startup_s", "eval_s")],
+    )  # fmt: skip
+    for r in results:
+        p = r["pyrsia"]
+        split = ", ".join(f"{k} {v:.2f}s" for k, v in p["split_seconds"].items())
+        print(
+            f"\n[{r['dataset']}] Pyrsia start-up: servers registered {p['services_registered_s']:.1f}s, "
+            f"TrainCtx entered {p['ctx_ready_s']:.1f}s, first batch {p['startup_s']:.1f}s"
+        )
+        print(f"[{r['dataset']}] Pyrsia loop ({p['train_seconds']:.2f}s): {split}")
+        cpu = ", ".join(
+            f"{k} {v['cores']:.2f}"
+            for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
+        )
+        print(f"[{r['dataset']}] CPU cores used during training (2 available): {cpu}")
+        for svc, hists in p["metrics"].items():
+            text = ", ".join(
+                f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
+                for k, v in hists.items()
+                if v["count"]
+            )
+            print(f"[{r['dataset']}] {svc} /metrics means: {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny smoke run (20 steps, 1 thread, < 60 s)"
+    )
+    parser.add_argument(
+        "--threads", default="1,2", help="torch thread counts to try on each side (default 1,2)"
+    )
+    parser.add_argument(
+        "--criteo-rows",
+        type=int,
+        default=200_000,
+        help="training rows of the Criteo-shaped set (0 skips it; default 200,000)",
+    )
+    parser.add_argument(
+        "--staleness", type=int, default=8, help="embedding staleness bound of the NN worker"
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="keep the data, configs and every process's log here (default: a temp dir)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile train.py's training loop into --log-dir/train-<threads>.prof",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    try:
+        args.threads = [int(t) for t in args.threads.split(",")]
+        if not args.threads or min(args.threads) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(
+            f"--threads: expected positive integers separated by commas, got {args.threads!r}"
+        )
+    if args.criteo_rows < 0 or args.staleness < 1:
+        parser.error("--criteo-rows: expected >= 0; --staleness: expected >= 1")
+    quick_steps = 20
+    if args.quick:
+        args.threads, args.criteo_rows = args.threads[:1], 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pyrsia-e2e-") as tmp_name:
+        tmp = Path(tmp_name) if args.log_dir is None else args.log_dir
+        tmp.mkdir(parents=True, exist_ok=True)
+        caps = dict(max_train_rows=quick_steps * BATCH, max_test_rows=8192) if args.quick else {}
+        census = e2e_data.prepare("census", tmp / "census.npz", **caps)
+        results.append(bench_dataset("census", census, tmp, args, 0))
+        if args.criteo_rows:
+            criteo = e2e_data.prepare("criteo", tmp / "criteo.npz", criteo_rows=args.criteo_rows)
+            results.append(bench_dataset("criteo", criteo, tmp, args, 0))
+    print_report(results)
+    path = write_json("e2e_bench", {"quick": args.quick, "results": results}, args.json)
+    print(f"\nJSON: {path}")
+    r = results[0]
+    print(
+        f"RESULT pyrsia_samples_per_s={r['pyrsia']['samples_per_s']:.1f} "
+        f"baseline_samples_per_s={r['baseline']['samples_per_s']:.1f} ratio={r['ratio']:.3f} "
+        f"pyrsia_auc={r['pyrsia']['auc']:.4f} baseline_auc={r['baseline']['auc']:.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
