@@ -1,7 +1,9 @@
 """Asynchronous return of embedding gradients to the embedding workers (data-flow step 6).
 
 ``TrainCtx.backward`` hands each batch's gradients to :class:`BackwardEngine` and goes
-on with the next batch. At most ``buffer_size`` batches are in flight (the caller
+on with the next batch without a round trip to the event loop (a thread-safe
+semaphore counts the batches in flight; the send is scheduled with
+``call_soon_threadsafe``). At most ``buffer_size`` batches are in flight (the caller
 blocks when that many are unanswered) and at most ``workers_size`` requests are on
 the wire at once. A send that fails is kept and raised at the next ``submit`` /
 ``raise_pending`` / ``flush``, so an error is never silently lost; ``flush`` waits
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 
 import numpy as np
 
 from services.nn_worker.embedding_client import EmbeddingWorkerClient
-from services.nn_worker.runtime import Runtime
+from services.nn_worker.runtime import Runtime, RuntimeClosedError
 from shared.errors import PersiaError
 
 log = logging.getLogger(__name__)
@@ -42,16 +45,11 @@ class BackwardEngine:
         self.client = client
         self.buffer_size = buffer_size
         self.workers_size = workers_size
-        self._slots: asyncio.Semaphore | None = None
+        self._free = threading.BoundedSemaphore(buffer_size)
         self._senders: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task] = set()
         self._errors: list[BaseException] = []
         self.sent = 0
-
-    async def _init(self) -> None:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.buffer_size)
-            self._senders = asyncio.Semaphore(self.workers_size)
 
     def submit(
         self,
@@ -67,18 +65,26 @@ class BackwardEngine:
         releases the batch's embedding-staleness permit).
         """
         self.raise_pending()
-        self.runtime.run(self._enqueue(worker, batch_id, loss_scale, grads, on_done))
+        loop = self.runtime.loop
+        while not self._free.acquire(timeout=1.0):
+            if not self.runtime.running:
+                raise RuntimeClosedError("the NN-worker runtime has been stopped")
+        try:
+            loop.call_soon_threadsafe(self._start, worker, batch_id, loss_scale, grads, on_done)
+        except BaseException:
+            self._free.release()
+            raise
 
-    async def _enqueue(self, worker, batch_id, loss_scale, grads, on_done) -> None:
-        await self._init()
-        assert self._slots is not None
-        await self._slots.acquire()
+    def _start(self, worker, batch_id, loss_scale, grads, on_done) -> None:
+        """On the loop: start the send task (callbacks run in order, so ``flush`` sees it)."""
+        if self._senders is None:
+            self._senders = asyncio.Semaphore(self.workers_size)
         task = asyncio.create_task(self._send(worker, batch_id, loss_scale, grads, on_done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, worker, batch_id, loss_scale, grads, on_done) -> None:
-        assert self._slots is not None and self._senders is not None
+        assert self._senders is not None
         try:
             async with self._senders:
                 await self.client.gradients(worker, batch_id, loss_scale, grads)
@@ -91,7 +97,7 @@ class BackwardEngine:
             )
             self._errors.append(exc)
         finally:
-            self._slots.release()
+            self._free.release()
             if on_done is not None:
                 on_done()
 
