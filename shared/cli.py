@@ -41,10 +41,17 @@ def add_config_flags(parser: argparse.ArgumentParser, *, embedding: bool = True)
 
 
 def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0) -> None:
-    parser.add_argument("--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)")
-    parser.add_argument("--replica-size", type=int, default=1, help="number of replicas of this service (default 1)")
     parser.add_argument(
-        "--port", type=int, default=port_default, help=f"port to listen on; 0 picks a free one (default {port_default})"
+        "--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)"
+    )
+    parser.add_argument(
+        "--replica-size", type=int, default=1, help="number of replicas of this service (default 1)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=port_default,
+        help=f"port to listen on; 0 picks a free one (default {port_default})",
     )
     parser.add_argument(
         "--host",

@@ -7,7 +7,8 @@ from shared.errors import ProtocolError
 
 
 @pytest.mark.parametrize(
-    "dtype", ["bool", "int8", "int16", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64"]
+    "dtype",
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64"],
 )
 def test_arrays_round_trip_every_dtype(dtype):
     arr = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
@@ -31,8 +32,22 @@ def test_empty_and_non_contiguous_arrays():
 
 
 def test_scalars_and_containers():
-    msg = {"s": "x", "b": b"\x00\x01", "n": None, "l": [1, 2.5, True], "t": (1, 2), "np": np.float32(2)}
-    assert unpackb(packb(msg)) == {"s": "x", "b": b"\x00\x01", "n": None, "l": [1, 2.5, True], "t": [1, 2], "np": 2.0}
+    msg = {
+        "s": "x",
+        "b": b"\x00\x01",
+        "n": None,
+        "l": [1, 2.5, True],
+        "t": (1, 2),
+        "np": np.float32(2),
+    }
+    assert unpackb(packb(msg)) == {
+        "s": "x",
+        "b": b"\x00\x01",
+        "n": None,
+        "l": [1, 2.5, True],
+        "t": [1, 2],
+        "np": 2.0,
+    }
 
 
 def test_object_dtype_refused_both_ways():
@@ -52,7 +67,9 @@ def test_garbage_and_truncated_payloads_are_protocol_errors():
     with pytest.raises(ProtocolError):
         unpackb(good[:-8])
     header = msgpack.packb(["<f4", [1000]])
-    short = msgpack.packb(msgpack.ExtType(42, len(header).to_bytes(2, "little") + header + b"\0" * 8))
+    short = msgpack.packb(
+        msgpack.ExtType(42, len(header).to_bytes(2, "little") + header + b"\0" * 8)
+    )
     with pytest.raises(ProtocolError, match="needs"):
         unpackb(short)
 

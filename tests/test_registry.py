@@ -8,7 +8,9 @@ from tests.redis_server import RedisServer
 
 
 def rec(role, i, n=2, port=1000):
-    return ServiceRecord(role=role, replica_index=i, replica_size=n, address=f"127.0.0.1:{port + i}")
+    return ServiceRecord(
+        role=role, replica_index=i, replica_size=n, address=f"127.0.0.1:{port + i}"
+    )
 
 
 async def test_register_discover_deregister(registry_settings):
