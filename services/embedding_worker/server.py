@@ -1,4 +1,4 @@
-"""The embedding worker's HTTP routes (see /work protocol table in the README).
+"""The embedding worker's HTTP routes (the whole protocol: PROTOCOL.md).
 
 Data loaders POST a batch's id features to ``/batch``; the worker preprocesses them
 at once (validation, hash stack, prefix, dedup, routing) and buffers the result.

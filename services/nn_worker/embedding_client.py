@@ -3,7 +3,7 @@
 The embedding workers are found either through the Redis registry (training and
 evaluation jobs) or from a fixed ``host:port`` list (``InferCtx``, which needs no
 registry). Every call goes through the process's one :class:`HttpClient` and
-returns validated numpy arrays; the protocol is /work/notes/protocol.md.
+returns validated numpy arrays; the protocol is PROTOCOL.md.
 
 Embedding layout per slot, as the worker answers it::
 

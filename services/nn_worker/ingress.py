@@ -1,6 +1,6 @@
 """The batch ingress each NN-worker rank hosts for the data loaders (data-flow step 2).
 
-Routes (msgpack, /work/notes/protocol.md)::
+Routes (msgpack, PROTOCOL.md)::
 
     POST /ingress {"loader", "batch_id", "worker", "dense": dense_part} -> {}
          429 when the bounded queue is full, 409 for a batch id already received
