@@ -12,7 +12,6 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	# torch first: the CPU wheel on this machine's disk; a bare "torch" would pull a CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[dev]'
