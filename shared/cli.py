@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from shared.config import GlobalConfig, default_global_config, load_global_config
 from shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
 
 EXIT_USAGE = 2
@@ -85,6 +86,14 @@ def resolve_file(flag_value: str | None, flag: str, env: str, *, required: bool)
     if not path.is_file():
         raise UsageError(f"{path}: no such file (set by {source})")
     return path
+
+
+def global_config_from_flags(args: argparse.Namespace) -> GlobalConfig:
+    """``--global-config`` or ``$PERSIA_GLOBAL_CONFIG`` loaded, else the built-in defaults."""
+    path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+    if path is None:
+        return default_global_config()
+    return load_global_config(path, strict=args.strict_config)
 
 
 def fail(message: str) -> int:

@@ -15,10 +15,11 @@ from shared.cli import (
     add_replica_flags,
     check_replica_flags,
     fail,
+    global_config_from_flags,
     resolve_file,
 )
-from shared.config import JobType, default_global_config, load_global_config
-from shared.constants import DEFAULT_PS_PORT, ENV_GLOBAL_CONFIG, ROLE_EMBEDDING_PS
+from shared.config import JobType
+from shared.constants import DEFAULT_PS_PORT, ENV_EMBEDDING_CONFIG, ROLE_EMBEDDING_PS
 from shared.errors import ConfigError, RegistryError
 from shared.logging_setup import configure_logging
 from shared.service import run, run_service
@@ -46,14 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         check_replica_flags(args)
         # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
         resolve_file(
-            args.embedding_config, "--embedding-config", "PERSIA_EMBEDDING_CONFIG", required=False
+            args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
         )
-        path = resolve_file(
-            args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False
-        )
-        config = (
-            load_global_config(path, strict=args.strict_config) if path else default_global_config()
-        )
+        config = global_config_from_flags(args)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     configure_logging(ROLE_EMBEDDING_PS, args.replica_index)

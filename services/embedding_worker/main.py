@@ -12,14 +12,14 @@ from shared.cli import (
     add_replica_flags,
     check_replica_flags,
     fail,
+    global_config_from_flags,
     resolve_file,
 )
-from shared.config import default_global_config, load_embedding_config, load_global_config
+from shared.config import load_embedding_config
 from shared.constants import (
     DEFAULT_EMBEDDING_WORKER_PORT,
     DEFAULT_WAIT_TIMEOUT_S,
     ENV_EMBEDDING_CONFIG,
-    ENV_GLOBAL_CONFIG,
     ROLE_EMBEDDING_WORKER,
 )
 from shared.errors import ConfigError, RegistryError
@@ -55,14 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
         )
         schema = load_embedding_config(emb_path, strict=args.strict_config)
-        glob_path = resolve_file(
-            args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False
-        )
-        config = (
-            load_global_config(glob_path, strict=args.strict_config)
-            if glob_path
-            else default_global_config()
-        )
+        config = global_config_from_flags(args)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     configure_logging(ROLE_EMBEDDING_WORKER, args.replica_index)
