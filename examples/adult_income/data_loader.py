@@ -14,9 +14,8 @@ Environment knobs:
 from __future__ import annotations
 
 import itertools
-import os
 
-from data_prep import load_adult, make_batches
+from data_prep import env_int, load_adult, make_batches
 from tqdm import tqdm
 
 from persia.ctx import DataCtx
@@ -27,20 +26,6 @@ from persia.utils import setup_seed
 logger = get_logger("data_loader")
 
 BATCH_SIZE = 128
-
-
-def env_int(name: str, default: int) -> int:
-    """A non-negative integer from the environment, with an error naming the variable."""
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}") from None
-    if value < 0:
-        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}")
-    return value
 
 
 def main() -> None:

@@ -235,6 +235,20 @@ def prepare_cache(data_dir: str | os.PathLike[str] = DATA_DIR, *, force: bool = 
     return cache
 
 
+def env_int(name: str, default: int) -> int:
+    """A non-negative integer from the environment, with an error naming the variable."""
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}")
+    return value
+
+
 def load_adult(split: Split, data_dir: str | os.PathLike[str] = DATA_DIR) -> AdultData:
     """One split of UCI Adult as :class:`AdultData`, from the cache (built on first use)."""
     if split not in SOURCES:

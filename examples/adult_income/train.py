@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 import torch
-from data_prep import load_adult, make_batches
+from data_prep import env_int, load_adult, make_batches
 from model import DNN
 from tqdm import tqdm
 
@@ -82,20 +82,6 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, loss_fn: torch.nn.Modul
         f"test: {len(all_labels)} samples, loss {sum(losses) / len(all_labels):.4f}, AUC {auc:.4f}"
     )
     return auc
-
-
-def env_int(name: str, default: int) -> int:
-    """A non-negative integer from the environment, with an error naming the variable."""
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}") from None
-    if value < 0:
-        raise SystemExit(f"{name}: expected a non-negative integer, got {raw!r}")
-    return value
 
 
 def main() -> None:
