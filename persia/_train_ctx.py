@@ -284,6 +284,7 @@ class TrainCtx(EmbeddingCtx):
         if self._checkpointer is not None:
             self._checkpointer.record(batch.batch_id)
             self._checkpointer.after_step(self)  # a step boundary: periodic checkpoint if due
+        self.session.report_step(self.update_times)
         return scaled
 
     def _agree(self, finite: bool) -> bool:

@@ -22,12 +22,13 @@ import os
 from collections import deque
 from typing import Any
 
+import prometheus_client as prom
 from aiohttp import web
 
 from shared.auth import auth_token_from_env, check_bind, insecure_from_env
 from shared.constants import DEFAULT_BIND_HOST, ROLE_NN_WORKER, SHUTDOWN_CANCEL_S
 from shared.errors import BackPressureError, ConflictError, InvalidInputError
-from shared.http_server import STATE, make_app, msgpack_handler
+from shared.http_server import METRICS, STATE, make_app, msgpack_handler
 from shared.registry import Registry, RegistrySettings, ServiceRecord
 from shared.service import advertise_host
 from shared.wire.ingress import IngressBatch, LoaderDone
@@ -182,6 +183,13 @@ class Ingress:
         self.address: str | None = None
         self._runner: web.AppRunner | None = None
         self._registry: Registry | None = None
+        self._steps: prom.Gauge | None = None
+
+    def report_step(self, step: int) -> None:
+        """Publish this rank's training step on ``/metrics`` (``pyrsia_nn_worker_steps``), so
+        an operator or a fault harness sees where the job is without touching the loop."""
+        if self._steps is not None:
+            self._steps.set(step)
 
     async def start(self) -> str:
         """Serve, register as ``nn_worker/<rank>``, and return the advertised address.
@@ -193,6 +201,11 @@ class Ingress:
         check_bind(self.host, token=token, insecure=insecure_from_env())
         app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token)
         app[QUEUE] = self.queue
+        self._steps = prom.Gauge(
+            "pyrsia_nn_worker_steps",
+            "training steps this rank has taken (counting those restored by --resume)",
+            registry=app[METRICS],
+        )
         app.router.add_post("/ingress", _ingress)
         app.router.add_post("/done", _done)
         runner = web.AppRunner(

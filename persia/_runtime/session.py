@@ -94,6 +94,11 @@ class Session:
         self._ingress = self.runtime.run(start())
         return self._ingress.queue
 
+    def report_step(self, step: int) -> None:
+        """This rank finished training step ``step`` (shown on its ingress' ``/metrics``)."""
+        if self._ingress is not None:
+            self._ingress.report_step(step)
+
     def close(self) -> None:
         """Stop the ingress (deregistering it) and close the registry connection."""
         ingress, self._ingress = self._ingress, None

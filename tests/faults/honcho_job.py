@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.faults.step_watch import StepWatch
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,6 +109,8 @@ class HonchoJob:
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
+        self.redis_url = ""
+        self.job_id = ""
 
     def _files(self) -> tuple[Path, Path]:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -123,12 +126,14 @@ class HonchoJob:
         global_config = self.workdir / f"{self.name}.global_config.yml"
         global_config.write_text(yaml.safe_dump(config))
         redis_port = free_port()
+        self.job_id = f"faults-{uuid.uuid4().hex[:8]}"
+        self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         overrides = {
             "REDIS_PORT": str(redis_port),
             "PS_PORT": str(free_port()),
             "EMBEDDING_WORKER_PORT": str(free_port()),
-            "PERSIA_JOB_ID": f"faults-{uuid.uuid4().hex[:8]}",
-            "PERSIA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "PERSIA_JOB_ID": self.job_id,
+            "PERSIA_REDIS_URL": self.redis_url,
             "PERSIA_GLOBAL_CONFIG": str(global_config),
             "MASTER_PORT": str(free_port()),  # torchrun's rendezvous: not the shared 29500
             **self.extra_env,
@@ -166,6 +171,13 @@ class HonchoJob:
             )  # fmt: skip
         self.started = time.monotonic()
         return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def steps(self, rank: int = 0) -> StepWatch:
+        """A watch on NN-worker rank ``rank``'s training step (see :mod:`step_watch`)."""
+        return StepWatch(self.redis_url, self.job_id, rank)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,8 +1,11 @@
 """kill -9 of each process of the Adult job under honcho, then ``--resume``.
 
 For each Procfile process in turn (a PS replica, the embedding worker, the NN-worker rank,
-the data loader, Redis) the job runs with a checkpoint every 50 steps; once the first
-checkpoint is committed and training has gone on past it, the process gets SIGKILL.
+the data loader, Redis) the job runs with a checkpoint every 50 steps; the process gets
+SIGKILL as soon as NN-worker rank 0 has finished step 80 (read from its
+``pyrsia_nn_worker_steps`` gauge, see :mod:`tests.faults.step_watch`), so the kill lands
+mid-job on a quiet machine as on a loaded one. The step read at the kill is recorded and
+must be below 60 % of the epoch, and the resume must start from the step-50 checkpoint.
 Honcho then stops the whole job (it names the process and its -9), and the same Procfile
 with ``--resume`` on the nn_worker and data_loader lines finishes the epoch.
 
@@ -25,6 +28,8 @@ Results go to ``bench_results/faults.json`` (the README table quotes them).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -37,6 +42,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 EPOCH_STEPS = 255  # Adult training split, batch size 128
 AUC_TOLERANCE = 0.005
 CHECKPOINT_EVERY = 50
+KILL_AT_STEP = 80  # after the step-50 checkpoint: steps 51..80 are rolled back and replayed
+MID_JOB_LIMIT = 0.6  # the kill must land before 60 % of the epoch
 FAULTS = [
     "embedding_parameter_server",
     "embedding_worker",
@@ -98,14 +105,14 @@ def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
 ):
     ckpt = tmp_path / "ckpt"
     job = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, name="faulted").start()
-    deadline = time.monotonic() + 300
-    while latest_complete(ckpt) is None:
-        assert time.monotonic() < deadline, job.log_text()[-3000:]
-        assert job.proc.poll() is None, job.log_text()[-3000:]
-        time.sleep(0.1)
-    time.sleep(1.5)  # train on past the checkpoint: those steps must be rolled back and replayed
+    pid = job.pid_of(target)  # found first: the kill must follow the step read at once
+    watch = job.steps()
+    step_at_kill = watch.wait_for(KILL_AT_STEP, alive=job.running)
+    os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    job.kill(target)
+    step_after_kill = watch.step()  # None once the rank is gone
+    at_kill = latest_complete(ckpt)  # read now: keep_checkpoints prunes it after the resume
+    checkpoint_step_at_kill = (read_manifest(at_kill) or {}).get("step") if at_kill else None
     first = job.wait(timeout_s=120)
     stopped_s = time.monotonic() - killed_at
     honcho_entry = "nn_worker" if target == "nn_worker_rank" else target
@@ -139,6 +146,9 @@ def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
     delta = abs(final.auc - unfaulted.auc)
     row = {
         "outcome": outcome,
+        "step_at_kill": step_at_kill,
+        "step_read_after_kill": step_after_kill,
+        "epoch_steps": EPOCH_STEPS,
         "killed_after_checkpoint_step": base.get("step"),
         "auc": final.auc,
         "auc_delta": round(delta, 4),
@@ -150,5 +160,10 @@ def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
     }
     _record(f"kill9_{target}", row)
     print(f"kill -9 {target}: {row}")
+    # mid-job: past the first checkpoint, before the second, well before the end
+    assert checkpoint_step_at_kill == CHECKPOINT_EVERY, row
+    assert KILL_AT_STEP <= step_at_kill < MID_JOB_LIMIT * EPOCH_STEPS, row
+    if outcome != "completed":
+        assert base["step"] == CHECKPOINT_EVERY, row  # no checkpoint after the kill
     assert lost == 0, row
     assert delta <= AUC_TOLERANCE, row

@@ -1,17 +1,20 @@
 """kill -9 of one PS replica of three in ``Procfile.multi`` (two NN-worker ranks, two embedding
 workers, two data loaders), then ``--resume``: the checkpoint is one point in time across the
 three shards and both ranks, so no acknowledged update is lost and every batch of the epoch
-is trained exactly once (see test_kill9.py for how the figures are defined)."""
+is trained exactly once (see test_kill9.py for how the figures are defined). The replica is
+killed when rank 0 has finished step 30 of its 127 (checkpoints every 20 steps)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
 from persia._runtime.job_checkpoint import latest_complete, read_manifest
 from tests.faults.honcho_job import HonchoJob
-from tests.faults.test_kill9 import AUC_TOLERANCE, _record
+from tests.faults.test_kill9 import AUC_TOLERANCE, MID_JOB_LIMIT, _record
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -21,6 +24,7 @@ CHECKPOINT_EVERY = 20  # steps per rank: 40 batches of the job
 # known limit with an odd batch count, not a fault of this test).
 BATCHES_PER_LOADER = 127
 EPOCH_STEPS = 2 * BATCHES_PER_LOADER
+KILL_AT_STEP = 30  # rank 0's step: after the step-20 checkpoint, before the step-40 one
 
 
 def _job(make, work, ckpt, name, *, resume=False) -> HonchoJob:
@@ -38,13 +42,12 @@ def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, 
 
     ckpt = tmp_path / "ckpt"
     job = _job(honcho_jobs, tmp_path, ckpt, "faulted").start()
-    deadline = time.monotonic() + 300
-    while latest_complete(ckpt) is None:
-        assert time.monotonic() < deadline and job.proc.poll() is None, job.log_text()[-3000:]
-        time.sleep(0.1)
-    time.sleep(1.0)
+    pid = job.pid_of("embedding_parameter_server", replica_index=1)
+    step_at_kill = job.steps(rank=0).wait_for(KILL_AT_STEP, alive=job.running)
+    os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    job.kill("embedding_parameter_server", replica_index=1)
+    at_kill = latest_complete(ckpt)
+    checkpoint_step_at_kill = (read_manifest(at_kill) or {}).get("step") if at_kill else None
     first = job.wait(timeout_s=120)
     stopped_s = time.monotonic() - killed_at
     assert first.stops.get("embedding_parameter_server_1") == "-9", first.stops
@@ -58,6 +61,8 @@ def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, 
     lost = unfaulted.updates_applied - (base["updates_applied_total"] + final.updates_applied)
     row = {
         "outcome": "stopped, resumed",
+        "step_at_kill": step_at_kill,
+        "steps_per_rank": BATCHES_PER_LOADER,
         "killed_after_checkpoint_step": base["step"],
         "auc": final.auc,
         "auc_delta": round(abs(final.auc - unfaulted.auc), 4),
@@ -70,6 +75,8 @@ def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, 
     }
     _record("kill9_multi_ps_replica_1_of_3", row)
     print(f"kill -9 PS replica 1 of 3 (Procfile.multi): {row}")
+    assert checkpoint_step_at_kill == base["step"] == CHECKPOINT_EVERY, row
+    assert KILL_AT_STEP <= step_at_kill < MID_JOB_LIMIT * BATCHES_PER_LOADER, row
     assert base["trained_batches"] + final.total_steps == EPOCH_STEPS, row
     assert lost == 0, row
     assert row["auc_delta"] <= AUC_TOLERANCE, row
