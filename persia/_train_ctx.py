@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+from functools import partial
 
 import torch
 
@@ -25,7 +26,7 @@ from persia import env
 from persia._runtime import job_checkpoint
 from persia._runtime.backward import BackwardEngine
 from persia._runtime.checkpointer import PeriodicCheckpointer
-from persia._runtime.features import all_finite, collect_gradients
+from persia._runtime.features import gradient_arrays, gradients_finite
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.precision import Precision
 from persia._runtime.step_clock import StepClock
@@ -261,18 +262,17 @@ class TrainCtx(EmbeddingCtx):
         scaled, scale = self._precision.scale(loss)
         scaled.backward()
         clock.lap("autograd")
-        grads, empty = collect_gradients(self._current_embeddings)
-        if empty:
-            _logger.warning("slots without an embedding gradient in this batch: %s", empty)
+        tensors = self._current_embeddings
         finite = True
         if self.update_times % frequency == 0:  # PERSIA checked only on the first step
-            finite = self._agree(all_finite(grads))
+            finite = self._agree(gradients_finite(tensors))
         self.update_times += 1
+        grads = partial(gradient_arrays, tensors)  # the sender runs it, off this thread
         if not finite:
             _logger.warning(
                 "non-finite embedding gradients (loss scale %g): embedding update skipped", scale
             )
-            grads = []  # the worker still releases the batch
+            grads = list  # no gradients: the worker still releases the batch
         self._backward.submit(
             batch.worker, batch.batch_id, scale, grads, on_done=batch.take_release()
         )

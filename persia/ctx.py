@@ -28,7 +28,6 @@ import torch
 
 from persia._runtime import checkpoint as ckpt
 from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.features import embedding_tensors, to_tensor
 from persia._runtime.precision import Precision, check_ctx_args
 from persia._runtime.session import Session
 from persia.embedding import EmbeddingConfig
@@ -251,25 +250,25 @@ class EmbeddingCtx(BaseCtx):
             )
         device = batch.device_id if batch.device_id is not None else self.device_id
         training = self.preprocess_mode == PreprocessMode.TRAIN
-        labels = None
-        if self.preprocess_mode != PreprocessMode.INFERENCE:
+        want_labels = self.preprocess_mode != PreprocessMode.INFERENCE
+        if want_labels:
             if not batch.labels:
                 raise InvalidInputError(
                     "labels",
                     f"at least one label in {self.preprocess_mode.name} mode (use PreprocessMode.INFERENCE for unlabeled batches)",
                     [],
                 )
-            labels = [to_tensor(a, device) for a in batch.labels]
         if training and not batch.trainable:
             raise InvalidInputError(
                 "batch",
                 "a batch looked up for training (requires_grad=True, inside TrainCtx)",
                 "a batch without a gradient reference",
             )
-        non_id = [to_tensor(a, device) for a in batch.non_id_type_features]
-        self._current_embeddings = embedding_tensors(batch.embeddings, device, training)
+        tensors = batch.tensors(device, requires_grad=training, labels=want_labels)
+        non_id, embeddings, labels = tensors.non_id, tensors.embeddings, tensors.labels
+        self._current_embeddings = embeddings
         self.current_batch = batch
-        return non_id, [t for _, t in self._current_embeddings], labels
+        return non_id, [t for _, t in embeddings], labels
 
     def forward(self, batch: PersiaTrainingBatch):
         """``prepare_features`` then ``model(non_id_tensors, embedding_tensors)``: ``(output, labels)``."""

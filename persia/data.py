@@ -140,11 +140,13 @@ class DataLoader:
                 embeddings, trainable = await client.lookup(
                     item.worker, item.batch_id, train, item.dense.batch_size
                 )
-                return PersiaTrainingBatch(
+                batch = PersiaTrainingBatch(
                     item.dense, embeddings.embeddings, trainable,
                     worker=item.worker if trainable else None,
                     batch_id=item.batch_id if trainable else None, device_id=ctx.device_id,
                 )  # fmt: skip
+                batch.build_tensors(requires_grad=train)  # here, off the training thread
+                return batch
 
             return Prefetcher(
                 session.runtime, fetch_next=queue.get, lookup=lookup_streamed, **common
@@ -156,11 +158,13 @@ class DataLoader:
             answer, worker = await client.lookup_direct(
                 batch.id_part(), train and batch.requires_grad
             )
-            return PersiaTrainingBatch(
+            looked_up = PersiaTrainingBatch(
                 batch.dense_part(), answer.embeddings, batch.requires_grad,
                 worker=worker if answer.batch_id is not None else None,
                 batch_id=answer.batch_id, device_id=ctx.device_id,
             )  # fmt: skip
+            looked_up.build_tensors(requires_grad=train)  # here, off the training thread
+            return looked_up
 
         return Prefetcher(session.runtime, fetch_next=reader.next, lookup=lookup_direct,
                           on_close=lambda: reader.close(session.runtime), **common)  # fmt: skip

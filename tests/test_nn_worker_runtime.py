@@ -81,9 +81,15 @@ def test_inflight_limits_check_their_arguments_and_bound_the_slots():
         InflightLimits(backward_buffer=0)
     with pytest.raises(InvalidInputError, match="backward_workers_size"):
         InflightLimits(backward_workers=True)
+
+    async def lookup_limits(staleness):
+        return InflightLimits.for_lookups(
+            num_workers=2, buffer_size=2, staleness=staleness, just_in_time=True
+        )
+
     with pytest.raises(InvalidInputError, match="embedding_staleness"):
-        InflightLimits.staleness_permits(-1)
-    assert InflightLimits.staleness_permits(None) is None
+        asyncio.run(lookup_limits(-1))
+    assert asyncio.run(lookup_limits(None)).permit_releaser() is None
     limits = InflightLimits(backward_buffer=1, backward_workers=3)
     limits.take_slot(lambda: True)
     # the one slot is taken: a stopped runtime turns the wait into an error, not a hang
@@ -96,13 +102,17 @@ def test_inflight_limits_check_their_arguments_and_bound_the_slots():
 
 def test_staleness_permits_come_back_from_any_thread():
     async def scenario() -> int:
-        permits = InflightLimits.staleness_permits(2)
-        await permits.acquire()
-        await permits.acquire()
-        assert permits.locked()
-        release = InflightLimits.permit_releaser(permits)
+        limits = InflightLimits.for_lookups(
+            num_workers=4, buffer_size=4, staleness=2, just_in_time=False
+        )
+        await limits.admit()
+        await limits.admit()
+        release = limits.permit_releaser()
+        assert release is not None
+        with pytest.raises(TimeoutError):  # both permits are out
+            await asyncio.wait_for(limits.admit(), timeout=0.1)
         threading.Thread(target=release).start()  # e.g. the training thread after backward
-        await asyncio.wait_for(permits.acquire(), timeout=5)
+        await asyncio.wait_for(limits.admit(), timeout=5)
         return 1
 
     assert asyncio.run(scenario()) == 1

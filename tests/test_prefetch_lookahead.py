@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.prefetch import Lookahead, Prefetcher
+from persia._runtime.inflight import InflightLimits, Lookahead
+from persia._runtime.prefetch import Prefetcher
 from persia._runtime.runtime import Runtime
 from shared.wire.batch import DensePart
 
@@ -88,3 +89,68 @@ def test_eager_lookups_run_as_far_ahead_as_the_staleness_bound():
     order, ahead = _run(just_in_time=False)
     assert order == list(range(STEPS))
     assert max(ahead[STEPS // 3 :]) >= 6, ahead  # the behaviour just-in-time replaces
+
+
+def test_lookup_limits_admit_no_more_lookups_than_the_lookahead_allows():
+    """The bound itself: before any measurement ``cap`` lookups are admitted; once lookups
+    (2 ms) are measured against steps (~20 ms), only ``1 + ceil(2 * 2 / 20) = 2`` stay ahead."""
+
+    async def scenario() -> None:
+        limits = InflightLimits.for_lookups(
+            num_workers=5, buffer_size=10, staleness=8, just_in_time=True
+        )
+        ahead = limits.lookahead
+        assert ahead is not None and ahead.cap == 5  # min(workers, buffer + 1, staleness)
+        admitted = 0
+
+        async def admit_one() -> None:
+            nonlocal admitted
+            await limits.admit()
+            admitted += 1
+
+        tasks = [asyncio.create_task(admit_one()) for _ in range(12)]
+        try:
+            await asyncio.sleep(0.05)
+            assert admitted == 5 and ahead.ahead == 5
+            for _ in range(5):
+                limits.looked_up(0.002)
+            for _ in range(5):  # the training loop takes a batch every ~20 ms
+                limits.taken()
+                await asyncio.sleep(0.02)
+                assert ahead.ahead <= max(ahead.target, 4)  # never above the bound in force
+            assert ahead.target == 2
+            assert ahead.ahead == 2  # refilled up to the target, not beyond
+            assert admitted == 5 + 2  # the five taken and the two ahead; the rest wait
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_lookup_limits_without_lookahead_admit_up_to_the_staleness_bound():
+    async def scenario() -> int:
+        limits = InflightLimits.for_lookups(
+            num_workers=5, buffer_size=10, staleness=3, just_in_time=False
+        )
+        admitted = 0
+
+        async def admit_one() -> None:
+            nonlocal admitted
+            await limits.admit()
+            admitted += 1
+
+        tasks = [asyncio.create_task(admit_one()) for _ in range(6)]
+        await asyncio.sleep(0.05)
+        first = admitted
+        release = limits.permit_releaser()
+        assert release is not None
+        release()  # one batch's gradients applied: one more lookup may start
+        await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return first * 10 + admitted
+
+    assert asyncio.run(scenario()) == 3 * 10 + 4

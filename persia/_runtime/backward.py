@@ -2,7 +2,9 @@
 
 ``TrainCtx.backward`` hands each batch's gradients to :class:`BackwardEngine` and goes
 on with the next batch without a round trip to the event loop (the send is scheduled
-with ``call_soon_threadsafe``). The bounds are the backward slots and senders of
+with ``call_soon_threadsafe``). The gradients come as a function the loop calls: turning
+the embedding tensors' gradients into arrays, and encoding them, happen off the training
+thread. The bounds are the backward slots and senders of
 :class:`~persia._runtime.inflight.InflightLimits`: the caller blocks while
 ``backward_buffer_size`` batches are unanswered, and at most ``backward_workers_size``
 requests are on the wire at once. A send that fails is kept and raised at the next ``submit`` /
@@ -47,11 +49,13 @@ class BackwardEngine:
         worker: int,
         batch_id: int,
         loss_scale: float,
-        grads: list[tuple[str, np.ndarray]],
+        grads: list[tuple[str, np.ndarray]] | Callable[[], list[tuple[str, np.ndarray]]],
         on_done: Callable[[], None] | None = None,
     ) -> None:
         """Queue one batch's gradients; blocks while every backward slot is taken.
 
+        ``grads`` is the ``[(slot, float32 array)]`` to send, or a function giving it that the
+        loop calls (so the arrays are made off the training thread).
         ``on_done`` runs on the loop when the send finished, successfully or not (it
         releases the batch's embedding-staleness permit).
         """
@@ -72,8 +76,9 @@ class BackwardEngine:
 
     async def _send(self, worker, batch_id, loss_scale, grads, on_done) -> None:
         try:
+            arrays = grads() if callable(grads) else grads
             async with self.limits.senders():
-                await self.client.gradients(worker, batch_id, loss_scale, grads)
+                await self.client.gradients(worker, batch_id, loss_scale, arrays)
             self.sent += 1
         except asyncio.CancelledError:
             raise

@@ -3,7 +3,10 @@
 Iterating a :class:`persia.data.DataLoader` (or calling
 ``EmbeddingCtx.get_embedding_from_data``) yields these; ``ctx.prepare_features`` and
 ``ctx.forward`` turn them into torch tensors. The arrays are what the wire decoded
-(read-only numpy arrays); the context copies them into tensors.
+(read-only numpy arrays); the context copies them into tensors. A batch from
+``persia.data.DataLoader`` arrives with those tensors already built (on the runtime's
+event-loop thread, :meth:`PersiaTrainingBatch.build_tensors`), so the training thread
+takes them without copying (:meth:`PersiaTrainingBatch.take_tensors`, once).
 
 Layout::
 
@@ -22,6 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from persia._runtime.features import (
+    BatchTensors,
+    build_tensors,
+    embedding_tensors,
+    place,
+    to_tensor,
+)
 from persia.embedding.data import Label, NonIDTypeFeature
 from shared.wire.batch import DensePart
 
@@ -44,6 +54,7 @@ class PersiaTrainingBatch:
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _released: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _tensors: BatchTensors | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -88,3 +99,36 @@ class PersiaTrainingBatch:
         release = self.take_release()
         if release is not None:
             release()
+
+    def build_tensors(self, *, requires_grad: bool) -> None:
+        """Build this batch's tensors now (off the training thread), for one ``take_tensors``."""
+        self._tensors = build_tensors(
+            self.non_id_type_features, self.labels, list(self.embeddings),
+            requires_grad=requires_grad, cuda=self.device_id is not None,
+        )  # fmt: skip
+
+    def take_tensors(self, *, requires_grad: bool) -> BatchTensors | None:
+        """The tensors :meth:`build_tensors` made, at most once and only for the same
+        ``requires_grad`` (a second forward of a batch needs fresh leaves); else None."""
+        tensors, self._tensors = self._tensors, None
+        if tensors is None or tensors.requires_grad != requires_grad:
+            return None
+        return tensors
+
+    def tensors(self, device_id: int | None, *, requires_grad: bool, labels: bool) -> BatchTensors:
+        """The batch's tensors on ``device_id``: the prebuilt ones when there are (the
+        training thread then only places them), else copies made now. Without ``labels``
+        the label list is None (inference)."""
+        built = self.take_tensors(requires_grad=requires_grad)
+        if built is not None:
+            built = place(built, device_id)
+        else:
+            built = BatchTensors(
+                non_id=[to_tensor(a, device_id) for a in self.non_id_type_features],
+                labels=[to_tensor(a, device_id) for a in self.labels] if labels else [],
+                embeddings=embedding_tensors(list(self.embeddings), device_id, requires_grad),
+                requires_grad=requires_grad,
+            )
+        if not labels:
+            built.labels = None
+        return built

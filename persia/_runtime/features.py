@@ -1,23 +1,45 @@
-"""Between a ``PersiaTrainingBatch`` (numpy, read-only) and torch tensors, both ways.
+"""Between a ``PersiaTrainingBatch`` (numpy, read-only) and torch tensors, both ways, off the
+training thread.
 
-Forward: every array is copied (decoded wire arrays are read-only views) into a tensor
-that keeps the array's dtype and shape, on the context's device; embedding tensors
-are leaves with ``requires_grad`` when training. Backward: each embedding tensor's
-gradient becomes a float32 array of the same layout as the embedding (the worker
-ignores the mask column of raw slots).
+Forward: :func:`build_tensors` copies every array (decoded wire arrays are read-only views of
+the message, so torch cannot share them) into a CPU tensor of the same dtype and shape;
+embedding tensors are leaves with ``requires_grad`` when training. The data loader runs it
+on the runtime's event-loop thread right after the lookup decoded the answer, so the
+training thread only takes the finished tensors (:func:`place` moves them to the context's
+CUDA device; on the CPU it is a no-op). Backward: :func:`gradient_arrays` turns each
+embedding tensor's gradient into a float32 array of the embedding's layout (a zero-copy view
+for float32 CPU gradients; the worker ignores the mask column of raw slots); the gradient
+sender calls it on the event loop, after the training thread has moved on.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchTensors:
+    """The tensors of one batch, as ``ctx.prepare_features`` hands them to the model."""
+
+    non_id: list[torch.Tensor]
+    labels: list[torch.Tensor] | None
+    """None for inference (``PreprocessMode.INFERENCE`` hands out no labels)."""
+    embeddings: list[tuple[str, torch.Tensor]]
+    requires_grad: bool
+    """Whether the embedding tensors are leaves that require grad (training)."""
 
 
 def to_tensor(
     array: np.ndarray, device_id: int | None, *, requires_grad: bool = False
 ) -> torch.Tensor:
     """A tensor owning a copy of ``array`` (same dtype and shape), on CUDA device ``device_id``."""
-    tensor = torch.from_numpy(np.array(array, copy=True, order="C"))
+    tensor = _cpu_copy(array, pin=False)
     if device_id is not None:
         tensor = tensor.cuda(device_id, non_blocking=True)
     if requires_grad:
@@ -25,30 +47,86 @@ def to_tensor(
     return tensor
 
 
+def _cpu_copy(array: np.ndarray, *, pin: bool) -> torch.Tensor:
+    tensor = torch.from_numpy(np.array(array, copy=True, order="C"))
+    return tensor.pin_memory() if pin else tensor
+
+
+def _float32(array: np.ndarray) -> np.ndarray:
+    return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+def build_tensors(
+    non_id: list[np.ndarray],
+    labels: list[np.ndarray],
+    embeddings: list[tuple[str, np.ndarray]],
+    *,
+    requires_grad: bool,
+    cuda: bool = False,
+) -> BatchTensors:
+    """CPU tensors of a batch's arrays (one copy each); call it off the training thread.
+
+    With ``cuda`` the copies go to pinned memory, so :func:`place` copies them to the
+    device asynchronously, and the embedding leaves are made there (a leaf must live on
+    the device its gradient is computed on).
+    """
+    leaves = requires_grad and not cuda
+    return BatchTensors(
+        non_id=[_cpu_copy(a, pin=cuda) for a in non_id],
+        labels=[_cpu_copy(a, pin=cuda) for a in labels],
+        embeddings=[
+            (name, _cpu_copy(_float32(a), pin=cuda).requires_grad_(leaves))
+            for name, a in embeddings
+        ],
+        requires_grad=requires_grad,
+    )
+
+
+def place(tensors: BatchTensors, device_id: int | None) -> BatchTensors:
+    """``tensors`` on CUDA device ``device_id`` (non-blocking copies); as they are for the CPU."""
+    if device_id is None:
+        return tensors
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.cuda(device_id, non_blocking=True)
+
+    return BatchTensors(
+        non_id=[move(t) for t in tensors.non_id],
+        labels=None if tensors.labels is None else [move(t) for t in tensors.labels],
+        embeddings=[
+            (name, move(t).requires_grad_(tensors.requires_grad)) for name, t in tensors.embeddings
+        ],
+        requires_grad=tensors.requires_grad,
+    )
+
+
 def embedding_tensors(
     embeddings: list[tuple[str, np.ndarray]], device_id: int | None, requires_grad: bool
 ) -> list[tuple[str, torch.Tensor]]:
     """Float32 leaf tensors of the looked-up embeddings, in slot order."""
-    out = []
-    for name, data in embeddings:
-        array = data if data.dtype == np.float32 else data.astype(np.float32)
-        out.append((name, to_tensor(array, device_id, requires_grad=requires_grad)))
-    return out
+    return [
+        (name, to_tensor(_float32(data), device_id, requires_grad=requires_grad))
+        for name, data in embeddings
+    ]
 
 
-def collect_gradients(
-    tensors: list[tuple[str, torch.Tensor]],
-) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
-    """``([(slot, float32 grad array)], [slots without a gradient])``."""
+def gradient_arrays(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, np.ndarray]]:
+    """``[(slot, float32 grad array)]`` of the slots that got a gradient (others are logged).
+
+    Safe on another thread once ``backward()`` returned: nothing writes these gradients
+    again (the embedding leaves belong to one batch).
+    """
     grads, empty = [], []
     for name, tensor in tensors:
         if tensor.grad is None:
             empty.append(name)
             continue
         grads.append((name, tensor.grad.detach().to(torch.float32).cpu().numpy()))
-    return grads, empty
+    if empty:
+        log.warning("slots without an embedding gradient in this batch: %s", empty)
+    return grads
 
 
-def all_finite(grads: list[tuple[str, np.ndarray]]) -> bool:
-    """Whether every gradient element is finite (vectorized per slot)."""
-    return all(bool(np.isfinite(g).all()) for _, g in grads)
+def gradients_finite(tensors: list[tuple[str, torch.Tensor]]) -> bool:
+    """Whether every embedding gradient element is finite (one reduction per slot)."""
+    return all(bool(torch.isfinite(t.grad).all()) for _, t in tensors if t.grad is not None)

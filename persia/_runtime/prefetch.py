@@ -3,17 +3,12 @@
 A producer task on the runtime loop pulls the next batch from its source (this rank's
 ingress queue, or a user iterator read by one helper thread), looks its embeddings up
 with at most ``num_workers`` lookups in flight, and queues the lookups *in source order*
-(at most ``forward_buffer_size`` ahead of the training loop). In training, each lookup
-first takes an embedding-staleness permit (when ``embedding_staleness`` is set); the
-permit comes back when the batch's gradients have been applied (``TrainCtx.backward``)
-or when the loop moves past the batch without calling backward.
-
-In training, lookups also start *just in time* (:class:`Lookahead`): only as many
-batches ahead of the loop as the measured lookup latency needs to be hidden behind the
-measured step time (usually 1 or 2), never more than the bounds above. Embeddings
-read earlier than needed miss the updates of every batch trained meanwhile; on
-Census-Income at embedding staleness 8 that eager reading cost 0.005 test AUC, while
-1 or 2 batches ahead train like a single process (issue 10).
+(at most ``forward_buffer_size`` ahead of the training loop). In training, lookups start
+just in time (the lookahead) and each takes an embedding-staleness permit (when
+``embedding_staleness`` is set); the permit comes back when the batch's gradients have
+been applied (``TrainCtx.backward``) or when the loop moves past the batch without calling
+backward. Every one of these bounds is a :class:`~persia._runtime.inflight.LookupLimits`
+(``persia/_runtime/inflight.py`` documents them together).
 
 An error in the producer or a lookup is raised in the training loop at the batch it
 concerns; closing the prefetcher cancels and awaits everything it started.
@@ -23,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import queue
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.inflight import InflightLimits
+from persia._runtime.inflight import InflightLimits, LookupLimits
 from persia._runtime.runtime import Runtime
+from shared.constants import RUNTIME_CLOSED_POLL_S
+from shared.errors import RuntimeClosedError
 
 log = logging.getLogger(__name__)
 
@@ -39,67 +36,21 @@ _END = object()
 
 
 class _Failed:
-    def __init__(self, exc: BaseException):
+    """An error for the training loop: ``sticky`` ones (the source failed) end the stream;
+    a failed lookup is raised once, at its batch."""
+
+    def __init__(self, exc: BaseException, *, sticky: bool):
         self.exc = exc
-
-
-class Lookahead:
-    """How many lookups to keep ahead of the training loop: just enough to hide their latency.
-
-    ``target = 1 + ceil(LATENCY_MARGIN * mean lookup latency / mean step interval)``,
-    clamped to ``[1, cap]`` (moving averages; ``cap`` before the first measurements).
-    Lives on the runtime loop.
-    """
-
-    LATENCY_MARGIN = 2.0
-    """Headroom over the mean latency, so a lookup slower than usual is still hidden."""
-    SMOOTHING = 0.2
-
-    def __init__(self, cap: int):
-        self.cap = max(1, cap)
-        self.ahead = 0
-        self._latency: float | None = None
-        self._interval: float | None = None
-        self._last_take: float | None = None
-        self._changed = asyncio.Event()
-
-    def _average(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.SMOOTHING * (new - old)
-
-    @property
-    def target(self) -> int:
-        if self._latency is None or not self._interval:
-            return self.cap
-        want = 1 + math.ceil(self.LATENCY_MARGIN * self._latency / self._interval)
-        return max(1, min(self.cap, want))
-
-    async def wait_for_room(self) -> None:
-        """Return once fewer than ``target`` lookups are ahead of the loop (then count one)."""
-        while self.ahead >= self.target:
-            self._changed.clear()
-            await self._changed.wait()
-        self.ahead += 1
-
-    def looked_up(self, seconds: float) -> None:
-        self._latency = self._average(self._latency, seconds)
-
-    def taken(self) -> None:
-        """The loop took a looked-up batch: one fewer ahead; measure the step interval."""
-        now = time.monotonic()
-        if self._last_take is not None:
-            self._interval = self._average(self._interval, now - self._last_take)
-        self._last_take = now
-        self.ahead = max(0, self.ahead - 1)
-        self._changed.set()
-
-    def gave_up(self) -> None:
-        """A counted lookup will never be taken (it failed or the stream ended)."""
-        self.ahead = max(0, self.ahead - 1)
-        self._changed.set()
+        self.sticky = sticky
 
 
 class Prefetcher:
-    """Ordered, bounded, concurrent embedding lookups ahead of the training loop."""
+    """Ordered, bounded, concurrent embedding lookups ahead of the training loop.
+
+    Looked-up batches (with their tensors built, see ``persia.data``) are handed to the
+    training thread through a thread-safe queue, so taking a ready batch costs the training
+    thread no round trip to the event loop.
+    """
 
     def __init__(
         self,
@@ -121,65 +72,58 @@ class Prefetcher:
         self._staleness = staleness
         self._just_in_time = just_in_time
         self._on_close = on_close
-        self._out: asyncio.Queue | None = None
-        self._producer: asyncio.Task | None = None
+        self._out: asyncio.Queue | None = None  # lookup tasks in source order (loop side)
+        self._ready: queue.SimpleQueue = queue.SimpleQueue()  # handed to the training thread
+        self._tasks: list[asyncio.Task] = []  # producer and deliverer
         self._lookups: set[asyncio.Task] = set()
         self._last: PersiaTrainingBatch | None = None
+        self._limits: LookupLimits | None = None  # made on the loop by _start
 
     # --- loop side ----------------------------------------------------------------------
     async def _start(self) -> None:
-        self._out = asyncio.Queue(maxsize=self._buffer_size)
-        self._workers = asyncio.Semaphore(self._num_workers)
-        self._stale = InflightLimits.staleness_permits(self._staleness)
-        cap = min(self._num_workers, self._buffer_size + 1, self._staleness or self._num_workers)
-        self._ahead = Lookahead(cap) if self._just_in_time else None
-        self._producer = asyncio.create_task(self._produce())
-
-    def _permit_release(self) -> Callable[[], None] | None:
-        if self._stale is None:
-            return None
-        return InflightLimits.permit_releaser(self._stale)
+        self._limits = InflightLimits.for_lookups(
+            num_workers=self._num_workers, buffer_size=self._buffer_size,
+            staleness=self._staleness, just_in_time=self._just_in_time,
+        )  # fmt: skip
+        self._out = asyncio.Queue()  # bounded by the limits' forward-buffer slots
+        self._tasks = [asyncio.create_task(self._produce()), asyncio.create_task(self._deliver())]
 
     async def _produce(self) -> None:
-        assert self._out is not None
+        limits = self._limits
+        assert self._out is not None and limits is not None
         try:
             while True:
-                if self._ahead is not None:
-                    await self._ahead.wait_for_room()
-                if self._stale is not None:
-                    await self._stale.acquire()
+                await limits.admit()
                 item = await self._fetch_next()
                 if item is None:
-                    if self._stale is not None:
-                        self._stale.release()
-                    if self._ahead is not None:
-                        self._ahead.gave_up()
+                    limits.unadmit()
                     break
-                await self._workers.acquire()
-                task = asyncio.create_task(self._lookup(item, self._permit_release()))
+                await limits.take_buffer_slot()
+                await limits.take_worker()
+                task = asyncio.create_task(self._lookup(item, limits.permit_releaser()))
                 self._lookups.add(task)
                 task.add_done_callback(self._lookups.discard)
-                await self._out.put(task)
-            await self._out.put(_END)
+                self._out.put_nowait(task)
+            self._out.put_nowait(_END)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._out.put(_Failed(exc))
+            self._out.put_nowait(_Failed(exc, sticky=True))
 
     async def _lookup(self, item: Any, release: Callable[[], None] | None) -> PersiaTrainingBatch:
+        limits = self._limits
+        assert limits is not None
         started = time.monotonic()
         try:
             batch = await self._lookup_fn(item)
         except BaseException:
             if release is not None:
                 release()
-            if self._ahead is not None:
-                self._ahead.gave_up()
+            limits.gave_up()
             raise
         finally:
-            self._workers.release()
-        if self._ahead is not None:
-            self._ahead.looked_up(time.monotonic() - started)
+            limits.give_worker()
+        limits.looked_up(time.monotonic() - started)
         if release is not None:
             if batch.trainable:
                 batch._release = release
@@ -187,22 +131,27 @@ class Prefetcher:
                 release()
         return batch
 
-    async def _next(self) -> PersiaTrainingBatch | None:
+    async def _deliver(self) -> None:
+        """Hand the lookups' results, in source order, to the training thread."""
         assert self._out is not None
-        entry = await self._out.get()
-        if entry is _END:
-            self._out.put_nowait(_END)
-            return None
-        if isinstance(entry, _Failed):
-            self._out.put_nowait(entry)
-            raise entry.exc
-        batch = await asyncio.shield(entry)
-        if self._ahead is not None:
-            self._ahead.taken()
-        return batch
+        try:
+            while True:
+                entry = await self._out.get()
+                if entry is _END or isinstance(entry, _Failed):
+                    self._ready.put(entry)
+                    return
+                try:
+                    self._ready.put(await entry)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._ready.put(_Failed(exc, sticky=False))
+        except asyncio.CancelledError:  # closed, or the runtime stopped: never leave it waiting
+            self._ready.put(_Failed(RuntimeClosedError("the DataLoader was closed"), sticky=True))
+            raise
 
     async def _close(self) -> None:
-        tasks = [t for t in (self._producer, *self._lookups) if t is not None]
+        tasks = [*self._tasks, *self._lookups]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -218,14 +167,41 @@ class Prefetcher:
         self.runtime.run(self._start())
         return self
 
+    def _take(self, timeout_s: float | None) -> Any:
+        """The next entry of the hand-over queue (no event-loop round trip when one is ready)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = RUNTIME_CLOSED_POLL_S
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError(f"no batch within {timeout_s:.1f}s")
+            try:
+                return self._ready.get(timeout=wait)
+            except queue.Empty:
+                if not self.runtime.running:
+                    raise RuntimeClosedError("the NN-worker runtime has been stopped") from None
+
     def next(self, timeout_s: float | None) -> PersiaTrainingBatch | None:
         """The next batch in source order, None at the end; TimeoutError after ``timeout_s``."""
         if self._last is not None:
             self._last.release()  # moved past without backward: give the permit back
             self._last = None
-        batch = self.runtime.run(self._next(), timeout_s)
-        self._last = batch
-        return batch
+        entry = self._take(timeout_s)
+        limits = self._limits
+        assert limits is not None
+        if entry is _END or (isinstance(entry, _Failed) and entry.sticky):
+            self._ready.put(entry)  # the stream stays ended
+            if entry is _END:
+                return None
+            raise entry.exc
+        loop = self.runtime.loop
+        if isinstance(entry, _Failed):
+            loop.call_soon_threadsafe(limits.dropped)
+            raise entry.exc
+        loop.call_soon_threadsafe(limits.taken)
+        self._last = entry
+        return entry
 
     def close(self) -> None:
         try:
@@ -234,6 +210,13 @@ class Prefetcher:
                 self._last = None
             if self.runtime.running:
                 self.runtime.run(self._close())
+            while True:  # batches handed over but never taken give their permits back
+                try:
+                    entry = self._ready.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(entry, PersiaTrainingBatch):
+                    entry.release()
         finally:
             if self._on_close is not None:
                 self._on_close()
@@ -268,7 +251,7 @@ class IteratorReader:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._queue.put(_Failed(exc))
+            await self._queue.put(_Failed(exc, sticky=True))
 
     async def next(self) -> Any:
         """The next checked item, or None when the iterator is exhausted."""
