@@ -112,6 +112,7 @@ def train_single_process(
     max_steps: int | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
     autocast_dtype: torch.dtype | None = None,
+    clock: Any = None,
 ) -> dict[str, Any]:
     """Train ``model_factory()`` on ``train_batches`` for one pass, then score ``test_batches``.
 
@@ -122,8 +123,15 @@ def train_single_process(
     allocates the optimizers' state and warms the kernels); ``samples_per_s`` is the
     timed samples over the timed loop (batch conversion, forward, backward, both
     optimizer steps). ``autocast_dtype`` (e.g. ``torch.bfloat16``) runs the model's forward
-    under CPU autocast, as Pyrsia's ``mixed_precision=True`` does on the CPU.
+    under CPU autocast, as Pyrsia's ``mixed_precision=True`` does on the CPU. ``clock`` (a
+    ``persia._runtime.step_clock.StepClock``) gets the timed steps' phases: ``embedding``
+    (row ids and the lookup), ``forward`` (model, loss), ``autograd``, ``embedding_step``
+    (sparse Adagrad), ``dense_step`` (Adam).
     """
+
+    begin = clock.start if clock is not None else lambda: None
+    lap = clock.lap if clock is not None else lambda phase: None
+
     torch.manual_seed(seed)
     embeddings = FlatEmbeddings(slot_sizes, dim, emb_initialization)
     model = model_factory()
@@ -150,19 +158,28 @@ def train_single_process(
         for step, (cat_ids, dense, label) in enumerate(iterable):
             if max_steps is not None and step >= max_steps:
                 break
+            begin()
             emb = embeddings(embeddings.rows(cat_ids))
+            lap("embedding")
             with autocast:
                 logits = model([torch.from_numpy(dense)], [emb])
             loss = loss_fn(logits.float(), torch.from_numpy(label))
+            lap("forward")
             emb_opt.zero_grad(set_to_none=True)
             dense_opt.zero_grad(set_to_none=True)
             loss.backward()
+            lap("autograd")
             emb_opt.step()
+            lap("embedding_step")
             dense_opt.step()
+            lap("dense_step")
             losses.append(float(loss.detach()))
             samples += len(label)
             if start is None:  # the first step is not timed
                 start, first_samples = time.perf_counter(), samples
+                if clock is not None:  # its phases count the timed steps only
+                    clock.wall.clear()
+                    clock.cpu.clear()
     train_seconds = time.perf_counter() - start if start is not None else 0.0
     timed_samples = samples - first_samples
 

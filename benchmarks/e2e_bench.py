@@ -65,6 +65,7 @@ from e2e.model import (  # noqa: E402
 from e2e.procs import CpuSampler, scrape_histograms  # noqa: E402
 from e2e.report import print_report  # noqa: E402
 
+from persia._runtime.step_clock import StepClock  # noqa: E402
 from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
@@ -164,6 +165,7 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     cpu: list[float] = []
+    clock = StepClock()
 
     def timed(batches):  # CPU seconds of this process over the timed steps (all but the first)
         it = iter(batches)
@@ -185,11 +187,12 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
             embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
             initial_accumulator_value=INITIAL_ACCUMULATOR,
             emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=timed,
-            autocast_dtype=torch.bfloat16 if bf16 else None,
+            autocast_dtype=torch.bfloat16 if bf16 else None, clock=clock,
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous)
     res["threads"] = threads
+    res["phases"] = clock.snapshot()
     res["cpu_s"] = cpu[-1] - cpu[0] if len(cpu) == 2 else float("nan")
     res["first_losses"], res["last_losses"] = res["losses"][:3], res["losses"][-3:]
     del res["losses"]

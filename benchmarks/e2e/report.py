@@ -74,11 +74,18 @@ def print_report(results: list[dict[str, Any]]) -> None:
             f"TrainCtx entered {p['ctx_ready_s']:.1f}s, first batch {p['startup_s']:.1f}s"
         )
         print(f"[{r['dataset']}] NN worker training thread, ms per step wall (CPU): {split}")
+        print_step_split(r["dataset"], p, b)
         print(
             f"[{r['dataset']}] NN worker step without wait: {step_wall:.1f} ms wall, "
             f"{step_cpu:.1f} ms CPU; baseline step: {base_wall:.1f} ms wall, {base_cpu:.1f} ms CPU "
             f"({b['threads']} thread(s))"
         )
+        w = p.get("wait_ms")
+        if w:
+            print(
+                f"[{r['dataset']}] NN worker wait for the next batch, ms per step: "
+                f"p50 {w['p50']:.2f}, p90 {w['p90']:.2f}, max {w['max']:.1f}"
+            )
         print(f"[{r['dataset']}] NN worker CPU ms per step by thread: {threads}")
         pairs = ", ".join(
             f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})" for q in r["pairs"]
@@ -103,3 +110,46 @@ def print_report(results: list[dict[str, Any]]) -> None:
                 if v["count"]
             )
             print(f"[{r['dataset']}] {svc} /metrics means: {text}")
+
+
+# Rows of the side-by-side split: (label, NN-worker phase, baseline phase).
+_SPLIT_ROWS = (
+    ("wait for batch", "wait", None),
+    ("tensors from batch", "features", None),
+    ("embedding lookup", None, "embedding"),
+    ("forward (model, loss)", "forward", "forward"),
+    ("backward (autograd)", "autograd", "autograd"),
+    ("gradient send / sparse step", "gradient_send", "embedding_step"),
+    ("dense optimizer step", "dense_step", "dense_step"),
+    ("other on the thread", "other", None),
+)
+
+
+def print_step_split(name: str, pyrsia: dict[str, Any], baseline: dict[str, Any]) -> None:
+    """The NN worker's training thread next to the baseline's step, ms per step wall (CPU)."""
+    base_phases = baseline.get("phases") or {}
+
+    def cell(phases: dict, key: str | None, steps: int) -> str:
+        if key is None or key not in phases:
+            return "-"
+        v = phases[key]
+        return f"{1e3 * v['wall_s'] / steps:.2f} ({1e3 * v['cpu_s'] / steps:.2f})"
+
+    ps, bs = max(pyrsia["timed_steps"], 1), max(baseline["timed_steps"], 1)
+    rows = [
+        {"phase": label, "nn": cell(pyrsia["phases"], pk, ps), "base": cell(base_phases, bk, bs)}
+        for label, pk, bk in _SPLIT_ROWS
+    ]
+
+    def total(phases: dict, steps: int, skip: tuple[str, ...]) -> str:
+        kept = [v for k, v in phases.items() if k not in skip]
+        wall = 1e3 * sum(v["wall_s"] for v in kept) / steps
+        return f"{wall:.2f} ({1e3 * sum(v['cpu_s'] for v in kept) / steps:.2f})"
+
+    rows.append({
+        "phase": "step without wait",
+        "nn": total(pyrsia["phases"], ps, ("wait", "flush")),
+        "base": total(base_phases, bs, ()) if base_phases else "-",
+    })  # fmt: skip
+    print(f"\n[{name}] training thread, ms per step wall (CPU), same run:")
+    print_table(rows, [("phase", "phase"), ("nn", "NN worker"), ("base", "baseline")])

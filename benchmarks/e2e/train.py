@@ -11,11 +11,14 @@ Timing: the training loop runs from the end of the first step (not timed, as on 
 baseline's side) to the moment the last backward's embedding gradients are applied
 (``wait_for_gradients``), so start-up (processes, registry, the first lookup) and
 evaluation are excluded and reported separately. Inside the loop the training thread's
-wall and CPU time is split into waiting for the next looked-up batch (``wait``),
-``forward`` (tensors from the batch, model, loss), ``autograd`` (loss.backward()),
-``gradient_send`` (embedding gradients collected and handed to the sender),
-``dense_step`` (dense optimizer) and the final ``flush``; ``threads_cpu_s`` is the CPU
-time of each thread of this process over the same window (``/proc/self/task``).
+wall and CPU time is split into waiting for the next looked-up batch (``wait``, also as
+per-step percentiles), ``features`` (``ctx.prepare_features``: taking the tensors the
+runtime built off this thread), ``forward`` (model and loss, under the same autocast
+``ctx.forward`` uses), ``autograd`` (loss.backward()), ``gradient_send`` (handing the
+embedding gradients to the sender; the finite check every 20 steps), ``dense_step``
+(dense optimizer), ``other`` (the rest of the loop on this thread: ``loss.item()``,
+bookkeeping) and the final ``flush``; ``threads_cpu_s`` is the CPU time of each thread of
+this process over the same window (``/proc/self/task``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def main() -> None:
     data = load(os.environ["E2E_DATA"])
     staleness = int(os.environ.get("E2E_STALENESS", "8"))
     max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
+    mixed = os.environ.get("E2E_MIXED_PRECISION") == "1"
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed)
     model = build_model(len(data["slot_names"]), data["train_dense"].shape[1])
     loss_fn = torch.nn.BCEWithLogitsLoss()
     ctx_args = dict(
@@ -86,7 +91,7 @@ def main() -> None:
         ),
         dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR),
         embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
-        mixed_precision=os.environ.get("E2E_MIXED_PRECISION") == "1",  # bf16 autocast on CPU
+        mixed_precision=mixed,  # bf16 autocast on CPU
     )
     clock = StepClock()  # this loop's own phases: wait, forward, flush
     losses: list[float] = []
@@ -108,16 +113,21 @@ def main() -> None:
             profiler.enable()
         t0 = t_first = None  # the clock starts after the first step, as the baseline's
         first_samples, ctx_before, threads_before = 0, {}, {}
+        waits: list[float] = []
         while batch is not None:
             clock.start()
-            output, labels = ctx.forward(batch)
-            loss = loss_fn(output, labels[0])
+            non_id, embeddings, labels = ctx.prepare_features(batch)
+            clock.lap("features")
+            with autocast:  # as ctx.forward(batch) runs the model
+                output = model(non_id, embeddings)
+            loss = loss_fn(output.float(), labels[0])
             clock.lap("forward")
             ctx.backward(loss)
             losses.append(float(loss.detach()))
             samples += batch.batch_size
             if t0 is None:
                 t0, t_first, first_samples = time.perf_counter(), time.time(), samples
+                cpu0 = time.thread_time()
                 clock, ctx_before, threads_before = (
                     StepClock(),
                     ctx.step_clock.snapshot(),
@@ -128,6 +138,9 @@ def main() -> None:
             clock.start()
             batch = next(it, None)
             clock.lap("wait")
+            if t0 is not None:
+                waits.append(clock.wall["wait"] - sum(waits))
+        loop_wall, loop_cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         clock.start()
         ctx.wait_for_gradients()
         clock.lap("flush")
@@ -142,8 +155,15 @@ def main() -> None:
         for name, now in ctx.step_clock.snapshot().items():
             was = ctx_before.get(name, {"wall_s": 0.0, "cpu_s": 0.0})
             phases[name] = {k: now[k] - was[k] for k in now}
-        order = ("wait", "forward", "autograd", "gradient_send", "dense_step", "flush")
+        # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
+        phases["other"] = {
+            "wall_s": loop_wall - sum(v["wall_s"] for k, v in phases.items() if k != "flush"),
+            "cpu_s": loop_cpu - sum(v["cpu_s"] for k, v in phases.items() if k != "flush"),
+        }
+        order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
+                 "other", "flush")  # fmt: skip
         phases = {k: phases[k] for k in order if k in phases}
+        wait_ms = np.array(waits or [0.0]) * 1e3
 
         model.eval()
         scores, labels_all = [], []
@@ -160,7 +180,8 @@ def main() -> None:
             "samples": samples, "steps": len(losses), "train_seconds": train_seconds,
             "timed_samples": samples - first_samples, "timed_steps": len(losses) - 1,
             "samples_per_s": (samples - first_samples) / train_seconds, "auc": auc,
-            "eval_seconds": eval_seconds, "phases": phases, "threads_cpu_s": threads_window,
+            "eval_seconds": eval_seconds, "phases": phases,
+            "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
             "threads": torch.get_num_threads(), "staleness": staleness,
             "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
             "first_losses": losses[:3], "last_losses": losses[-3:],
