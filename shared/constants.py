@@ -56,6 +56,12 @@ HEARTBEAT_INTERVAL_S = 1.5
 REDIS_SOCKET_TIMEOUT_S = 2.0
 REDIS_STARTUP_WAIT_S = 15.0
 """How long a starting service waits for Redis (under a Procfile it starts alongside)."""
+REDIS_RESTART_LIMIT = 5
+REDIS_RESTART_WINDOW_S = 60.0
+"""``shared.redis_local --restart-on-failure`` gives up (and exits, so honcho stops the job)
+after this many restarts of redis-server within this many seconds: a crash loop is not
+ridden through."""
+REDIS_RESTART_DELAY_S = 0.2
 DISCOVERY_POLL_INTERVAL_S = 0.1
 DEFAULT_WAIT_TIMEOUT_S = 120.0
 """How long a service or context waits for the replicas it needs before giving up."""

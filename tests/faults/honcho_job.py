@@ -32,6 +32,8 @@ RESUMED_ENTRIES = ("nn_worker", "data_loader")
 # Procfile entry -> how to recognize its process (and not its wrappers) in /proc
 _MATCHERS = {
     "redis": lambda argv: Path(argv[0]).name.startswith("redis-server"),
+    # the Procfile's redis entry itself: the supervisor that restarts redis-server
+    "redis_supervisor": lambda argv: "shared.redis_local" in argv,
     "embedding_parameter_server": lambda argv: "embedding-parameter-server" in argv,
     "embedding_worker": lambda argv: "embedding-worker" in argv,
     "data_loader": lambda argv: "data-loader" in argv,
