@@ -50,6 +50,7 @@ class PSClient:
         ]
         self.urls: list[str] = []
         self.dropped_updates = 0
+        self.applied_updates = 0  # id rows the PS replicas said they applied (their answers)
         self._setup: dict[str, Any] = {}
 
     @property
@@ -176,6 +177,7 @@ class PSClient:
                 return
             for key in ("applied", "skipped_unknown", "skipped_nonfinite"):
                 totals[key] += int(result.get(key, 0))
+            self.applied_updates += int(result.get("applied", 0))
 
         await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica)))
         return totals

@@ -229,6 +229,7 @@ async def stats(request: web.Request, body: Any) -> dict:
         "expired": worker.forward.expired + worker.awaiting.expired,
         "evicted_awaiting": worker.awaiting.evicted,
         "dropped_update_ids": worker.ps.dropped_updates,
+        "applied_update_ids": worker.ps.applied_updates,
         "ps": ps_stats,
     }
 

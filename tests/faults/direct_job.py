@@ -81,6 +81,14 @@ class DirectJob:
         with urllib.request.urlopen(f"{self.ps.url}/stats", timeout=5) as resp:
             return int(unpackb(resp.read())["updates_applied"])
 
+    def worker_stats(self) -> dict:
+        """The embedding worker's /stats: id rows the PS acknowledged to it
+        (``applied_update_ids``), id rows it dropped after answering the NN worker
+        (``dropped_update_ids``), batches whose gradients it stopped awaiting, ..."""
+        assert self.ew is not None
+        with urllib.request.urlopen(f"{self.ew.url}/stats", timeout=5) as resp:
+            return unpackb(resp.read())
+
     def wait_training(self, min_updates: int = 5000, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s
         while self.updates_applied() < min_updates:

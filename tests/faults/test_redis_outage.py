@@ -5,11 +5,20 @@ training goes on: the test samples the PS's acknowledged updates (over loopback 
 not through Redis) each second for 10 s before, 30 s during and 10 s after the outage.
 Redis is stopped, then started again empty on the same port; every replica's heartbeat
 must write its record again.
+
+Lost acknowledged updates: an NN worker's gradients are acknowledged when the embedding
+worker answers its ``/gradients``; the worker then counts, in ``/stats``, the id rows the
+PS said it applied (``applied_update_ids``) and those it had to drop
+(``dropped_update_ids``). Over the outage the dropped count and the batches whose
+gradients the worker stopped awaiting must not grow; at the end (the NN worker stopped by
+SIGTERM, which drains its in-flight gradients) the rows the worker was told were applied
+must equal the PS's own ``updates_applied``, and nothing was left undelivered.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -56,8 +65,10 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
     try:
         job.wait_training()
         before = _sample(job, WINDOW_S)
+        at_outage = job.worker_stats()
         redis.stop()
         during = _sample(job, OUTAGE_S)
+        end_outage = job.worker_stats()
         redis.start()  # same port, empty: every record must be written again
         back = time.monotonic()
         keys = [
@@ -77,7 +88,13 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
         after = _sample(job, WINDOW_S)
         for name, proc in (("nn_worker", job.nn), ("data_loader", job.dl)):
             assert proc is not None and proc.poll() is None, job.log(name)[-3000:]
-        stops = sigterm_and_time(list(job.processes().values()), 5.0)
+        # quiesce: SIGTERM makes the NN worker drain its in-flight gradients, then count
+        procs = job.processes()
+        stops = sigterm_and_time([procs["nn_worker"], procs["data_loader"]], 5.0)
+        final = job.worker_stats()
+        ps_applied = job.updates_applied()
+        stops += sigterm_and_time([procs["embedding_parameter_server"],
+                                   procs["embedding_worker"]], 5.0)  # fmt: skip
     finally:
         job.kill_all()
         redis.stop()
@@ -90,6 +107,23 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
         "updates_per_s_after": round(_rate(after), 1),
         "reregistered_seconds": round(reregistered_s, 2),
         "stop_codes": [rc for rc, _ in stops],
+        # acknowledged to the NN worker (its /gradients got 200), then not applied by the PS
+        "lost_updates_during_outage": end_outage["dropped_update_ids"]
+        - at_outage["dropped_update_ids"],
+        "gradient_batches_evicted_during_outage": end_outage["evicted_awaiting"]
+        - at_outage["evicted_awaiting"],
+        "updates_acknowledged_by_ps_during_outage": end_outage["applied_update_ids"]
+        - at_outage["applied_update_ids"],
+        # the whole run: what the PS told the worker it applied vs what the PS holds
+        "updates_acknowledged_total": final["applied_update_ids"],
+        "updates_applied_by_ps_total": ps_applied,
+        "lost_updates_total": final["dropped_update_ids"],
+        "gradient_batches_not_delivered_at_stop": sum(
+            int(n)
+            for n in re.findall(
+                r"(\d+) batches of embedding gradients not delivered", job.log("nn_worker")
+            )
+        ),  # fmt: skip
     }
     RESULTS.parent.mkdir(exist_ok=True)
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -101,3 +135,9 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
     # a heartbeat after Redis is back writes the record: two intervals plus a connect timeout
     assert reregistered_s <= 2 * HEARTBEAT_INTERVAL_S + REDIS_SOCKET_TIMEOUT_S, row
     assert all(rc == 0 for rc, _ in stops), row
+    assert row["updates_acknowledged_by_ps_during_outage"] > 0, row  # it did train meanwhile
+    assert row["lost_updates_during_outage"] == 0, row
+    assert row["gradient_batches_evicted_during_outage"] == 0, row
+    assert row["lost_updates_total"] == 0, row
+    assert row["updates_acknowledged_total"] == row["updates_applied_by_ps_total"], row
+    assert row["gradient_batches_not_delivered_at_stop"] == 0, row
