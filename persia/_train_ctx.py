@@ -135,6 +135,8 @@ class TrainCtx(EmbeddingCtx):
         self._termination = TerminationGuard()
         self.step_clock = StepClock()
         """Wall and CPU seconds per phase of ``backward`` (autograd, gradient_send, dense_step)."""
+        self._shadowing = False  # a shadow step of persia._runtime.even_steps is running
+        self._check_frequency = 20  # the last embedding_gradient_check_frequency (shadow steps)
 
     # --- lifecycle ----------------------------------------------------------------------
     def _enter(self) -> None:
@@ -251,6 +253,7 @@ class TrainCtx(EmbeddingCtx):
         frequency = positive_int(
             embedding_gradient_check_frequency, "embedding_gradient_check_frequency"
         )
+        self._check_frequency = frequency
         batch = self.current_batch
         if batch is None or not self._current_embeddings:
             raise RuntimeError(
@@ -273,16 +276,18 @@ class TrainCtx(EmbeddingCtx):
                 "non-finite embedding gradients (loss scale %g): embedding update skipped", scale
             )
             grads = list  # no gradients: the worker still releases the batch
-        self._backward.submit(
-            batch.worker, batch.batch_id, scale, grads, on_done=batch.take_release()
-        )
+        if not self._shadowing:  # a shadow step (even_steps.py) updates no embedding
+            self._backward.submit(
+                batch.worker, batch.batch_id, scale, grads, on_done=batch.take_release()
+            )
         self.current_batch, self._current_embeddings = None, []
         clock.lap("gradient_send")
         self._precision.step(self.dense_optimizer, finite, self.grad_scalar_update_factor)
         self.dense_optimizer.zero_grad(set_to_none=True)
         clock.lap("dense_step")
         if self._checkpointer is not None:
-            self._checkpointer.record(batch.batch_id)
+            if not self._shadowing:
+                self._checkpointer.record(batch.batch_id)
             self._checkpointer.after_step(self)  # a step boundary: periodic checkpoint if due
         self.session.report_step(self.update_times)
         return scaled

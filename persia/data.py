@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from persia import env
 from persia._runtime.batch import PersiaTrainingBatch
+from persia._runtime.even_steps import EvenSteps, agreeing
 from persia._runtime.prefetch import IteratorReader, Prefetcher
 from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
 from persia.embedding.data import PersiaBatch
@@ -109,18 +110,30 @@ class DataLoader:
             )
         prefetcher = self._prefetcher(ctx).start()
         timeout_s = self.timeout_ms / 1000.0
+
+        def fetch() -> PersiaTrainingBatch | None:
+            try:
+                return prefetcher.next(timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"DataLoader: no batch within timeout_ms={self.timeout_ms}; are the data loaders running?"
+                ) from None
+
+        # streamed training on several ranks: every rank takes the same number of steps
+        even = (
+            EvenSteps(ctx, fetch)
+            if isinstance(self.dataset, StreamingDataset) and agreeing(ctx)
+            else None
+        )
         try:
             while True:
-                try:
-                    batch = prefetcher.next(timeout_s)
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"DataLoader: no batch within timeout_ms={self.timeout_ms}; are the data loaders running?"
-                    ) from None
+                batch = fetch() if even is None else even.next()
                 if batch is None:
                     return
                 yield batch
         finally:
+            if even is not None:
+                even.close()
             prefetcher.close()
 
     def _prefetcher(self, ctx: EmbeddingCtx) -> Prefetcher:

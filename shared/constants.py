@@ -128,6 +128,9 @@ RUNTIME_CLOSED_POLL_S = 1.0
 """A thread blocked on a runtime permit re-checks this often whether the runtime stopped."""
 DATA_SEND_TIMEOUT_S = 600.0
 """How long one data-loader batch may wait on back-pressure before its send fails."""
+RANK_STOP_NOTICE_TIMEOUT_S = 60.0
+"""A rank whose training loop stopped early waits this long for the other ranks to hear it
+(they learn it in their next per-step agreement: persia/_runtime/even_steps.py)."""
 DATA_LOADER_LINGER_S = 60.0
 """A data loader whose NN workers have left lingers this long before exiting on its own.
 

@@ -2,7 +2,7 @@
 workers, two data loaders), then ``--resume``: the checkpoint is one point in time across the
 three shards and both ranks, so no acknowledged update is lost and every batch of the epoch
 is trained exactly once (see test_kill9.py for how the figures are defined). The replica is
-killed when rank 0 has finished step 30 of its 127 (checkpoints every 20 steps)."""
+killed when rank 0 has finished step 30 of its 128 (checkpoints every 20 steps)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,15 @@ from tests.faults.test_kill9 import AUC_TOLERANCE, MID_JOB_LIMIT, _record
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CHECKPOINT_EVERY = 20  # steps per rank: 40 batches of the job
-# 127 batches per data loader: 254 in all, 127 per rank. The epoch's 255 would give one rank
-# a last batch the other has no partner for, and DDP's all-reduce fails on it (the example's
-# known limit with an odd batch count, not a fault of this test).
-BATCHES_PER_LOADER = 127
-EPOCH_STEPS = 2 * BATCHES_PER_LOADER
+# The whole epoch: 255 batches, 128 on rank 0 and 127 on rank 1 (rank 1 shadows the last step)
+EPOCH_STEPS = 255
+STEPS_PER_RANK = 128  # synchronous steps of each rank
 KILL_AT_STEP = 30  # rank 0's step: after the step-20 checkpoint, before the step-40 one
 
 
 def _job(make, work, ckpt, name, *, resume=False) -> HonchoJob:
     return make(work, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=resume, name=name,
-                procfile="Procfile.multi",
-                extra_env={"MAX_TRAIN_STEPS": str(BATCHES_PER_LOADER)})  # fmt: skip
+                procfile="Procfile.multi")  # fmt: skip
 
 
 def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, tmp_path):
@@ -62,7 +59,7 @@ def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, 
     row = {
         "outcome": "stopped, resumed",
         "step_at_kill": step_at_kill,
-        "steps_per_rank": BATCHES_PER_LOADER,
+        "steps_per_rank": STEPS_PER_RANK,
         "killed_after_checkpoint_step": base["step"],
         "auc": final.auc,
         "auc_delta": round(abs(final.auc - unfaulted.auc), 4),
@@ -76,7 +73,7 @@ def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, 
     _record("kill9_multi_ps_replica_1_of_3", row)
     print(f"kill -9 PS replica 1 of 3 (Procfile.multi): {row}")
     assert checkpoint_step_at_kill == base["step"] == CHECKPOINT_EVERY, row
-    assert KILL_AT_STEP <= step_at_kill < MID_JOB_LIMIT * BATCHES_PER_LOADER, row
+    assert KILL_AT_STEP <= step_at_kill < MID_JOB_LIMIT * STEPS_PER_RANK, row
     assert base["trained_batches"] + final.total_steps == EPOCH_STEPS, row
     assert lost == 0, row
     assert row["auc_delta"] <= AUC_TOLERANCE, row
