@@ -14,6 +14,7 @@ and other non-numeric dtypes are refused both ways, so no pickle ever crosses th
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -26,6 +27,7 @@ from shared.errors import PayloadTooLargeError, ProtocolError
 _ALIGN = 16
 _ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
 _HEADER_LEN = struct.Struct("<H")
+_HEADER_CACHE_MAX = 4096
 
 
 def _check_dtype(dtype: np.dtype) -> None:
@@ -35,21 +37,36 @@ def _check_dtype(dtype: np.dtype) -> None:
         )
 
 
-def _array_chunks(arr: np.ndarray) -> tuple[bytes, memoryview]:
-    """(extension payload header, raw bytes view) of an array; the view is not copied."""
-    _check_dtype(arr.dtype)
-    if arr.ndim > MAX_ARRAY_DIMS:
-        raise ProtocolError(f"array with {arr.ndim} dimensions: at most {MAX_ARRAY_DIMS} allowed")
-    arr = np.ascontiguousarray(arr)
-    header = msgpack.packb([arr.dtype.str, list(arr.shape)])
-    start = _HEADER_LEN.size + len(header)
-    pad = (-start) % _ALIGN
-    head = b"".join((_HEADER_LEN.pack(len(header)), header, b"\0" * pad))
-    return head, arr.reshape(-1).view(np.uint8).data
+_encoded_headers: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
+"""(dtype str, shape) -> (msgpack ext header, payload header) of arrays encoded so far;
+emptied when it reaches ``_HEADER_CACHE_MAX`` entries."""
+
+
+def _array_chunks(arr: np.ndarray) -> tuple[bytes, bytes, memoryview]:
+    """(ext header, payload header, raw bytes view) of an array; the view is not copied."""
+    key = (arr.dtype.str, arr.shape)
+    heads = _encoded_headers.get(key)
+    if heads is None:
+        _check_dtype(arr.dtype)
+        if arr.ndim > MAX_ARRAY_DIMS:
+            raise ProtocolError(
+                f"array with {arr.ndim} dimensions: at most {MAX_ARRAY_DIMS} allowed"
+            )
+        header = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        start = _HEADER_LEN.size + len(header)
+        pad = (-start) % _ALIGN
+        head = b"".join((_HEADER_LEN.pack(len(header)), header, b"\0" * pad))
+        heads = (_ext_header(len(head) + arr.nbytes), head)
+        if len(_encoded_headers) >= _HEADER_CACHE_MAX:
+            _encoded_headers.clear()
+        _encoded_headers[key] = heads
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return heads[0], heads[1], arr.reshape(-1).view(np.uint8).data
 
 
 def _encode_array(arr: np.ndarray) -> msgpack.ExtType:
-    head, data = _array_chunks(arr)
+    _, head, data = _array_chunks(arr)
     return msgpack.ExtType(NDARRAY_EXT_CODE, head + bytes(data))
 
 
@@ -85,10 +102,7 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
         for item in obj:
             _walk(item, out, packer, depth + 1)
     elif kind is np.ndarray:
-        head, data = _array_chunks(obj)
-        out.append(_ext_header(len(head) + data.nbytes))
-        out.append(head)
-        out.append(data)
+        out.extend(_array_chunks(obj))
     else:  # scalars, str, bytes, numpy scalars, sets: msgpack (+ _default) does them
         out.append(packer.pack(obj))
 
@@ -106,11 +120,16 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
 
 
-def _decode_array(payload: bytes) -> np.ndarray:
+_decoded_headers: dict[bytes, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+"""Checked array headers -> (dtype, shape, data offset, data bytes). A service sees a few
+shapes over and over, so each is parsed and checked once; the cache is emptied when full."""
+
+
+def _parse_header(head: bytes) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, data offset, data bytes) of an array payload's header, checked."""
     try:
-        (header_len,) = _HEADER_LEN.unpack_from(payload, 0)
-        start = _HEADER_LEN.size + header_len
-        dtype_str, shape = msgpack.unpackb(payload[_HEADER_LEN.size : start])
+        (header_len,) = _HEADER_LEN.unpack_from(head, 0)
+        dtype_str, shape = msgpack.unpackb(head[_HEADER_LEN.size :])
         dtype = np.dtype(dtype_str)
         shape = tuple(int(s) for s in shape)
     except Exception as exc:
@@ -118,14 +137,28 @@ def _decode_array(payload: bytes) -> np.ndarray:
     _check_dtype(dtype)
     if len(shape) > MAX_ARRAY_DIMS or any(s < 0 for s in shape):
         raise ProtocolError(f"malformed array shape {shape}")
-    offset = start + (-start) % _ALIGN
-    count = int(np.prod(shape, dtype=np.int64))
-    if len(payload) - offset != count * dtype.itemsize:
+    start = _HEADER_LEN.size + header_len
+    return dtype, shape, start + (-start) % _ALIGN, math.prod(shape) * dtype.itemsize
+
+
+def _decode_array(payload: bytes) -> np.ndarray:
+    if len(payload) < _HEADER_LEN.size:
+        raise ProtocolError("malformed array header: payload shorter than its length prefix")
+    head = payload[: _HEADER_LEN.size + (payload[0] | payload[1] << 8)]
+    parsed = _decoded_headers.get(head)
+    if parsed is None:
+        parsed = _parse_header(head)
+        if len(_decoded_headers) >= _HEADER_CACHE_MAX:
+            _decoded_headers.clear()
+        _decoded_headers[head] = parsed
+    dtype, shape, offset, nbytes = parsed
+    if len(payload) - offset != nbytes:
         raise ProtocolError(
             f"array payload has {len(payload) - offset} bytes, shape {shape} of {dtype} needs "
-            f"{count * dtype.itemsize}"
+            f"{nbytes}"
         )
-    return np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape)
+    arr = np.frombuffer(payload, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def _ext_hook(code: int, payload: bytes) -> Any:

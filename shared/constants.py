@@ -117,6 +117,11 @@ PS_REDISCOVER_TIMEOUT_S = 2.0
 PS_SETUP_REPLAY_TIMEOUT_S = 5.0
 """Replaying /configure and /register_optimizer to a PS replica that restarted."""
 
+INLINE_WORK_MAX_IDS = 16384
+"""Numeric work on at most this many ids runs on the event loop (tens of microseconds);
+larger batches go to the service's thread pool so /health keeps answering. A thread
+hand-off costs more CPU than the kernels of a small batch (shared/offload.py)."""
+
 GRADIENT_BUFFER_FACTOR = 4
 """An embedding worker keeps at most forward_buffer_size x this many batches awaiting their
 gradients (the last of the four in-flight limits: persia/_runtime/inflight.py)."""

@@ -39,13 +39,14 @@ from services.embedding_ps.incremental import IncrementalLoader
 from shared.embedding_spec import optimizer_to_dict
 from shared.errors import InvalidInputError, PersiaError, ServiceUnavailableError
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from shared.wire.ps import PSLookup, PSUpdate
 
 log = logging.getLogger(__name__)
 
 STORE = web.AppKey("ps_store", EmbeddingStore)
-EXECUTOR = web.AppKey("ps_executor", ThreadPoolExecutor)
+OFFLOAD = web.AppKey("ps_offload", Offloader)
 PS_METRICS = web.AppKey("ps_metrics", dict)
 LOADER = web.AppKey("ps_incremental_loader", IncrementalLoader)
 
@@ -74,7 +75,8 @@ STATUS = web.AppKey("ps_status", _Status)
 
 
 async def _in_thread(request: web.Request, fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(request.app[EXECUTOR], fn, *args)
+    """Unbounded work (dumps, loads, clears, checksums): always in the thread pool."""
+    return await request.app[OFFLOAD].run(None, fn, *args)
 
 
 @msgpack_handler
@@ -110,8 +112,8 @@ async def lookup(request: web.Request, body: Any) -> dict:
     def work() -> list[np.ndarray]:
         return [store.lookup(g.ids, g.dim, train=train) for g in msg.groups]
 
-    out = await _in_thread(request, work)
     n = sum(len(g.ids) for g in msg.groups)
+    out = await request.app[OFFLOAD].run(n, work)
     mode = "train" if train else "eval"
     metrics["ids"].labels(op=f"lookup_{mode}").inc(n)
     metrics["latency"].labels(op=f"lookup_{mode}").observe(time.perf_counter() - started)
@@ -135,8 +137,9 @@ async def update(request: web.Request, body: Any) -> dict:
             total["skipped_nonfinite"] += result.skipped_nonfinite
         return total
 
-    total = await _in_thread(request, work)
-    metrics["ids"].labels(op="update").inc(sum(len(g.ids) for g in groups))
+    n = sum(len(g.ids) for g in groups)
+    total = await request.app[OFFLOAD].run(n, work)
+    metrics["ids"].labels(op="update").inc(n)
     metrics["latency"].labels(op="update").observe(time.perf_counter() - started)
     return total
 
@@ -235,10 +238,9 @@ def _metrics(app: web.Application) -> dict[str, Any]:
 async def _scan_loop(app: web.Application, interval_s: float) -> None:
     """Apply new incremental packets now and every ``interval_s`` (in the executor)."""
     loader = app[LOADER]
-    loop = asyncio.get_running_loop()
     while True:
         try:
-            await loop.run_in_executor(app[EXECUTOR], loader.scan)
+            await app[OFFLOAD].run(None, loader.scan)
         except Exception:  # a failed scan is logged; the next one retries
             log.exception("incremental scan of %s failed", loader.root)
         await asyncio.sleep(interval_s)
@@ -273,7 +275,7 @@ def create_app(
     app[PS_METRICS] = _metrics(app)
 
     async def executor_ctx(app: web.Application):
-        app[EXECUTOR] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps")
+        app[OFFLOAD] = Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"))
         scanner = None
         if incremental_loader is not None:
             scanner = asyncio.create_task(_scan_loop(app, scan_interval_s))
@@ -282,7 +284,7 @@ def create_app(
             scanner.cancel()
             await asyncio.gather(scanner, return_exceptions=True)
         # queued work whose request is gone is dropped; the running kernel finishes
-        app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
+        app[OFFLOAD].shutdown()
         final = store.stats()
         log.info(
             "final stats: updates_applied=%d entries=%d",

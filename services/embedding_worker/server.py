@@ -38,6 +38,7 @@ from shared.config import EmbeddingSchema, EmbeddingWorkerConfig
 from shared.constants import ADMIN_TIMEOUT_S, GRADIENT_BUFFER_FACTOR
 from shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from shared.wire.batch import IDPart
 from shared.wire.worker import Embeddings, Gradients, Lookup, LookupDirect, PutBatch
@@ -64,13 +65,10 @@ class Worker:
     ps: PSClient
     forward: ForwardBuffer
     awaiting: GradientBuffer
-    executor: ThreadPoolExecutor
+    offload: Offloader
     metrics: dict[str, Any]
     direct_ids: itertools.count
     lookups: itertools.count = field(default_factory=itertools.count)
-
-    async def in_thread(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def prepare(self, batch: IDPart) -> _Pending:
         """Preprocess a checked id half (hash stack, prefix, dedup, routing)."""
@@ -92,7 +90,7 @@ class Worker:
             uniques = [p.unique_count() for p in prepared.slots] if sample else None
             return pooled, uniques
 
-        pooled, uniques = await self.in_thread(pool)
+        pooled, uniques = await self.offload.run(_occurrences(prepared), pool)
         self.metrics["lookup_latency"].observe(time.perf_counter() - started)
         for i, plan in enumerate(prepared.slots):
             self.metrics["slot_ids"].labels(slot=plan.name).inc(plan.inverse.shape[0])
@@ -107,6 +105,16 @@ class Worker:
 WORKER = web.AppKey("ew_worker", Worker)
 
 
+def _batch_ids(batch: IDPart) -> int:
+    """Ids of a batch's id half (the size of its preprocessing)."""
+    return sum(f.ids.shape[0] for f in batch.id_type_features)
+
+
+def _occurrences(prepared: PreparedBatch) -> int:
+    """Id occurrences of a prepared batch (the size of its pooling and of its backward)."""
+    return sum(p.inverse.shape[0] for p in prepared.slots)
+
+
 def _worker(request: web.Request) -> Worker:
     require_ready(request)
     return request.app[WORKER]
@@ -119,7 +127,7 @@ async def put_batch(request: web.Request, body: Any) -> dict:
     msg = PutBatch.from_wire(body)
     if msg.batch_id in worker.forward or msg.batch_id in worker.awaiting:
         raise ConflictError(f"batch {msg.batch_id} was already sent to this worker")
-    pending = await worker.in_thread(worker.prepare, msg.batch)
+    pending = await worker.offload.run(_batch_ids(msg.batch), worker.prepare, msg.batch)
     worker.forward.put(msg.batch_id, msg.loader, pending)
     return {"worker": worker.index, "batch_id": msg.batch_id}
 
@@ -141,7 +149,7 @@ async def lookup_direct(request: web.Request, body: Any) -> dict:
     """Evaluation / inference path: ids in the request, no buffering; eval never inserts."""
     worker = _worker(request)
     msg = LookupDirect.from_wire(body)
-    pending = await worker.in_thread(worker.prepare, msg.batch)
+    pending = await worker.offload.run(_batch_ids(msg.batch), worker.prepare, msg.batch)
     embeddings = await worker.embeddings(pending, msg.train)
     batch_id = None
     if msg.train and pending.requires_grad:
@@ -175,7 +183,7 @@ async def gradients(request: web.Request, body: Any) -> dict:
         nan_skipped = [n for n in skipped if n in by_name]
         return replica_updates(prepared, grads, skipped), nan_skipped
 
-    per_replica, nan_skipped = await worker.in_thread(backward)
+    per_replica, nan_skipped = await worker.offload.run(_occurrences(prepared), backward)
     for name in nan_skipped:
         worker.metrics["nan_skipped"].labels(slot=name).inc()
     if nan_skipped:
@@ -299,7 +307,7 @@ def create_app(
         ps=ps,
         forward=ForwardBuffer(config.forward_buffer_size, ttl),
         awaiting=GradientBuffer(config.forward_buffer_size * GRADIENT_BUFFER_FACTOR, ttl),
-        executor=ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ew"),
+        offload=Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ew")),
         metrics=metrics,
         direct_ids=itertools.count(1),
     )
@@ -323,7 +331,7 @@ def create_app(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await ps.http.close()
-        worker.executor.shutdown(wait=True, cancel_futures=True)
+        worker.offload.shutdown()
 
     app.cleanup_ctx.append(lifecycle)
     routes = {

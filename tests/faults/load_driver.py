@@ -62,19 +62,43 @@ def _map(*pairs: tuple[str, object]) -> bytes:
     return b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in pairs)
 
 
+class StepBodies:
+    """The encoded request bodies of one training step, built once and spliced per step.
+
+    The arrays are encoded once and spliced with the step's batch id, so a client's own
+    CPU goes to HTTP, not to re-encoding the same arrays (the benchmark
+    ``benchmarks/request_cpu_bench.py`` uses the same bodies).
+    """
+
+    def __init__(self, n_batches: int = 64):
+        batches = adult_like_batches(n_batches)
+        grads = [{"name": n, "data": np.full((BATCH, DIM), 1e-3, np.float32)} for n in SLOTS]
+        self.batches = [packb(b) for b in batches]
+        self.grads = packb(grads)
+        self.eval_body = packb({"batch": {**batches[0], "requires_grad": False}, "train": False})
+
+    def batch(self, k: int) -> bytes:
+        """``/batch``: loader 0, batch id ``k``."""
+        body = _map(("loader", 0), ("batch_id", k)) + _key("batch")
+        return _header(3) + body + self.batches[k % len(self.batches)]
+
+    def lookup(self, k: int) -> bytes:
+        """``/lookup`` (train) of batch ``k``."""
+        return packb({"batch_id": k, "train": True})
+
+    def gradients(self, k: int) -> bytes:
+        """``/gradients`` of batch ``k`` (every slot, loss scale 1)."""
+        body = _map(("batch_id", k), ("loss_scale", 1.0)) + _key("gradients")
+        return _header(3) + body + self.grads
+
+
 class Driver:
     def __init__(self, ew: str, concurrency: int):
         self.ew = ew.rstrip("/")
         self.http = HttpClient(retries=0, pool_limit=concurrency)
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: dict[str, int] = defaultdict(int)
-        batches = adult_like_batches(64)
-        grads = [{"name": n, "data": np.full((BATCH, DIM), 1e-3, np.float32)} for n in SLOTS]
-        # bodies are encoded once and spliced with the step's batch id, so the driver's own
-        # CPU goes to HTTP, not to re-encoding the same arrays
-        self.batches = [packb(b) for b in batches]
-        self.grads = packb(grads)
-        self.eval_body = packb({"batch": {**batches[0], "requires_grad": False}, "train": False})
+        self.bodies = StepBodies()
 
     async def timed(self, route: str, encoded: bytes) -> dict | None:
         started = time.perf_counter()
@@ -87,15 +111,13 @@ class Driver:
         return answer
 
     async def step(self, k: int) -> None:
-        batch = _map(("loader", 0), ("batch_id", k)) + _key("batch") + self.batches[k % 64]
-        if await self.timed("/batch", _header(3) + batch) is None:
+        if await self.timed("/batch", self.bodies.batch(k)) is None:
             return
-        if await self.timed("/lookup", packb({"batch_id": k, "train": True})) is None:
+        if await self.timed("/lookup", self.bodies.lookup(k)) is None:
             return
-        gradients = _map(("batch_id", k), ("loss_scale", 1.0)) + _key("gradients") + self.grads
-        await self.timed("/gradients", _header(3) + gradients)
+        await self.timed("/gradients", self.bodies.gradients(k))
         if k % EVAL_EVERY == 0:
-            await self.timed("/lookup_direct", self.eval_body)
+            await self.timed("/lookup_direct", self.bodies.eval_body)
 
     async def run(self, seconds: float, rate: float, concurrency: int) -> dict:
         hyper = {"emb_initialization": [-0.01, 0.01], "admit_probability": 1.0}
