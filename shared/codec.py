@@ -95,12 +95,21 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
     if kind is dict:
         out.append(packer.pack_map_header(len(obj)))
         for key, value in obj.items():
-            _walk(key, out, packer, depth + 1)
-            _walk(value, out, packer, depth + 1)
+            if type(key) is str:  # the usual key: no recursion
+                out.append(packer.pack(key))
+            else:
+                _walk(key, out, packer, depth + 1)
+            if type(value) in _SCALARS:
+                out.append(packer.pack(value))
+            else:
+                _walk(value, out, packer, depth + 1)
     elif kind is list or kind is tuple:
         out.append(packer.pack_array_header(len(obj)))
         for item in obj:
-            _walk(item, out, packer, depth + 1)
+            if type(item) in _SCALARS:
+                out.append(packer.pack(item))
+            else:
+                _walk(item, out, packer, depth + 1)
     elif kind is np.ndarray:
         out.extend(_array_chunks(obj))
     else:  # scalars, str, bytes, numpy scalars, sets: msgpack (+ _default) does them
@@ -108,6 +117,8 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
 
 
 _MAX_DEPTH = 512
+_SCALARS = frozenset((str, int, float, bool, bytes, type(None)))
+"""Types msgpack packs itself: encoded in place by their container, without a recursive call."""
 
 
 def _default(obj: Any) -> Any:

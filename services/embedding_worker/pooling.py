@@ -80,7 +80,7 @@ def pool_backward(
             skipped.append(plan.name)
             continue
         rows = _check_grad(plan, grad)
-        if not _all_finite(rows[:, : plan.dim]):
+        if not kernels.all_finite(rows, plan.dim):
             skipped.append(plan.name)
             continue
         kernels.scatter(
@@ -106,11 +106,6 @@ def check_slot_gradients(prepared: PreparedBatch, by_name: dict[str, Any]) -> No
     for plan in prepared.slots:
         if by_name.get(plan.name) is not None:
             _check_grad(plan, by_name[plan.name])
-
-
-def _all_finite(rows: np.ndarray) -> bool:
-    """No NaN and no inf in the gradient columns."""
-    return bool(np.isfinite(rows).all())
 
 
 def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:

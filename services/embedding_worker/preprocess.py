@@ -19,6 +19,7 @@ Everything is vectorized or compiled; nothing loops over ids in Python.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -214,7 +215,7 @@ def prepare_batch(
         )
         for (slot, rounds, kept_offsets, scale), inverse in zip(partial, inverses, strict=True)
     )
-    answer_bytes = sum(4 * int(np.prod(p.output_shape)) for p in plans)
+    answer_bytes = sum(4 * math.prod(p.output_shape) for p in plans)
     if answer_bytes > MAX_MESSAGE_BYTES:  # raw slots multiply the ids: refuse before pooling
         raise InvalidInputError(
             "batch", f"a batch whose embeddings fit in {MAX_MESSAGE_BYTES} bytes",

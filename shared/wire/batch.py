@@ -105,7 +105,8 @@ class IDFeature:
             raise InvalidInputError(
                 f"{field}.offsets", f"{what} entries (at least 2)", len(offsets)
             )
-        if offsets[0] != 0 or offsets[-1] != len(ids) or np.any(offsets[1:] < offsets[:-1]):
+        # the ndarray method, not np.any: a small batch pays numpy's dispatch per feature
+        if offsets[0] != 0 or offsets[-1] != len(ids) or (offsets[1:] < offsets[:-1]).any():
             raise InvalidInputError(
                 f"{field}.offsets",
                 f"non-decreasing offsets from 0 to len(ids) = {len(ids)}",
