@@ -43,6 +43,7 @@ from shared.errors import (
     RemoteError,
     ServiceUnavailableError,
 )
+from shared.http_conn import ConnectionPool, MalformedAnswer
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,16 @@ class HttpClient:
         self.retries = retries
         self._pool_limit = pool_limit
         self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None  # plain http: shared.http_conn
         token = auth_token_from_env() if auth_token is _FROM_ENV else auth_token
         self._headers = {"Content-Type": MSGPACK_CONTENT_TYPE}
         if token is not None:
             self._headers[AUTH_HEADER] = auth_header_value(token)
+
+    def _get_pool(self) -> ConnectionPool:
+        if self._pool is None or self._pool.closed:
+            self._pool = ConnectionPool(self._pool_limit, self._headers)
+        return self._pool
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -111,8 +118,27 @@ class HttpClient:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
+
+    async def _once_lean(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        """``_once`` through the lean keep-alive pool (plain http to Pyrsia's own servers)."""
+        try:
+            status, content_type, raw = await self._get_pool().request(method, url, data, timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ServiceUnavailableError(f"{url} did not answer within {timeout_s:.1f}s") from exc
+        except (OSError, ValueError, MalformedAnswer) as exc:
+            raise ServiceUnavailableError(f"cannot reach {url}: {exc}") from exc
+        if status >= 400:
+            raise _remote_error(url, status, raw)
+        if content_type == "application/json":
+            return json.loads(raw)
+        return unpackb(raw) if raw else None
 
     async def _once(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        if url.startswith("http://") and method != "HEAD":
+            return await self._once_lean(method, url, data, timeout_s)
         session = self._get_session()
         try:
             async with session.request(

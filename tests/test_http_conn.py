@@ -1,0 +1,153 @@
+"""The lean keep-alive client (shared/http_conn.py) through HttpClient, against a real aiohttp server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiohttp import web
+
+from shared.codec import packb
+from shared.errors import AuthError, NotFoundError, ServiceUnavailableError
+from shared.http_client import HttpClient
+from shared.http_server import make_app, msgpack_handler
+from tests.redis_server import free_port
+
+
+class Peer:
+    """A real aiohttp app on a free loopback port that remembers the connections it saw."""
+
+    def __init__(self, token: str | None = None):
+        self.app = make_app("peer", auth_token=token)
+        self.connections: set[tuple] = set()
+        self.open_now = 0
+        self.most_open = 0
+        self.app.router.add_post("/echo", msgpack_handler(self.echo))
+        self.app.router.add_post("/slow", msgpack_handler(self.slow))
+        self.app.router.add_get("/json", self.json)
+        self.app.router.add_post("/chunked", self.chunked)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def echo(self, request: web.Request, body) -> dict:
+        self.connections.add(request.transport.get_extra_info("peername"))
+        return {"echo": body}
+
+    async def slow(self, request: web.Request, body) -> dict:
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            await asyncio.sleep(float(body["s"]))
+        finally:
+            self.open_now -= 1
+        return {"slept": body["s"]}
+
+    async def json(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def chunked(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(packb({"a": 1}))
+        await response.write_eof()
+        return response
+
+    async def __aenter__(self) -> Peer:
+        self.runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=0.2)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.runner.cleanup()
+
+
+async def test_round_trips_reuse_one_connection():
+    async with Peer() as peer:
+        http = HttpClient(auth_token=None)
+        try:
+            for i in range(20):
+                assert await http.call(f"{peer.url}/echo", {"i": i}) == {"echo": {"i": i}}
+            assert await http.call(f"{peer.url}/json", method="GET") == {"ok": True}
+        finally:
+            await http.close()
+        assert len(peer.connections) == 1
+
+
+async def test_error_statuses_map_to_the_project_errors():
+    async with Peer(token="t" * 32) as peer:
+        http = HttpClient(auth_token=None)
+        try:
+            with pytest.raises(AuthError):
+                await http.call(f"{peer.url}/echo", {})
+        finally:
+            await http.close()
+        http = HttpClient(auth_token="t" * 32)
+        try:
+            with pytest.raises(NotFoundError):
+                await http.call(f"{peer.url}/nowhere", {})
+            assert await http.call(f"{peer.url}/echo", [1]) == {"echo": [1]}
+        finally:
+            await http.close()
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced():
+    async with Peer() as peer:
+        http = HttpClient(auth_token=None)
+        try:
+            await http.call(f"{peer.url}/echo", 1)
+            await asyncio.sleep(0.6)  # past the server's 0.2 s keep-alive: it closed the socket
+            assert await http.call(f"{peer.url}/echo", 2) == {"echo": 2}
+        finally:
+            await http.close()
+        assert len(peer.connections) == 2
+
+
+async def test_timeout_unreachable_and_chunked_are_service_unavailable():
+    async with Peer() as peer:
+        http = HttpClient(auth_token=None)
+        try:
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailableError, match="did not answer within"):
+                await http.call(f"{peer.url}/slow", {"s": 5}, timeout_s=0.2)
+            assert time.monotonic() - started < 2
+            with pytest.raises(ServiceUnavailableError, match="chunked"):
+                await http.call(f"{peer.url}/chunked", {})
+            assert await http.call(f"{peer.url}/echo", 3) == {"echo": 3}  # pool still works
+        finally:
+            await http.close()
+    http = HttpClient(auth_token=None)
+    try:
+        with pytest.raises(ServiceUnavailableError, match="cannot reach"):
+            await http.call(f"http://127.0.0.1:{free_port()}/echo", {})
+    finally:
+        await http.close()
+
+
+async def test_open_connections_stay_under_the_pool_limit():
+    async with Peer() as peer:
+        http = HttpClient(auth_token=None, pool_limit=3)
+        try:
+            answers = await asyncio.gather(
+                *(http.call(f"{peer.url}/slow", {"s": 0.05}) for _ in range(12))
+            )
+        finally:
+            await http.close()
+        assert answers == [{"slept": 0.05}] * 12
+        assert peer.most_open == 3
+
+
+async def test_a_cancelled_call_does_not_poison_the_pool():
+    async with Peer() as peer:
+        http = HttpClient(auth_token=None, pool_limit=1)
+        try:
+            task = asyncio.create_task(http.call(f"{peer.url}/slow", {"s": 5}))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await http.call(f"{peer.url}/echo", 4, timeout_s=2) == {"echo": 4}
+        finally:
+            await http.close()
