@@ -14,7 +14,9 @@ configs) as subprocesses. The client sends the load driver's bodies
 ``/lookup_direct`` (eval) x round. Around each phase it reads the worker's and the PS's
 user+system CPU from ``/proc`` and the client's own ``time.process_time()``; the table
 gives CPU-ms per request of each process for each route (the PS's column is the PS work
-the worker route caused: one PS /lookup or /update per request). Trees alternate round
+the worker route caused: one PS /lookup or /update per request; the client's column is
+aiohttp's client for the baseline, ``HttpClient``'s lean pool for the working tree, as the
+load driver uses them). Trees alternate round
 by round, so both see the same machine load. Writes ``bench_results/request_cpu-*.json``
 and ends with::
 
@@ -76,7 +78,8 @@ class Tree:
                                      wait_ready=False, python_args=launcher)  # fmt: skip
         self.ew = self.cluster.start("services.embedding_worker", flags,
                                      role=ROLE_EMBEDDING_WORKER, python_args=launcher)  # fmt: skip
-        self.http = HttpClient(retries=0)
+        # the baseline's client is the baseline's: aiohttp for every call
+        self.http = HttpClient(retries=0, lean=source is None)
         self.cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.requests: dict[str, int] = defaultdict(int)
         self.next_id = 0

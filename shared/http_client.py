@@ -78,7 +78,9 @@ class HttpClient:
     """A pooled aiohttp session bound to the running event loop, created lazily.
 
     ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``, read when the client is made) is sent
-    as ``Authorization: Bearer <token>`` on every request.
+    as ``Authorization: Bearer <token>`` on every request. Plain ``http://`` calls go
+    through ``shared.http_conn``'s lean keep-alive pool (``lean=False``: through aiohttp,
+    like every other URL).
     """
 
     def __init__(
@@ -88,8 +90,10 @@ class HttpClient:
         retries: int = DEFAULT_RETRIES,
         pool_limit: int = CONNECTION_POOL_LIMIT,
         auth_token: str | None = _FROM_ENV,
+        lean: bool = True,
     ):
         self.timeout_s = timeout_s
+        self.lean = lean  # False: every call through aiohttp (a benchmark's baseline client)
         self.retries = retries
         self._pool_limit = pool_limit
         self._session: aiohttp.ClientSession | None = None
@@ -137,7 +141,7 @@ class HttpClient:
         return unpackb(raw) if raw else None
 
     async def _once(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
-        if url.startswith("http://") and method != "HEAD":
+        if self.lean and url.startswith("http://") and method != "HEAD":
             return await self._once_lean(method, url, data, timeout_s)
         session = self._get_session()
         try:

@@ -64,9 +64,10 @@ class Peer:
         await self.runner.cleanup()
 
 
-async def test_round_trips_reuse_one_connection():
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
+async def test_round_trips_reuse_one_connection(lean):
     async with Peer() as peer:
-        http = HttpClient(auth_token=None)
+        http = HttpClient(auth_token=None, lean=lean)
         try:
             for i in range(20):
                 assert await http.call(f"{peer.url}/echo", {"i": i}) == {"echo": {"i": i}}

@@ -69,11 +69,30 @@ class Worker:
     metrics: dict[str, Any]
     direct_ids: itertools.count
     lookups: itertools.count = field(default_factory=itertools.count)
+    counters: dict[str | int, Any] = field(default_factory=dict)  # labelled metric children
 
     def prepare(self, batch: IDPart) -> _Pending:
         """Preprocess a checked id half (hash stack, prefix, dedup, routing)."""
         prepared = prepare_batch(self.schema, batch.id_type_features, self.ps.replica_count)
         return _Pending(prepared, batch.requires_grad)
+
+    def _slot_counters(self, slot: str) -> tuple[Any, Any, Any]:
+        """The slot's three labelled counters (``labels()`` costs a lock and a lookup per call;
+        slot names are the schema's, checked by ``prepare``, so the cache is bounded)."""
+        counters = self.counters.get(slot)
+        if counters is None:
+            counters = tuple(
+                self.metrics[m].labels(slot=slot)
+                for m in ("slot_ids", "sampled_slot_ids", "sampled_slot_unique_ids")
+            )
+            self.counters[slot] = counters
+        return counters
+
+    def _dim_counter(self, dim: int) -> Any:
+        counter = self.counters.get(dim)
+        if counter is None:
+            counter = self.counters[dim] = self.metrics["unique_ids"].labels(dim=str(dim))
+        return counter
 
     async def embeddings(
         self, pending: _Pending, train: bool
@@ -93,12 +112,13 @@ class Worker:
         pooled, uniques = await self.offload.run(_occurrences(prepared), pool)
         self.metrics["lookup_latency"].observe(time.perf_counter() - started)
         for i, plan in enumerate(prepared.slots):
-            self.metrics["slot_ids"].labels(slot=plan.name).inc(plan.inverse.shape[0])
+            ids, sampled_ids, sampled_unique = self._slot_counters(plan.name)
+            ids.inc(plan.inverse.shape[0])
             if uniques is not None:
-                self.metrics["sampled_slot_ids"].labels(slot=plan.name).inc(plan.inverse.shape[0])
-                self.metrics["sampled_slot_unique_ids"].labels(slot=plan.name).inc(uniques[i])
+                sampled_ids.inc(plan.inverse.shape[0])
+                sampled_unique.inc(uniques[i])
         for dim, group in prepared.groups.items():
-            self.metrics["unique_ids"].labels(dim=str(dim)).inc(group.ids.shape[0])
+            self._dim_counter(dim).inc(group.ids.shape[0])
         return tuple((p.name, t) for p, t in zip(prepared.slots, pooled, strict=True))
 
 

@@ -11,7 +11,12 @@ requests each (plus one evaluation lookup per 16 steps), so 10x is
 600 is the 10-minute run of ``make test-load``). RSS of both servers is sampled every
 second from /proc; after a warm-up (a sixth of the run, at most 60 s) it must stay within
 10 % of its value at the end of the warm-up. The driver's figures (achieved rate, p99
-per route) and the RSS series are printed and written to ``bench_results/load.json``.
+per route) and the RSS series are written to ``bench_results/load_<seconds>s.json``; a
+summary table (target vs achieved rates, the factor of the demo's rate reached, p50/p99
+per route, each process's CPU share, RSS growth, the load average before and after) is
+printed. ``PYRSIA_LOAD_MIN_FACTOR`` (default 0: report only, as in the shared CI of
+``make test-faults``) makes the test fail when less than that multiple of the demo's rate
+was reached; ``make test-load`` sets 9.5 (10x, less 5 % for the schedule's start and end).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ FACTOR = 10
 STEPS_PER_S = FACTOR * DEMO_EW_REQUESTS_PER_S / (3 + 1 / 16)
 SECONDS = float(os.environ.get("PYRSIA_LOAD_SECONDS", "60"))
 MAX_RSS_GROWTH = 0.10
+MIN_FACTOR = float(os.environ.get("PYRSIA_LOAD_MIN_FACTOR", "0"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -81,6 +87,7 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
                            wait_ready=False, log_dir=tmp_path)  # fmt: skip
     ew = ServiceProc.start("services.embedding_worker", flags, env, role=ROLE_EMBEDDING_WORKER,
                            log_dir=tmp_path)  # fmt: skip
+    load_before = os.getloadavg()
     sampler = RssSampler({"ps": ps.proc.pid, "ew": ew.proc.pid})
     cpu_before = {n: cpu_seconds(p.proc.pid) for n, p in (("ps", ps), ("ew", ew))}
     try:
@@ -124,8 +131,45 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
     ]
     out = REPO / "bench_results"
     out.mkdir(exist_ok=True)
+    result["factor_reached"] = round(
+        min(result["ew_requests_per_s"] / DEMO_EW_REQUESTS_PER_S,
+            result["ps_requests_per_s"] / DEMO_PS_REQUESTS_PER_S), 2)  # fmt: skip
+    result["load_average"] = {"before": [round(x, 2) for x in load_before],
+                              "after": [round(x, 2) for x in os.getloadavg()],
+                              "cpus": os.cpu_count()}  # fmt: skip
     (out / f"load_{int(SECONDS)}s.json").write_text(json.dumps(result, indent=1))
-    summary = {k: v for k, v in result.items() if k != "rss_series_mib"}
-    print("\nload:", json.dumps(summary, indent=1))
+    print(summary_text(result))
     assert not result["errors"], result["errors"]
     assert all(g < MAX_RSS_GROWTH for g in growth.values()), result["rss_mib"]
+    assert result["factor_reached"] >= MIN_FACTOR, (
+        f"reached {result['factor_reached']}x the demo's rate, PYRSIA_LOAD_MIN_FACTOR={MIN_FACTOR}"
+    )
+
+
+def summary_text(r: dict) -> str:
+    """The run's figures as a few readable lines (the JSON file has everything)."""
+    lines = [
+        "",
+        f"load test: {r['seconds']} s against one PS and one embedding worker "
+        f"(load average {r['load_average']['before'][0]} before, "
+        f"{r['load_average']['after'][0]} after, {r['load_average']['cpus']} CPUs)",
+        f"  worker requests/s: {r['ew_requests_per_s']:>8} of {r['target_ew_requests_per_s']} "
+        f"target ({r['ew_requests_per_s'] / DEMO_EW_REQUESTS_PER_S:.1f}x the demo's "
+        f"{DEMO_EW_REQUESTS_PER_S})",
+        f"  PS requests/s:     {r['ps_requests_per_s']:>8} of {r['target_ps_requests_per_s']} "
+        f"target ({r['ps_requests_per_s'] / DEMO_PS_REQUESTS_PER_S:.1f}x the demo's "
+        f"{DEMO_PS_REQUESTS_PER_S})",
+        f"  factor reached: {r['factor_reached']}x (steps started late for the in-flight bound: "
+        f"{r['steps_started_late']} of {r['steps_started']}); errors: {r['errors'] or 'none'}",
+        f"  CPU share (cores): worker {r['cpu_share']['ew']}, PS {r['cpu_share']['ps']}, "
+        f"driver {r['cpu_share']['driver']}",
+        "  route            count     p50 ms   p99 ms   max ms",
+    ]
+    for route, v in r["routes"].items():
+        lines.append(f"  {route:<15} {v['count']:>7} {v['p50_ms']:>10} {v['p99_ms']:>8} "
+                     f"{v['max_ms']:>8}")  # fmt: skip
+    for name, label in (("ew", "worker"), ("ps", "PS")):
+        m = r["rss_mib"][name]
+        lines.append(f"  RSS {label}: {m['after_warmup']} MiB after warm-up, peak {m['peak']}, "
+                     f"end {m['end']} ({m['growth_pct']:+.2f} %, limit +{100 * MAX_RSS_GROWTH:.0f} %)")  # fmt: skip
+    return "\n".join(lines)
