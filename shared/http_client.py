@@ -43,7 +43,7 @@ from shared.errors import (
     RemoteError,
     ServiceUnavailableError,
 )
-from shared.http_conn import ConnectionPool, MalformedAnswer
+from shared.http_conn import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class HttpClient:
             status, content_type, raw = await self._get_pool().request(method, url, data, timeout_s)
         except asyncio.TimeoutError as exc:
             raise ServiceUnavailableError(f"{url} did not answer within {timeout_s:.1f}s") from exc
-        except (OSError, ValueError, MalformedAnswer) as exc:
+        except (OSError, ValueError, ProtocolError) as exc:
             raise ServiceUnavailableError(f"cannot reach {url}: {exc}") from exc
         if status >= 400:
             raise _remote_error(url, status, raw)

@@ -9,8 +9,8 @@ ever send (aiohttp sets ``Content-Length`` on every ``web.Response``); an answer
 it (chunked) is refused as malformed rather than misread.
 
 ``ConnectionPool.request`` raises ``OSError`` (refused, reset, closed early),
-``asyncio.TimeoutError`` and ``MalformedAnswer``; ``shared.http_client`` maps them to the
-project's errors. A request on a reused connection that the server had closed
+``asyncio.TimeoutError`` and ``ProtocolError`` (an answer this client cannot read);
+``shared.http_client`` maps them all to ``ServiceUnavailableError``. A request on a reused connection that the server had closed
 (keep-alive expiry) is sent again once on a fresh one, which is safe because the server
 read none of it.
 """
@@ -22,6 +22,7 @@ import collections
 from urllib.parse import urlsplit
 
 from shared.constants import CONNECT_TIMEOUT_S
+from shared.errors import ProtocolError
 
 MAX_HEAD_BYTES = 64 * 1024
 """Status line + headers of one answer, at most."""
@@ -29,10 +30,6 @@ MAX_ANSWER_BYTES = 1 << 32
 """A body beyond this (msgpack's own limit) is refused."""
 _URL_CACHE_MAX = 1024
 _WRITE_JOINED_MAX = 1 << 16  # smaller bodies are joined with the head: one write, one segment
-
-
-class MalformedAnswer(Exception):
-    """The peer's answer is not HTTP/1.1 this client reads (bad status line, no length...)."""
 
 
 class _Answer:
@@ -52,32 +49,32 @@ def _parse_head(head: bytes) -> tuple[int, int, str, bool]:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise MalformedAnswer(f"bad status line {lines[0][:80]!r}")
+        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
     status = int(parts[1])
     length, content_type, keep_alive = -1, "", parts[0] == b"HTTP/1.1"
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
-            raise MalformedAnswer(f"bad header line {line[:80]!r}")
+            raise ProtocolError(f"bad header line {line[:80]!r}")
         name = name.strip().lower()
         if name == b"content-length":
             value = value.strip()
             if not value.isdigit() or length >= 0:
-                raise MalformedAnswer(f"bad or repeated Content-Length {value[:40]!r}")
+                raise ProtocolError(f"bad or repeated Content-Length {value[:40]!r}")
             length = int(value)
         elif name == b"content-type":
             content_type = value.split(b";", 1)[0].strip().decode("latin-1").lower()
         elif name == b"connection":
             keep_alive = value.strip().lower() != b"close"
         elif name == b"transfer-encoding":
-            raise MalformedAnswer("chunked answers are not read by this client")
+            raise ProtocolError("chunked answers are not read by this client")
     if length < 0:
         if status in (204, 304) or status < 200:
             length = 0
         else:
-            raise MalformedAnswer(f"answer {status} has no Content-Length")
+            raise ProtocolError(f"answer {status} has no Content-Length")
     if length > MAX_ANSWER_BYTES:
-        raise MalformedAnswer(f"answer of {length} bytes is over {MAX_ANSWER_BYTES}")
+        raise ProtocolError(f"answer of {length} bytes is over {MAX_ANSWER_BYTES}")
     return status, length, content_type, keep_alive
 
 
@@ -114,16 +111,16 @@ class _Connection(asyncio.Protocol):
                 end = self.buffer.find(b"\r\n\r\n")
                 if end < 0:
                     if len(self.buffer) > MAX_HEAD_BYTES:
-                        raise MalformedAnswer(f"answer head over {MAX_HEAD_BYTES} bytes")
+                        raise ProtocolError(f"answer head over {MAX_HEAD_BYTES} bytes")
                     return
                 self.head = (*_parse_head(bytes(self.buffer[:end])), end + 4)
             status, length, content_type, keep_alive, start = self.head
             if len(self.buffer) < start + length:
                 return
             if len(self.buffer) > start + length:
-                raise MalformedAnswer("bytes after the answer's body")
+                raise ProtocolError("bytes after the answer's body")
             body = bytes(self.buffer[start:])
-        except MalformedAnswer as exc:
+        except ProtocolError as exc:
             waiter.set_exception(exc)
             self.abort()
             return
