@@ -31,7 +31,8 @@ Ends with::
     RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
 
     python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--repeats N] [--mixed-precision]
-                                   [--criteo-rows 200000] [--json F]
+                                   [--datasets census,criteo] [--criteo-rows 200000]
+                                   [--staleness 8] [--json F]
 """
 
 from __future__ import annotations
@@ -257,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         help="training rows of the Criteo-shaped set (0 skips it; default 200,000)",
     )
     parser.add_argument(
+        "--datasets", default="census,criteo",
+        help="which data sets to run, in this order (default census,criteo; the RESULT line "
+        "reports the first)",
+    )  # fmt: skip
+    parser.add_argument(
         "--staleness", type=int, default=8, help="embedding staleness bound of the NN worker"
     )
     parser.add_argument(
@@ -291,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--threads: expected positive integers separated by commas, got {args.threads!r}"
         )
+    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
+        parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
     quick_steps = 20
@@ -301,11 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name) if args.log_dir is None else args.log_dir
         tmp.mkdir(parents=True, exist_ok=True)
         caps = dict(max_train_rows=quick_steps * BATCH, max_test_rows=8192) if args.quick else {}
-        census = e2e_data.prepare("census", tmp / "census.npz", **caps)
-        results.append(bench_dataset("census", census, tmp, args, 0))
-        if args.criteo_rows:
-            criteo = e2e_data.prepare("criteo", tmp / "criteo.npz", criteo_rows=args.criteo_rows)
-            results.append(bench_dataset("criteo", criteo, tmp, args, 0))
+        for name in args.datasets:
+            if name == "census":
+                census = e2e_data.prepare("census", tmp / "census.npz", **caps)
+                results.append(bench_dataset("census", census, tmp, args, 0))
+            elif args.criteo_rows:
+                criteo = e2e_data.prepare(
+                    "criteo", tmp / "criteo.npz", criteo_rows=args.criteo_rows
+                )
+                results.append(bench_dataset("criteo", criteo, tmp, args, 0))
+        if not results:
+            parser.error("nothing to run: --datasets criteo needs --criteo-rows > 0")
     print_report(results)
     path = write_json("e2e_bench", {"quick": args.quick, "results": results}, args.json)
     print(f"\nJSON: {path}")
