@@ -154,3 +154,42 @@ def test_lookup_limits_without_lookahead_admit_up_to_the_staleness_bound():
         return first * 10 + admitted
 
     assert asyncio.run(scenario()) == 3 * 10 + 4
+
+
+def test_the_window_keeps_staleness_at_what_the_latencies_need():
+    """With a staleness bound of 8, fast lookups (2 ms) and gradients applied ~20 ms after a
+    ~20 ms step, Little's law needs ceil(1.25 * (2 + 20) / 20) = 2 batches out, not 8."""
+
+    async def scenario() -> tuple[int, int | None, int]:
+        limits = InflightLimits.for_lookups(
+            num_workers=8, buffer_size=10, staleness=8, just_in_time=True
+        )
+        ahead = limits.lookahead
+        assert ahead is not None and ahead.window == 8  # nothing measured yet: the bound
+        permits: asyncio.Queue = asyncio.Queue()
+        out_seen: list[int] = []
+
+        async def produce() -> None:
+            while True:
+                await limits.admit()
+                out_seen.append(ahead.out)
+                permits.put_nowait(limits.permit_releaser())
+
+        producer = asyncio.create_task(produce())
+        try:
+            for _ in range(15):  # the training loop
+                permit = await permits.get()
+                limits.looked_up(0.002)
+                limits.taken(permit)
+                await asyncio.sleep(0.02)  # forward + backward + gradients applied
+                permit()
+            steady = max(out_seen[8:])
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+        return max(out_seen[:4]), ahead.window, steady
+
+    early, window, steady = asyncio.run(scenario())
+    assert early >= 3  # before the averages exist, lookups run ahead under the bound
+    assert window == 2
+    assert steady <= 2  # then at most the batch training and the next one are out

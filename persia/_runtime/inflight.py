@@ -21,8 +21,12 @@ Per DataLoader iteration (:class:`LookupLimits`, on the event loop):
   batches ahead of the loop as the measured lookup latency needs to be hidden behind the
   measured step time (usually 1 or 2), and never more than ``min(num_workers,
   forward_buffer_size + 1, embedding_staleness)``. Counted from the lookup's start until
-  the loop takes the batch. Embeddings read earlier miss the updates of every batch trained
-  meanwhile (issue 10: reading 8 ahead cost 0.005 test AUC on Census-Income).
+  the loop takes the batch. With a staleness bound it also keeps the *window* (batches
+  whose embeddings are out and whose gradients are not applied yet) at what the measured
+  lookup and gradient latencies need (2 when they are short), below the bound. Embeddings
+  read earlier miss the updates of every batch trained meanwhile (issue 10: reading 8
+  ahead cost 0.005 test AUC on Census-Income; a window of 8 instead of 2 cost 0.0065 on
+  the Criteo-shaped set).
 * staleness permit (training only): the prefetcher takes one before a lookup; it comes back
   when the batch's gradients were applied, or when the loop moves past the batch without
   backward. It bounds how many batches read embeddings that miss each other's updates.
@@ -98,22 +102,37 @@ class InflightLimits:
 
 
 class Lookahead:
-    """How many lookups to keep ahead of the training loop: just enough to hide their latency.
+    """How far ahead of the training loop lookups run: just enough to hide their latency.
 
-    ``target = 1 + ceil(LATENCY_MARGIN * mean lookup latency / mean step interval)``,
-    clamped to ``[1, cap]`` (moving averages; ``cap`` before the first measurements).
+    Two measured bounds (moving averages; before the first measurements, the caps):
+
+    * ``target``, lookups started and not yet taken by the loop:
+      ``1 + ceil(LATENCY_MARGIN * lookup latency / step interval)``, in ``[1, cap]``;
+    * ``window``, with a staleness bound (``window_cap``): batches whose embeddings are out
+      and whose gradients are not yet applied (looked up, training, or gradients in flight),
+      by Little's law ``ceil(WINDOW_MARGIN * (lookup latency + hold) / step interval)`` in
+      ``[2, window_cap]``, where ``hold`` is the time from the loop taking a batch to its
+      gradients being applied. This is the staleness the embeddings actually see: only as
+      much as the throughput needs (2 when lookups and gradient sends are fast).
+
     Lives on the runtime loop.
     """
 
     LATENCY_MARGIN = 2.0
     """Headroom over the mean latency, so a lookup slower than usual is still hidden."""
+    WINDOW_MARGIN = 1.25
+    """Headroom of the window over what the mean latencies need."""
     SMOOTHING = 0.2
 
-    def __init__(self, cap: int):
+    def __init__(self, cap: int, window_cap: int | None = None):
         self.cap = max(1, cap)
+        self.window_cap = None if window_cap is None else max(2, window_cap)
         self.ahead = 0
+        self.out = 0
+        """Batches admitted and not yet returned (counted only with a ``window_cap``)."""
         self._latency: float | None = None
         self._interval: float | None = None
+        self._hold: float | None = None
         self._last_take: float | None = None
         self._changed = asyncio.Event()
 
@@ -127,12 +146,27 @@ class Lookahead:
         want = 1 + math.ceil(self.LATENCY_MARGIN * self._latency / self._interval)
         return max(1, min(self.cap, want))
 
+    @property
+    def window(self) -> int | None:
+        if self.window_cap is None:
+            return None
+        if self._latency is None or not self._interval or self._hold is None:
+            return self.window_cap
+        want = math.ceil(self.WINDOW_MARGIN * (self._latency + self._hold) / self._interval)
+        return max(2, min(self.window_cap, want))
+
+    def _full(self) -> bool:
+        window = self.window
+        return self.ahead >= self.target or (window is not None and self.out >= window)
+
     async def wait_for_room(self) -> None:
-        """Return once fewer than ``target`` lookups are ahead of the loop (then count one)."""
-        while self.ahead >= self.target:
+        """Return once below ``target`` (and ``window``); then count one more lookup."""
+        while self._full():
             self._changed.clear()
             await self._changed.wait()
         self.ahead += 1
+        if self.window_cap is not None:
+            self.out += 1
 
     def looked_up(self, seconds: float) -> None:
         self._latency = self._average(self._latency, seconds)
@@ -151,6 +185,29 @@ class Lookahead:
         self.ahead = max(0, self.ahead - 1)
         self._changed.set()
 
+    def returned(self, hold: float | None) -> None:
+        """A batch's staleness permit came back, ``hold`` seconds after the loop took it
+        (None: it was never taken)."""
+        if self.window_cap is not None:
+            self.out = max(0, self.out - 1)
+        if hold is not None:
+            self._hold = self._average(self._hold, hold)
+        self._changed.set()
+
+
+class Permit:
+    """One batch's staleness permit. Calling it (once, from any thread) gives it back."""
+
+    __slots__ = ("_limits", "taken_at")
+
+    def __init__(self, limits: LookupLimits):
+        self._limits = limits
+        self.taken_at: float | None = None
+        """When the loop took the batch (loop clock), for the lookahead's hold time."""
+
+    def __call__(self) -> None:
+        self._limits._loop.call_soon_threadsafe(self._limits._returned, self)
+
 
 class LookupLimits:
     """Lookahead, staleness permits, lookup workers and forward buffer of one DataLoader
@@ -168,7 +225,9 @@ class LookupLimits:
         self._buffer = asyncio.Semaphore(self.buffer_size)
         self._permits = asyncio.Semaphore(self.staleness) if self.staleness else None
         cap = min(self.num_workers, self.buffer_size + 1, self.staleness or self.num_workers)
-        self.lookahead: Lookahead | None = Lookahead(cap) if just_in_time else None
+        self.lookahead: Lookahead | None = (
+            Lookahead(cap, window_cap=self.staleness) if just_in_time else None
+        )
 
     # --- one lookup's life ------------------------------------------------------------
     async def admit(self) -> None:
@@ -184,16 +243,20 @@ class LookupLimits:
             self._permits.release()
         if self.lookahead is not None:
             self.lookahead.gave_up()
+            self.lookahead.returned(None)
 
-    def permit_releaser(self) -> Callable[[], None] | None:
-        """A thread-safe function giving the admitted batch's staleness permit back (call it
-        once: after the gradients were applied, or when the batch is dropped); None when
+    def permit_releaser(self) -> Permit | None:
+        """The admitted batch's staleness permit: a thread-safe function giving it back (call
+        it once: after the gradients were applied, or when the batch is dropped); None when
         there is no staleness bound."""
-        permits = self._permits
-        if permits is None:
-            return None
-        loop = self._loop
-        return lambda: loop.call_soon_threadsafe(permits.release)
+        return Permit(self) if self._permits is not None else None
+
+    def _returned(self, permit: Permit) -> None:
+        assert self._permits is not None
+        self._permits.release()
+        if self.lookahead is not None:
+            hold = None if permit.taken_at is None else time.monotonic() - permit.taken_at
+            self.lookahead.returned(hold)
 
     async def take_buffer_slot(self) -> None:
         """A place in the forward buffer, held until the loop takes the batch (or its error)."""
@@ -210,9 +273,11 @@ class LookupLimits:
         if self.lookahead is not None:
             self.lookahead.looked_up(seconds)
 
-    def taken(self) -> None:
-        """The loop took a looked-up batch out of the forward buffer."""
+    def taken(self, permit: Callable[[], None] | None = None) -> None:
+        """The loop took a looked-up batch (holding ``permit``) out of the forward buffer."""
         self._buffer.release()
+        if isinstance(permit, Permit):
+            permit.taken_at = time.monotonic()
         if self.lookahead is not None:
             self.lookahead.taken()
 

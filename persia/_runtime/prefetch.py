@@ -199,7 +199,7 @@ class Prefetcher:
         if isinstance(entry, _Failed):
             loop.call_soon_threadsafe(limits.dropped)
             raise entry.exc
-        loop.call_soon_threadsafe(limits.taken)
+        loop.call_soon_threadsafe(limits.taken, entry._release)
         self._last = entry
         return entry
 
