@@ -25,7 +25,7 @@ and ends with::
 (a step = /batch + /lookup + /gradients + 1/16 /lookup_direct, the load driver's unit;
 ratios are baseline / working tree, so > 1 is a saving).
 
-    python benchmarks/request_cpu_bench.py [--baseline-ref main] [--rounds 20] [--round 200]
+    python benchmarks/request_cpu_bench.py [--baseline-ref main] [--rounds 20] [--round 200] [--quick]
 """
 
 from __future__ import annotations
@@ -193,7 +193,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds per tree")
     parser.add_argument("--round", type=int, default=200, help="batches per round")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: 2 rounds of 50, baseline HEAD (the tests use it)")  # fmt: skip
+    parser.add_argument(
+        "--json", type=Path, help="where to write the JSON (default bench_results/)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.round, args.baseline_ref = 2, 50, "HEAD"
     install_uvloop()
     with tempfile.TemporaryDirectory(prefix="pyrsia-baseline-") as tmp:
         sources: dict[str, Path | None] = {"working": None}
@@ -208,8 +215,9 @@ def main() -> None:
                               + summary["client_cpu_ms_per_step"])  # fmt: skip
     print(f"baseline: {args.baseline_ref} ({commit})" if commit else "no baseline")
     print(f"one core runs ~{steps_per_core_s:.0f} load-driver steps/s of worker + PS + client")
-    path = write_json("request_cpu", {"args": vars(args), "baseline_commit": commit,
-                                      "summary": summary, **result})  # fmt: skip
+    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "baseline_commit": commit,
+           "summary": summary, **result}  # fmt: skip
+    path = write_json("request_cpu", doc, args.json)
     print(f"wrote {path}")
     print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in summary.items()))
 

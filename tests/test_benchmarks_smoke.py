@@ -1,6 +1,6 @@
 """Smoke test of the service benchmarks: each runs end to end at a tiny size (``--quick``).
 
-The two scripts run concurrently as subprocesses (each starts its own redis-server and
+The scripts run concurrently as subprocesses (each starts its own redis-server and
 services); the test checks they exit 0, print exactly one parseable ``RESULT`` line with
 the promised keys, and write their JSON. Numbers are not judged here: only that the
 scripts still work against the current code.
@@ -30,6 +30,14 @@ BENCHES = {
         "bytes_per_entry_ratio",
     ],
     "ew_bench.py": ["ew_samples_per_s", "ew_ids_per_s"],
+    "request_cpu_bench.py": [
+        "ew_cpu_ms_per_step",
+        "ps_cpu_ms_per_step",
+        "client_cpu_ms_per_step",
+        "ratio_ew",
+        "ratio_ps",
+        "ratio_client",
+    ],
 }
 
 

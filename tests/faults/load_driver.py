@@ -181,7 +181,7 @@ def main() -> int:
     parser.add_argument("--ew", required=True, help="embedding worker URL")
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--steps-per-s", type=float, required=True)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
     install_uvloop()
     driver = Driver(args.ew, args.concurrency)
