@@ -117,3 +117,44 @@ def test_scan_interval_is_validated(run, tmp_path):
     out = run("embedding-parameter-server", "--global-config", str(cfg))
     assert out.returncode == 2
     assert "embedding_parameter_server_config.incremental_scan_interval_seconds" in out.stderr
+
+
+@pytest.fixture
+def no_token(monkeypatch):
+    monkeypatch.delenv("PERSIA_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("PERSIA_INSECURE", raising=False)
+    monkeypatch.delenv("PYRSIA_MAX_MESSAGE_BYTES", raising=False)
+    return monkeypatch
+
+
+def test_serve_refuses_a_non_loopback_bind_without_a_token(run, model_dir, no_token):
+    out = run("serve", "--model", str(model_dir), "--host", "0.0.0.0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "refusing to listen on 0.0.0.0 without PERSIA_AUTH_TOKEN" in out.stderr
+    assert "--insecure" in out.stderr
+
+
+@pytest.mark.parametrize("how", ["--insecure", "PERSIA_INSECURE", "PERSIA_AUTH_TOKEN"])
+def test_serve_binds_non_loopback_with_a_token_or_insecure(run, model_dir, no_token, tmp_path, how):
+    """Past the bind rule, the next check speaks: a mismatching embedding config (so the
+    command stops before it would serve)."""
+    flags = []
+    if how == "--insecure":
+        flags.append("--insecure")
+    elif how == "PERSIA_INSECURE":
+        no_token.setenv("PERSIA_INSECURE", "1")
+    else:
+        no_token.setenv("PERSIA_AUTH_TOKEN", "t" * 32)
+    other = tmp_path / "emb.yml"
+    other.write_text(EMBEDDING_CONFIG.replace("dim: 4", "dim: 5"))
+    out = run("serve", "--model", str(model_dir), "--host", "0.0.0.0", "--embedding-config", str(other), *flags)  # fmt: skip
+    assert out.returncode == 2 and "not the embedding config" in out.stderr, out.stderr
+
+
+def test_serve_checks_the_token_and_the_size_cap(run, model_dir, no_token):
+    no_token.setenv("PERSIA_AUTH_TOKEN", "short")
+    out = run("serve", "--model", str(model_dir))
+    assert out.returncode == 2 and "PERSIA_AUTH_TOKEN: expected at least" in out.stderr
+    no_token.delenv("PERSIA_AUTH_TOKEN")
+    out = run("serve", "--model", str(model_dir), "--max-request-bytes", "0")
+    assert out.returncode == 2 and "--max-request-bytes must be a positive" in out.stderr

@@ -23,7 +23,7 @@ from persia.service import ENV_EMBEDDING_WORKER_SERVICE
 from persia.serving.artifact import load_model
 from persia.serving.private_worker import PrivateWorker
 from persia.serving.server import create_app
-from shared.cli import fail, resolve_file
+from shared.cli import add_server_security_flags, check_server_security_flags, fail, resolve_file
 from shared.config import load_embedding_config, load_global_config
 from shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
 from shared.errors import ConfigError, InvalidInputError, UsageError
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight", type=int, default=16, help="predictions running at once; more get 429 (default 16)")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="threads running the dense model (default 2)")  # fmt: skip
     p.add_argument("--wait-timeout", type=float, default=120.0, help="seconds to wait for the embedding workers (default 120)")  # fmt: skip
+    add_server_security_flags(p)  # --insecure, --max-request-bytes: the services' bind rule and cap
     return p
 
 
@@ -64,6 +65,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if not args.wait_timeout > 0:
         raise UsageError(f"--wait-timeout must be > 0, got {args.wait_timeout}")
+    # a non-loopback --host needs PERSIA_AUTH_TOKEN (then every route answers 401 without
+    # it) or --insecure, as for the PS and the embedding worker
+    check_server_security_flags(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     private = None if workers else PrivateWorker(Path(emb_path), Path(glob_path))
     try:
         app = create_app(model, workers or [private.address], max_batch=args.max_batch_size,
-                         max_inflight=args.max_inflight, threads=args.threads, wait_timeout_s=args.wait_timeout)  # fmt: skip
+                         max_inflight=args.max_inflight, threads=args.threads, wait_timeout_s=args.wait_timeout,
+                         max_request_bytes=args.max_request_bytes)  # fmt: skip
     except InvalidInputError as exc:
         return fail(str(exc))
     if private is not None:

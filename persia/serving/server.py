@@ -185,9 +185,14 @@ def create_app(
     max_inflight: int = 16,
     threads: int = 2,
     wait_timeout_s: float = 120.0,
+    max_request_bytes: int | None = None,
 ) -> web.Application:
-    """The serve app: ``model`` answered through the embedding workers at ``embedding_workers``."""
-    app = make_app("serve")
+    """The serve app: ``model`` answered through the embedding workers at ``embedding_workers``.
+
+    ``max_request_bytes`` caps request bodies (413 beyond; default ``PYRSIA_MAX_MESSAGE_BYTES``
+    or 1 GiB); with ``PERSIA_AUTH_TOKEN`` set every route needs the token (401 otherwise).
+    """
+    app = make_app("serve", client_max_size=max_request_bytes)
     state = ServeState(model, embedding_workers, max_batch=max_batch, max_inflight=max_inflight, threads=threads)  # fmt: skip
     state.metrics = _metrics(app)
     app[SERVE] = state
