@@ -1,6 +1,6 @@
-"""``persia-launcher serve`` with ``PERSIA_AUTH_TOKEN`` on a non-loopback bind: every route but
-``/health`` and ``/metrics`` (as for the services) answers 401 without the token or with a
-wrong one, and predicts with it; refused requests change nothing served."""
+"""``persia-launcher serve`` with ``PERSIA_AUTH_TOKEN`` on a non-loopback bind: every route
+(``/health`` and ``/metrics`` included, as on the services) answers 401 without the token or
+with a wrong one, and predicts with it; refused requests change nothing served."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ def stack(tmp_path_factory):
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong-token-of-enough-length", "Basic x"])
-@pytest.mark.parametrize("method, path", [("POST", "/predict"), ("GET", "/signature")])
+@pytest.mark.parametrize(
+    "method, path",
+    [("POST", "/predict"), ("GET", "/signature"), ("GET", "/health"), ("GET", "/metrics")],
+)
 def test_without_the_token_is_401(stack, header, method, path):
     client = RawClient(stack.procs["serve"].url)
     try:
