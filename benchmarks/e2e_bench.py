@@ -30,9 +30,13 @@ Ends with::
 
     RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
 
-    python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--repeats N] [--mixed-precision]
-                                   [--datasets census,criteo] [--criteo-rows 200000]
-                                   [--staleness 8] [--json F]
+    python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
+                                   [--mixed-precision] [--datasets census,criteo]
+                                   [--criteo-rows 200000] [--staleness 8] [--json F]
+
+``--nn-workers 1,2`` runs Pyrsia with 1 and with 2 NN-worker ranks (each with as many data
+loaders) in the same run, against the same baseline runs; ``--threads`` is then torch
+threads per rank.
 """
 
 from __future__ import annotations
@@ -78,9 +82,14 @@ RUN_TIMEOUT_S = 1800.0
 # ------------------------------------------------------------------------------- Pyrsia
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
-               mixed_precision: bool = False) -> dict[str, Any]:  # fmt: skip
-    """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits."""
-    result_path = tmp / f"result-{threads}-{time.monotonic_ns()}.json"
+               mixed_precision: bool = False, nn_workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
+
+    ``nn_workers`` NN-worker ranks (``--nproc-per-node``; ``threads`` torch threads each) and
+    as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
+    n``), as ``Procfile.multi`` runs them.
+    """
+    result_path = tmp / f"result-{nn_workers}x{threads}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
         "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
@@ -103,18 +112,23 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
             # The NN worker and the data loader start first (they wait for the registry), so
             # their imports overlap the servers' start-up.
             nn = subprocess.Popen(
-                [*launcher, "nn-worker", str(E2E / "train.py"), "--nproc-per-node", "1",
-                 "--master-port", str(free_port())],
-                cwd=REPO, env=full_env, stdout=logs["nn"], stderr=subprocess.STDOUT,
+                [*launcher, "nn-worker", str(E2E / "train.py"), "--nproc-per-node",
+                 str(nn_workers), "--master-port", str(free_port())],
+                cwd=REPO, env={**full_env, "E2E_DDP_PORT": str(free_port())},
+                stdout=logs["nn"], stderr=subprocess.STDOUT,
             )  # fmt: skip
             children.append(nn)
             sampler.track("nn_worker", nn.pid)
-            dl = subprocess.Popen(
-                [*launcher, "data-loader", "--exit-when-done", str(E2E / "data_loader.py")],
-                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            children.append(dl)
-            sampler.track("data_loader", dl.pid)
+            loaders = []
+            for i in range(nn_workers):
+                loaders.append(subprocess.Popen(
+                    [*launcher, "data-loader", "--exit-when-done", "--replica-index", str(i),
+                     "--replica-size", str(nn_workers), str(E2E / "data_loader.py")],
+                    cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
+                ))  # fmt: skip
+                children.append(loaders[-1])
+                name = "data_loader" if nn_workers == 1 else f"data_loader_{i}"
+                sampler.track(name, loaders[-1].pid)
             ps = cluster.start(
                 "services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
             )
@@ -126,7 +140,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
             sampler.start()
             t_services = time.time()
             nn_code = nn.wait(timeout=RUN_TIMEOUT_S)
-            dl_code = dl.wait(timeout=60)
+            dl_code = max((dl.wait(timeout=60) for dl in loaders), key=abs)
         finally:
             for child in children:
                 if child.poll() is None:
@@ -149,6 +163,10 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
             f"Pyrsia run failed, exit codes {codes}\n--- nn worker\n{tail}\n--- data loader\n{tail_dl}"
         )
     res = json.loads(result_path.read_text())
+    if nn_workers > 1:  # each rank's own samples, steps, phases and thread CPU
+        res["ranks"] = [
+            json.loads(Path(f"{result_path}.rank{r}").read_text()) for r in range(nn_workers)
+        ]
     res["startup_s"] = res["t_first"] - t_launch
     res["services_registered_s"] = t_services - t_launch
     res["ctx_ready_s"] = res["t_ready"] - t_launch
@@ -156,6 +174,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     res["cpu_s"] = sum(v["cpu_s"] for v in res["cpu"].values())
     res["metrics"] = metrics
     res["exit_codes"] = codes
+    res["nn_workers"] = nn_workers
     return res
 
 
@@ -205,15 +224,19 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                   max_steps: int) -> dict[str, Any]:  # fmt: skip
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
-    runs: dict[str, list[dict[str, Any]]] = {"pyrsia": [], "baseline": []}
+    sides = {n: pyrsia_side(n) for n in args.nn_workers}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides.values()}
+    runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            print(f"[{name}] Pyrsia pipeline, {threads} torch thread(s) ...", flush=True)
-            runs["pyrsia"].append(run_pyrsia(data_path, configs, tmp, threads=threads,
+            for n, side in sides.items():
+                print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
+                      "thread(s) ...", flush=True)  # fmt: skip
+                runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                              staleness=args.staleness, max_steps=max_steps,
-                                             profile=args.profile,
+                                             profile=args.profile, nn_workers=n,
                                              mixed_precision=args.mixed_precision))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
@@ -223,24 +246,37 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                     run_baseline(data, threads=threads, max_steps=max_steps, bf16=True)
                 )
     best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
-    p, b = best["pyrsia"], best["baseline"]
-    pairs = [  # each Pyrsia run against the baseline run right after it (same threads)
-        {"threads": pr["threads"], "ratio": pr["samples_per_s"] / br["samples_per_s"],
-         "auc_gap": pr["auc"] - br["auc"]}
-        for pr, br in zip(runs["pyrsia"], runs["baseline"], strict=True)
+    b = best["baseline"]
+    pyrsia_sides = list(sides.values())
+    p = best[pyrsia_sides[0]]
+    pairs = [  # each Pyrsia run against the baseline run of the same repeat and threads
+        {"side": side, "nn_workers": pr["nn_workers"], "threads": pr["threads"],
+         "ratio": pr["samples_per_s"] / br["samples_per_s"], "auc_gap": pr["auc"] - br["auc"]}
+        for side in pyrsia_sides
+        for pr, br in zip(runs[side], runs["baseline"], strict=True)
     ]  # fmt: skip
-    if p["steps"] != b["steps"]:
-        raise RuntimeError(f"{name}: Pyrsia ran {p['steps']} steps, the baseline {b['steps']}")
+    for side in pyrsia_sides:
+        if best[side]["steps"] != b["steps"]:
+            raise RuntimeError(
+                f"{name}: {side} trained {best[side]['steps']} batches, the baseline {b['steps']}"
+            )
     return {
         "dataset": name, "train_rows": len(data["train_label"]), "test_rows": len(data["test_label"]),
         "slots": len(data["slot_names"]), "dense": int(data["train_dense"].shape[1]),
         "batch_size": BATCH, "steps": p["steps"], "runs": runs, "pyrsia": p, "baseline": b,
         "ratio": p["samples_per_s"] / b["samples_per_s"], "pairs": pairs,
-        "mixed_precision": args.mixed_precision,
+        "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
+        "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
+        "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
         **({"baseline_bf16": best["baseline_bf16"],
             "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}
            if args.mixed_precision else {}),
     }  # fmt: skip
+
+
+def pyrsia_side(nn_workers: int) -> str:
+    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks."""
+    return "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=1, help="run each side this many times (interleaved)"
     )
     parser.add_argument(
+        "--nn-workers",
+        default="1",
+        help="NN-worker rank counts to run Pyrsia with, each with as many data loaders "
+        "(default 1; e.g. 1,2: both in the same run; the first is the RESULT line's)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
     )
     args = parser.parse_args(argv)  # fmt: skip
@@ -300,6 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
+    try:
+        args.nn_workers = [int(t) for t in args.nn_workers.split(",")]
+        if (
+            not args.nn_workers
+            or min(args.nn_workers) < 1
+            or len(set(args.nn_workers)) != len(args.nn_workers)
+        ):
+            raise ValueError
+    except ValueError:
+        parser.error(
+            f"--nn-workers: expected distinct positive integers separated by commas, got {args.nn_workers!r}"
+        )
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
     quick_steps = 20

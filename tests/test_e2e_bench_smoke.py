@@ -47,3 +47,21 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert {"nn_worker", "embedding_worker", "embedding_ps", "data_loader", "redis"} <= set(
         census["pyrsia"]["cpu"]
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_e2e_bench_quick_with_two_nn_worker_ranks_counts_both_ranks_batches(tmp_path):
+    out_json = tmp_path / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--nn-workers", "2",
+         "--json", str(out_json)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    census = json.loads(out_json.read_text())["results"][0]
+    two = census["pyrsia_sides"]["pyrsia_2ranks"]
+    assert two["nn_workers"] == 2 and [r["steps"] for r in two["ranks"]] == [10, 10]
+    assert two["steps"] == census["baseline"]["steps"] == 20  # every batch, once
+    assert set(two["exit_codes"].values()) == {0}
+    assert {"nn_worker", "data_loader_0", "data_loader_1"} <= set(two["cpu"])

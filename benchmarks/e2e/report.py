@@ -16,11 +16,13 @@ def print_report(results: list[dict[str, Any]]) -> None:
     for r in results:
         for side in r["runs"]:
             for run in r["runs"][side]:
+                best = r.get("pyrsia_sides", {}).get(side) or r.get(side)
                 rows.append({
-                    "data": r["dataset"], "side": side, "threads": run["threads"], "steps": run["steps"],
+                    "data": r["dataset"], "side": side, "ranks": run.get("nn_workers", ""),
+                    "threads": run["threads"], "steps": run["steps"],
                     "train_s": f"{run['train_seconds']:.2f}", "samples/s": fmt_rate(run["samples_per_s"]),
-                    "auc": f"{run['auc']:.4f}", "cpu_ms/step": f"{1e3 * run['cpu_s'] / max(run['timed_steps'], 1):.0f}",
-                    "best": "*" if run is r[side] else "",
+                    "auc": f"{run['auc']:.4f}", "cpu_ms/batch": f"{1e3 * run['cpu_s'] / max(run['timed_steps'], 1):.0f}",
+                    "best": "*" if run is best else "",
                 })  # fmt: skip
     print()
     print_table(
@@ -30,86 +32,110 @@ def print_report(results: list[dict[str, Any]]) -> None:
             for k in (
                 "data",
                 "side",
+                "ranks",
                 "threads",
                 "steps",
                 "train_s",
                 "samples/s",
                 "auc",
-                "cpu_ms/step",
+                "cpu_ms/batch",
                 "best",
             )
         ],
     )
     print()
     print_table(
-        [{"data": r["dataset"], "pyrsia": fmt_rate(r["pyrsia"]["samples_per_s"]),
-          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratio']:.3f}",
-          "auc_pyrsia": f"{r['pyrsia']['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
-          "auc_gap": f"{r['pyrsia']['auc'] - r['baseline']['auc']:+.4f}",
-          "startup_s": f"{r['pyrsia']['startup_s']:.1f}", "eval_s": f"{r['pyrsia']['eval_seconds']:.1f}"}
-         for r in results],
-        [(k, k) for k in ("data", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
+        [{"data": r["dataset"], "side": side, "pyrsia": fmt_rate(p["samples_per_s"]),
+          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratios'][side]:.3f}",
+          "auc_pyrsia": f"{p['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
+          "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
+          "startup_s": f"{p['startup_s']:.1f}", "eval_s": f"{p['eval_seconds']:.1f}"}
+         for r in results for side, p in r["pyrsia_sides"].items()],
+        [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
                           "auc_gap", "startup_s", "eval_s")],
     )  # fmt: skip
     for r in results:
-        p = r["pyrsia"]
-        steps = max(p["timed_steps"], 1)
+        load = r.get("load_average")
+        if load:
+            print(
+                f"\n[{r['dataset']}] load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+            )
+        for side, p in r["pyrsia_sides"].items():
+            _print_side(r, side, p)
+
+
+def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
+    """Where one Pyrsia configuration's time went: start-up, step split, threads, CPU per process."""
+    tag = f"{r['dataset']}/{side}"
+    steps = max(p.get("rank_timed_steps", p["timed_steps"]), 1)
+    split = ", ".join(
+        f"{k} {1e3 * v['wall_s'] / steps:.1f} ({1e3 * v['cpu_s'] / steps:.1f})"
+        for k, v in p["phases"].items()
+    )
+    busy = {k: v for k, v in p["phases"].items() if k not in ("wait", "flush")}
+    step_wall = 1e3 * sum(v["wall_s"] for v in busy.values()) / steps
+    step_cpu = 1e3 * sum(v["cpu_s"] for v in busy.values()) / steps
+    b = r["baseline"]
+    base_wall = 1e3 * b["train_seconds"] / max(b["timed_steps"], 1)
+    base_cpu = 1e3 * b["cpu_s"] / max(b["timed_steps"], 1)
+    threads = ", ".join(
+        f"{k} {1e3 * v / steps:.1f}"
+        for k, v in sorted(p["threads_cpu_s"].items(), key=lambda kv: -kv[1])
+        if v > 0
+    )
+    print(
+        f"\n[{tag}] Pyrsia start-up: servers registered {p['services_registered_s']:.1f}s, "
+        f"TrainCtx entered {p['ctx_ready_s']:.1f}s, first batch {p['startup_s']:.1f}s"
+    )
+    print(f"[{tag}] NN worker training thread, ms per step wall (CPU): {split}")
+    print_step_split(tag, p, b)
+    print(
+        f"[{tag}] NN worker step without wait: {step_wall:.1f} ms wall, "
+        f"{step_cpu:.1f} ms CPU; baseline step: {base_wall:.1f} ms wall, {base_cpu:.1f} ms CPU "
+        f"({b['threads']} thread(s))"
+    )
+    w = p.get("wait_ms")
+    if w:
+        print(
+            f"[{tag}] NN worker wait for the next batch, ms per step: "
+            f"p50 {w['p50']:.2f}, p90 {w['p90']:.2f}, max {w['max']:.1f}"
+        )
+    print(f"[{tag}] NN worker CPU ms per step by thread: {threads}")
+    for rank, own in enumerate(p.get("ranks", [])):
+        n = max(own["steps"] - 1, 1)
         split = ", ".join(
-            f"{k} {1e3 * v['wall_s'] / steps:.1f} ({1e3 * v['cpu_s'] / steps:.1f})"
-            for k, v in p["phases"].items()
+            f"{k} {1e3 * v['wall_s'] / n:.1f} ({1e3 * v['cpu_s'] / n:.1f})"
+            for k, v in own["phases"].items()
         )
-        busy = {k: v for k, v in p["phases"].items() if k not in ("wait", "flush")}
-        step_wall = 1e3 * sum(v["wall_s"] for v in busy.values()) / steps
-        step_cpu = 1e3 * sum(v["cpu_s"] for v in busy.values()) / steps
-        b = r["baseline"]
-        base_wall = 1e3 * b["train_seconds"] / max(b["timed_steps"], 1)
-        base_cpu = 1e3 * b["cpu_s"] / max(b["timed_steps"], 1)
-        threads = ", ".join(
-            f"{k} {1e3 * v / steps:.1f}"
-            for k, v in sorted(p["threads_cpu_s"].items(), key=lambda kv: -kv[1])
-            if v > 0
-        )
+        busy_cpu = sum(own["threads_cpu_s"].values()) / max(own["train_seconds"], 1e-9)
         print(
-            f"\n[{r['dataset']}] Pyrsia start-up: servers registered {p['services_registered_s']:.1f}s, "
-            f"TrainCtx entered {p['ctx_ready_s']:.1f}s, first batch {p['startup_s']:.1f}s"
+            f"[{tag}] rank {rank}: {own['steps']} batches, {own['train_seconds']:.2f}s, "
+            f"{busy_cpu:.2f} cores; ms per step wall (CPU): {split}"
         )
-        print(f"[{r['dataset']}] NN worker training thread, ms per step wall (CPU): {split}")
-        print_step_split(r["dataset"], p, b)
+    pairs = ", ".join(
+        f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})"
+        for q in r["pairs"]
+        if q.get("side", "pyrsia") == side
+    )
+    print(f"[{tag}] same-run pairs, ratio (AUC gap): {pairs}")
+    if "baseline_bf16" in r:
+        bb = r["baseline_bf16"]
         print(
-            f"[{r['dataset']}] NN worker step without wait: {step_wall:.1f} ms wall, "
-            f"{step_cpu:.1f} ms CPU; baseline step: {base_wall:.1f} ms wall, {base_cpu:.1f} ms CPU "
-            f"({b['threads']} thread(s))"
+            f"[{tag}] Pyrsia bf16 vs baseline under bf16 autocast (reference): "
+            f"{fmt_rate(bb['samples_per_s'])} samples/s, AUC {bb['auc']:.4f}, "
+            f"ratio {r['ratio_vs_bf16_baseline']:.3f}"
         )
-        w = p.get("wait_ms")
-        if w:
-            print(
-                f"[{r['dataset']}] NN worker wait for the next batch, ms per step: "
-                f"p50 {w['p50']:.2f}, p90 {w['p90']:.2f}, max {w['max']:.1f}"
-            )
-        print(f"[{r['dataset']}] NN worker CPU ms per step by thread: {threads}")
-        pairs = ", ".join(
-            f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})" for q in r["pairs"]
+    cpu = ", ".join(
+        f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
+    )
+    print(f"[{tag}] CPU cores used during training (2 available): {cpu}")
+    for svc, hists in p["metrics"].items():
+        text = ", ".join(
+            f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
+            for k, v in hists.items()
+            if v["count"]
         )
-        print(f"[{r['dataset']}] same-run pairs, ratio (AUC gap): {pairs}")
-        if "baseline_bf16" in r:
-            bb = r["baseline_bf16"]
-            print(
-                f"[{r['dataset']}] Pyrsia bf16 vs baseline under bf16 autocast (reference): "
-                f"{fmt_rate(bb['samples_per_s'])} samples/s, AUC {bb['auc']:.4f}, "
-                f"ratio {r['ratio_vs_bf16_baseline']:.3f}"
-            )
-        cpu = ", ".join(
-            f"{k} {v['cores']:.2f}"
-            for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
-        )
-        print(f"[{r['dataset']}] CPU cores used during training (2 available): {cpu}")
-        for svc, hists in p["metrics"].items():
-            text = ", ".join(
-                f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
-                for k, v in hists.items()
-                if v["count"]
-            )
-            print(f"[{r['dataset']}] {svc} /metrics means: {text}")
+        print(f"[{tag}] {svc} /metrics means: {text}")
 
 
 # Rows of the side-by-side split: (label, NN-worker phase, baseline phase).
@@ -135,7 +161,8 @@ def print_step_split(name: str, pyrsia: dict[str, Any], baseline: dict[str, Any]
         v = phases[key]
         return f"{1e3 * v['wall_s'] / steps:.2f} ({1e3 * v['cpu_s'] / steps:.2f})"
 
-    ps, bs = max(pyrsia["timed_steps"], 1), max(baseline["timed_steps"], 1)
+    ps = max(pyrsia.get("rank_timed_steps", pyrsia["timed_steps"]), 1)  # rank 0's steps
+    bs = max(baseline["timed_steps"], 1)
     rows = [
         {"phase": label, "nn": cell(pyrsia["phases"], pk, ps), "base": cell(base_phases, bk, bs)}
         for label, pk, bk in _SPLIT_ROWS

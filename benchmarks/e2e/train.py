@@ -36,9 +36,10 @@ from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUM
 from persia._runtime.step_clock import StepClock
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
+from persia.distributed import DDPOption
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import Adagrad
-from persia.env import get_rank
+from persia.env import get_rank, get_world_size
 
 TEST_BATCH = 4096
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -93,6 +94,10 @@ def main() -> None:
         embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
         mixed_precision=mixed,  # bf16 autocast on CPU
     )
+    if os.environ.get("E2E_DDP_PORT"):  # several ranks: a free rendezvous port, not 23456
+        ctx_args["distributed_option"] = DDPOption(
+            backend="gloo", master_port=int(os.environ["E2E_DDP_PORT"])
+        )
     clock = StepClock()  # this loop's own phases: wait, forward, flush
     losses: list[float] = []
     samples = 0
@@ -119,7 +124,7 @@ def main() -> None:
             non_id, embeddings, labels = ctx.prepare_features(batch)
             clock.lap("features")
             with autocast:  # as ctx.forward(batch) runs the model
-                output = model(non_id, embeddings)
+                output = ctx.model(non_id, embeddings)  # DDP-wrapped on several ranks
             loss = loss_fn(output.float(), labels[0])
             clock.lap("forward")
             ctx.backward(loss)
@@ -164,6 +169,10 @@ def main() -> None:
                  "other", "flush")  # fmt: skip
         phases = {k: phases[k] for k in order if k in phases}
         wait_ms = np.array(waits or [0.0]) * 1e3
+        rank, world_size = get_rank() or 0, get_world_size() or 1
+        own = {"samples": samples, "timed_samples": samples - first_samples, "steps": len(losses),
+               "train_seconds": train_seconds, "phases": phases, "threads_cpu_s": threads_window}  # fmt: skip
+        totals = job_totals(own, world_size)  # a collective: while the process group exists
 
         model.eval()
         scores, labels_all = [], []
@@ -175,12 +184,16 @@ def main() -> None:
         eval_seconds = time.time() - t_end
         auc = roc_auc(np.concatenate(labels_all), np.concatenate(scores))
 
-    if (get_rank() or 0) == 0:
+    if world_size > 1:  # each rank's own figures, for the per-rank split
+        with open(f"{os.environ['E2E_RESULT']}.rank{rank}", "w") as fh:
+            json.dump(own, fh)
+    if rank == 0:
         result = {
-            "samples": samples, "steps": len(losses), "train_seconds": train_seconds,
-            "timed_samples": samples - first_samples, "timed_steps": len(losses) - 1,
-            "samples_per_s": (samples - first_samples) / train_seconds, "auc": auc,
-            "eval_seconds": eval_seconds, "phases": phases,
+            "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
+            "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
+            "rank_timed_steps": len(losses) - 1,  # rank 0's: phases and threads_cpu_s are its
+            "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
+            "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
             "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
             "threads": torch.get_num_threads(), "staleness": staleness,
             "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
@@ -188,7 +201,21 @@ def main() -> None:
         }  # fmt: skip
         with open(os.environ["E2E_RESULT"], "w") as fh:
             json.dump(result, fh)
-        print(f"e2e train: {samples} samples in {train_seconds:.2f}s, test AUC {auc:.4f}")
+        print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
+              f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+
+
+def job_totals(own: dict, world_size: int) -> dict:
+    """Samples and batches summed over the ranks; the training window is the slowest rank's."""
+    if world_size == 1:
+        return own
+    counts = torch.tensor([own["samples"], own["timed_samples"], own["steps"]], dtype=torch.int64)
+    torch.distributed.all_reduce(counts)
+    seconds = torch.tensor([own["train_seconds"]], dtype=torch.float64)
+    torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+    samples, timed, steps = (int(v) for v in counts.tolist())
+    return {"samples": samples, "timed_samples": timed, "steps": steps,
+            "train_seconds": float(seconds.item())}  # fmt: skip
 
 
 if __name__ == "__main__":
