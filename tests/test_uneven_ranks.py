@@ -85,8 +85,8 @@ def run_job(tmp_path: Path, redis_url: str, cap: int) -> list[dict]:
             cwd=REPO, env=run_env, stdout=rank_out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         loader = subprocess.Popen(
-            [sys.executable, "-m", "persia.launcher", "data-loader", str(tmp_path / "loader.py"),
-             "--exit-when-done"],
+            [sys.executable, "-m", "persia.launcher", "data-loader", "--exit-when-done",
+             str(tmp_path / "loader.py")],
             cwd=REPO, env=run_env, stdout=loader_out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
