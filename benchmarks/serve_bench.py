@@ -41,6 +41,7 @@ from services.embedding_ps.engine import EmbeddingStore  # noqa: E402
 from shared.codec import packb, unpackb  # noqa: E402
 from shared.config import parse_embedding_config  # noqa: E402
 from shared.embedding_spec import AdagradSpec  # noqa: E402
+from shared.wire.serve import PredictAnswer, PredictRequest  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
 SLOTS = [f"s{i}" for i in range(8)]
@@ -71,11 +72,11 @@ def _batch(n: int, rng: np.random.Generator) -> PersiaBatch:
 
 
 def _body(batch: PersiaBatch, as_json: bool) -> bytes:
+    """The /predict body a client sends (shared.wire.serve.PredictRequest; ids in CSR form)."""
     dense = np.asarray(batch.non_id_type_features[0].data)
-    ids = {f.name: f.ids for f in batch.id_type_features}
-    if as_json:
-        return json.dumps({"non_id": {"dense": dense.tolist()}, "ids": {k: v.tolist() for k, v in ids.items()}}).encode()  # fmt: skip
-    return packb({"non_id": {"dense": dense}, "ids": ids})
+    request = PredictRequest(batch.batch_size, (("dense", dense),), batch.id_part())
+    body = request.to_wire(as_json=as_json)
+    return json.dumps(body).encode() if as_json else packb(body)
 
 
 async def _serve_run(url: str, bodies: list[bytes], as_json: bool, concurrency: int) -> tuple[list[float], float]:  # fmt: skip
@@ -93,7 +94,7 @@ async def _serve_run(url: str, bodies: list[bytes], as_json: bool, concurrency: 
                 async with session.post(f"{url}/predict", data=body) as resp:
                     raw = await resp.read()
                     assert resp.status == 200, raw[:300]
-                    json.loads(raw) if as_json else unpackb(raw)
+                    PredictAnswer.from_wire(json.loads(raw) if as_json else unpackb(raw))
                 latencies.append(time.perf_counter() - t0)
 
         started = time.perf_counter()

@@ -291,8 +291,7 @@ class EmbeddingCtx(BaseCtx):
     # --- embeddings on the servers ------------------------------------------------------
     def get_embedding_size(self) -> list[int]:
         """Number of embedding entries held by each PS replica."""
-        stats = self._run(self.session.client.stats())
-        return [int(s.get("entries", 0)) for s in stats.get("ps", [])]
+        return [s.entries for s in self._run(self.session.client.stats()).ps]
 
     def clear_embeddings(self) -> None:
         """Remove every embedding (and optimizer state) from every PS replica."""

@@ -279,19 +279,3 @@ def test_gradients_body_is_checked_once_naming_the_field(body, field):
     with pytest.raises(InvalidInputError) as err:
         Gradients.from_wire({"batch_id": 1, **body})
     assert err.value.field == field
-
-
-def test_scatter_responses_checks_each_answer():
-    schema = EmbeddingSchema(slots_config=(SlotConfig("a", 4),))
-    prepared, _, _ = _run(schema, [("a", [[1, 2, 3, 4, 5, 6]])])
-    answers = [
-        [np.zeros((len(ids), dim), np.float32) for dim, ids in req]
-        for req in replica_lookups(prepared)
-    ]
-    assert sum(a[0].shape[0] for a in answers) == 6
-    with pytest.raises(InvalidInputError, match="responses"):
-        scatter_responses(prepared, answers[:-1])
-    k = next(k for k, a in enumerate(answers) if a[0].shape[0] > 0)
-    answers[k][0] = answers[k][0][1:]
-    with pytest.raises(InvalidInputError, match=rf"responses\[{k}\]\[0\]"):
-        scatter_responses(prepared, answers)

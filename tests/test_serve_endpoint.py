@@ -24,6 +24,7 @@ from persia.embedding.optim import Adagrad
 from persia.serving import export_model, load_model
 from shared.codec import packb, unpackb
 from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from shared.wire.serve import PredictAnswer
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, environ, make_batch
 from tests.redis_server import free_port
 from tests.service_procs import ServiceProc
@@ -160,8 +161,9 @@ def test_served_predictions_equal_the_training_jobs_eval_predictions(stack):
     url = f"{stack['serve'].url}/predict"
     status, answer = _post(url, _request(stack["probe"], as_json=False))
     assert status == 200, answer
-    assert answer["batch_size"] == len(IDS)
-    np.testing.assert_array_equal(answer["outputs"]["output_0"], stack["want"])
+    decoded = PredictAnswer.from_wire(answer)  # the client's one check of the answer
+    assert decoded.batch_size == len(IDS) and decoded.outputs[0][0] == "output_0"
+    np.testing.assert_array_equal(decoded.outputs[0][1], stack["want"])
     status, answer = _post(url, _request(stack["probe"], as_json=True), as_json=True)
     assert status == 200, answer
     np.testing.assert_array_equal(

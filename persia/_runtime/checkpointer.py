@@ -103,7 +103,7 @@ class PeriodicCheckpointer:
             embedding_dir = directory / jc.EMBEDDING_SUBDIR
             embedding_dir.mkdir(parents=True, exist_ok=True)
             ctx._run(ctx.session.client.dump(str(embedding_dir)))
-            stats = ctx._run(ctx.session.client.stats()).get("ps", [])
+            stats = ctx._run(ctx.session.client.stats()).ps
             jc.commit(
                 directory,
                 {
@@ -111,11 +111,11 @@ class PeriodicCheckpointer:
                     "world_size": self.world_size,
                     "trained_batches": int(jc.trained_batch_ids(directory).shape[0]),
                     "ps_replicas": len(stats),
-                    "ps_entries": [int(s.get("entries", 0)) for s in stats],
-                    "ps_updates_applied": [int(s.get("updates_applied", 0)) for s in stats],
+                    "ps_entries": [s.entries for s in stats],
+                    "ps_updates_applied": [s.updates_applied for s in stats],
                     # every acknowledged embedding update this state holds, across resumes
                     "updates_applied_total": self.base_updates_applied
-                    + sum(int(s.get("updates_applied", 0)) for s in stats),
+                    + sum(s.updates_applied for s in stats),
                     "resumed_from": str(self.resumed_from) if self.resumed_from else None,
                 },
             )

@@ -33,10 +33,17 @@ from shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
 from shared.errors import InvalidInputError, ServiceUnavailableError
 from shared.http_client import HttpClient
 from shared.registry import Registry
-from shared.validate import as_dict
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from shared.wire.batch import IDPart
-from shared.wire.worker import Embeddings, Gradients, Lookup, LookupDirect
+from shared.wire.worker import (
+    Embeddings,
+    Gradients,
+    GradientsApplied,
+    Lookup,
+    LookupDirect,
+    WorkerSchema,
+    WorkerStats,
+)
 
 
 def normalize_address(address: str) -> str:
@@ -175,11 +182,12 @@ class EmbeddingWorkerClient:
 
     async def gradients(
         self, worker: int, batch_id: int, loss_scale: float, grads: list[tuple[str, np.ndarray]]
-    ) -> dict:
+    ) -> GradientsApplied:
         """Send one batch's embedding gradients (per slot, same layout as the embeddings)."""
         url = await self.url(worker)
         body = Gradients(batch_id, float(loss_scale), tuple(grads)).to_wire()
-        return await self.http.call(f"{url}/gradients", body, timeout_s=LOOKUP_TIMEOUT_S)
+        answer = await self.http.call(f"{url}/gradients", body, timeout_s=LOOKUP_TIMEOUT_S)
+        return GradientsApplied.from_wire(answer)
 
     # --- administration (the worker fans these out to every PS replica) ------------------
     async def admin(self, path: str, body: dict, *, idempotent: bool = True) -> Any:
@@ -206,9 +214,10 @@ class EmbeddingWorkerClient:
     async def clear(self) -> Any:
         return await self.admin("/clear", Empty().to_wire())
 
-    async def schema(self) -> dict:
-        """``{"schema": EmbeddingSchema.to_dict(), "ps_replicas": n}`` of worker 0."""
-        return as_dict(await self.admin("/schema", {}), "schema")
+    async def schema(self) -> WorkerSchema:
+        """The embedding schema worker 0 serves and its PS replica count."""
+        return WorkerSchema.from_wire(await self.admin("/schema", {}))
 
-    async def stats(self) -> dict:
-        return as_dict(await self.admin("/stats", {}), "stats")
+    async def stats(self) -> WorkerStats:
+        """Worker 0's buffers and every PS replica's counters."""
+        return WorkerStats.from_wire(await self.admin("/stats", {}))

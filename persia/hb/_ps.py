@@ -87,8 +87,7 @@ class PSConnection:
                 config = context.options.embedding_config or get_default_embedding_config()
                 run(client.configure(config.to_dict()))
                 run(client.register_optimizer(optimizer.to_dict()))
-                answer = run(client.schema())
-                self._schema = EmbeddingSchema.from_dict(answer.get("schema"))
+                self._schema = run(client.schema()).schema
             except BaseException:
                 session.close()
                 raise

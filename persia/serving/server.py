@@ -7,7 +7,7 @@
                                                 │◀── one tensor per slot ─────────┘ PS replicas (Infer)
                                                 └─ dense model (thread) ─▶ {"outputs": {...}}
 
-Routes: ``POST /predict`` (body: :mod:`persia.serving.request`), ``GET /signature`` (the
+Routes: ``POST /predict`` (body: :mod:`shared.wire.serve`), ``GET /signature`` (the
 model's ``signature.json``), ``GET /health`` (ready once every embedding worker is ready and
 serves the model's embedding schema), ``GET /metrics``. Bad input is a 400 naming the field,
 in the request's own format (JSON errors for JSON requests). At most ``max_inflight``
@@ -29,13 +29,13 @@ from aiohttp import web
 
 from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia.serving.artifact import ServingModel
-from persia.serving.request import parse_request
 from shared.codec import packb, unpackb
-from shared.config import EmbeddingSchema
 from shared.constants import MSGPACK_CONTENT_TYPE
 from shared.errors import BackPressureError, PersiaError, ProtocolError
 from shared.http_client import HttpClient
 from shared.http_server import METRICS, STATE, make_app, require_ready
+from shared.wire.serve import PredictAnswer, PredictRequest
+from shared.wire.worker import WorkerSchema
 
 __all__ = ["SERVE", "ServeState", "create_app"]
 
@@ -49,6 +49,7 @@ class ServeState:
 
     def __init__(self, model: ServingModel, addresses: list[str], *, max_batch: int, max_inflight: int, threads: int):  # fmt: skip
         self.model = model
+        self.inputs = model.signature.predict_inputs(max_batch)
         self.addresses = addresses
         self.max_batch = max_batch
         self.max_inflight = max_inflight
@@ -103,7 +104,7 @@ async def predict(request: web.Request) -> web.Response:
             raise BackPressureError(f"{state.max_inflight} predictions already running; retry shortly")  # fmt: skip
         state.inflight += 1
         try:
-            parsed = parse_request(_decode(request, await request.read()), state.model.signature, max_batch=state.max_batch)  # fmt: skip
+            parsed = PredictRequest.from_wire(_decode(request, await request.read()), state.inputs)
             looked_up = time.perf_counter()
             looked, _ = await state.client.lookup_direct(parsed.id_part, False)
             embeddings = looked.embeddings
@@ -114,7 +115,7 @@ async def predict(request: web.Request) -> web.Response:
             arrays = [a if a.dtype == np.float32 else a.astype(np.float32) for _, a in embeddings]
             dense_started = time.perf_counter()
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(state.executor, state.model.predict_numpy, parsed.non_id, arrays)  # fmt: skip
+            outputs = await loop.run_in_executor(state.executor, state.model.predict_numpy, parsed.non_id_arrays, arrays)  # fmt: skip
             m["stage"].labels(stage="dense").observe(time.perf_counter() - dense_started)
         finally:
             state.inflight -= 1
@@ -123,15 +124,12 @@ async def predict(request: web.Request) -> web.Response:
         if exc.status >= 500:
             log.warning("predict failed: %s", exc)
         return _error(request, exc)
-    specs = state.model.signature.outputs
-    if _wants_json(request):
-        out: dict[str, Any] = {s.name: o.tolist() for s, o in zip(specs, outputs, strict=True)}
-    else:
-        out = {s.name: o for s, o in zip(specs, outputs, strict=True)}
+    names = [s.name for s in state.model.signature.outputs]
+    answer = PredictAnswer(parsed.batch_size, tuple(zip(names, outputs, strict=True)))
     m["requests"].labels(outcome="200").inc()
     m["samples"].inc(parsed.batch_size)
     m["stage"].labels(stage="total").observe(time.perf_counter() - started)
-    return _respond(request, {"batch_size": parsed.batch_size, "outputs": out})
+    return _respond(request, answer.to_wire(as_json=_wants_json(request)))
 
 
 async def signature(request: web.Request) -> web.Response:
@@ -146,8 +144,7 @@ async def _check_workers(app: web.Application, wait_timeout_s: float) -> None:
         await state.client.wait_ready(wait_timeout_s)
         for url in state.client.urls:
             answer = await state.http.call(f"{url}/schema", {}, idempotent=True, timeout_s=SCHEMA_TIMEOUT_S)  # fmt: skip
-            schema = EmbeddingSchema.from_dict(answer.get("schema"), source=f"{url}/schema")
-            if schema != state.model.schema:
+            if WorkerSchema.from_wire(answer, peer=url).schema != state.model.schema:
                 raise ProtocolError(
                     f"embedding worker {url} serves another embedding config than the model was "
                     "trained with; start it with the model's embedding_config.yml"

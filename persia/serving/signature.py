@@ -31,6 +31,7 @@ import numpy as np
 
 from shared.config import EmbeddingSchema
 from shared.errors import ConfigError, InvalidInputError
+from shared.wire.serve import DenseInput, PredictInputs
 
 __all__ = [
     "DENSE_KINDS",
@@ -111,6 +112,14 @@ class Signature:
     embedding_replica_count: int = 1
     created_unix_ms: int = 0
     torch_version: str = ""
+
+    def predict_inputs(self, max_batch: int) -> PredictInputs:
+        """What a ``/predict`` request must carry (``shared.wire.serve`` checks it against this)."""
+        dense = tuple(
+            DenseInput(t.name, t.numpy_dtype, tuple(int(d) for d in t.shape[1:]))
+            for t in self.non_id_inputs
+        )
+        return PredictInputs(dense, self.id_slots, max_batch)
 
     def to_dict(self) -> dict[str, Any]:
         return {

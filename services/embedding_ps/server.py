@@ -41,7 +41,7 @@ from shared.errors import InvalidInputError, PersiaError, ServiceUnavailableErro
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
-from shared.wire.ps import PSLookup, PSUpdate
+from shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +109,15 @@ async def lookup(request: web.Request, body: Any) -> dict:
     store, metrics = request.app[STORE], request.app[PS_METRICS]
     started = time.perf_counter()
 
-    def work() -> list[np.ndarray]:
-        return [store.lookup(g.ids, g.dim, train=train) for g in msg.groups]
+    def work() -> tuple[np.ndarray, ...]:
+        return tuple(store.lookup(g.ids, g.dim, train=train) for g in msg.groups)
 
     n = sum(len(g.ids) for g in msg.groups)
     out = await request.app[OFFLOAD].run(n, work)
     ids, latency = metrics["lookup_train" if train else "lookup_eval"]
     ids.inc(n)
     latency.observe(time.perf_counter() - started)
-    return {"groups": out}
+    return PSLookupAnswer(out).to_wire()
 
 
 @msgpack_handler
@@ -128,13 +128,11 @@ async def update(request: web.Request, body: Any) -> dict:
     store, metrics = request.app[STORE], request.app[PS_METRICS]
     started = time.perf_counter()
 
-    def work() -> dict[str, int]:
-        total = {"applied": 0, "skipped_unknown": 0, "skipped_nonfinite": 0}
+    def work() -> UpdateTotals:
+        total = UpdateTotals()
         for group in groups:
-            result = store.update(group.ids, group.grads)
-            total["applied"] += result.applied
-            total["skipped_unknown"] += result.skipped_unknown
-            total["skipped_nonfinite"] += result.skipped_nonfinite
+            r = store.update(group.ids, group.grads)
+            total += UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
         return total
 
     n = sum(len(g.ids) for g in groups)
@@ -142,7 +140,7 @@ async def update(request: web.Request, body: Any) -> dict:
     ids, latency = metrics["update"]
     ids.inc(n)
     latency.observe(time.perf_counter() - started)
-    return total
+    return total.to_wire()
 
 
 _PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM,
@@ -213,7 +211,7 @@ async def stats(request: web.Request, body: Any) -> dict:
     loader = request.app.get(LOADER)
     if loader is not None:
         out["incremental"] = loader.stats.to_dict()
-    return out
+    return PSStats(out["entries"], out["updates_applied"], out).to_wire()
 
 
 @msgpack_handler

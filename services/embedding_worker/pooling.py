@@ -27,7 +27,6 @@ import numpy as np
 from services.embedding_worker import kernels
 from services.embedding_worker.preprocess import PreparedBatch, SlotPlan
 from shared.errors import InvalidInputError
-from shared.validate import describe
 
 
 def pool_forward(
@@ -115,13 +114,6 @@ def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:
     return np.ascontiguousarray(grad, dtype=np.float32).reshape(plan.num_rows, grad.shape[-1])
 
 
-def _check_vectors(field: str, vectors: Any, n: int, dim: int) -> None:
-    if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32:
-        raise InvalidInputError(field, f"a float32 array of shape ({n}, {dim})", describe(vectors))
-    if vectors.shape != (n, dim):
-        raise InvalidInputError(field, f"shape ({n}, {dim})", vectors.shape)
-
-
 # ------------------------------------------------------------------ per-replica payloads
 
 
@@ -142,21 +134,9 @@ def scatter_responses(
 ) -> dict[int, np.ndarray]:
     """``vectors_by_dim`` from the replicas' answers to ``replica_lookups``.
 
-    ``responses[k][j]`` is replica k's ``(n, dim)`` float32 answer for its j-th
-    group. Shapes and dtypes are checked (a PS is outside input too).
+    ``responses[k][j]`` is replica k's ``(n, dim)`` float32 answer for its j-th group,
+    checked against its request by ``shared.wire.ps.PSLookupAnswer`` when it arrived.
     """
-    if not isinstance(responses, (list, tuple)) or len(responses) != prepared.replica_count:
-        raise InvalidInputError(
-            "responses", f"one answer list per replica ({prepared.replica_count})", _len(responses)
-        )
-    for k, answer in enumerate(responses):
-        if not isinstance(answer, (list, tuple)) or len(answer) != len(prepared.groups):
-            raise InvalidInputError(
-                f"responses[{k}]", f"{len(prepared.groups)} dim groups", _len(answer)
-            )
-        for j, (dim, group) in enumerate(prepared.groups.items()):
-            part = group.replica_slice(k)
-            _check_vectors(f"responses[{k}][{j}]", answer[j], part.stop - part.start, dim)
     return {
         dim: np.concatenate([answer[j] for answer in responses])
         for j, dim in enumerate(prepared.groups)
@@ -199,7 +179,3 @@ def replica_updates(
             groups.append((dim, ids, grads))
         out.append(groups)
     return out
-
-
-def _len(value: Any) -> Any:
-    return len(value) if isinstance(value, (list, tuple)) else type(value).__name__

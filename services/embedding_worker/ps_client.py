@@ -15,6 +15,8 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from shared.constants import (
     PS_REDISCOVER_TIMEOUT_S,
     PS_RETRY_WINDOW_S,
@@ -24,7 +26,7 @@ from shared.constants import (
 from shared.errors import PersiaError, RegistryError, ServiceUnavailableError
 from shared.http_client import HttpClient
 from shared.registry import Registry
-from shared.wire.ps import IdGroup, PSLookup, PSUpdate
+from shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSUpdate, UpdateTotals
 
 log = logging.getLogger(__name__)
 
@@ -147,37 +149,44 @@ class PSClient:
 
     async def lookup(
         self, per_replica: list[list[tuple[int, Any]]], *, train: bool
-    ) -> list[list[Any]]:
-        """One /lookup per replica with all its dim groups; answers in replica order."""
+    ) -> list[tuple[np.ndarray, ...]]:
+        """One /lookup per replica with all its dim groups; answers (checked by
+        ``PSLookupAnswer``: one ``(n, dim)`` float32 array per group) in replica order."""
 
-        async def one(index: int, groups: list[tuple[int, Any]]) -> list[Any]:
+        async def one(index: int, groups: list[tuple[int, Any]]) -> tuple[np.ndarray, ...]:
             if all(len(ids) == 0 for _, ids in groups):
-                return [ids.reshape(0, dim).astype("float32") for dim, ids in groups]
-            body = PSLookup(train, tuple(IdGroup(d, ids) for d, ids in groups)).to_wire()
-            return (await self.call(index, "/lookup", body))["groups"]
+                return tuple(np.empty((0, dim), np.float32) for dim, _ in groups)
+            request = PSLookup(train, tuple(IdGroup(d, ids) for d, ids in groups))
+            answer = await self.call(index, "/lookup", request.to_wire())
+            return PSLookupAnswer.from_wire(answer, request).groups
 
         return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica))))
 
-    async def update(self, per_replica: list[list[tuple[int, Any, Any]]]) -> dict[str, int]:
-        """One /update per replica; a replica that stays unreachable loses its gradients (counted)."""
-        totals = {"applied": 0, "skipped_unknown": 0, "skipped_nonfinite": 0, "dropped": 0}
+    async def update(
+        self, per_replica: list[list[tuple[int, Any, Any]]]
+    ) -> tuple[UpdateTotals, int]:
+        """One /update per replica: the summed totals, and the ids dropped because their
+        replica stayed unreachable (counted in ``dropped_updates`` too)."""
+        totals: list[UpdateTotals] = []
+        dropped = 0
 
         async def one(index: int, groups: list[tuple[int, Any, Any]]) -> None:
+            nonlocal dropped
             groups = [(d, ids, g) for d, ids, g in groups if len(ids)]
             if not groups:
                 return
             body = PSUpdate(tuple(IdGroup(d, ids, g) for d, ids, g in groups)).to_wire()
             try:
-                result = await self.call(index, "/update", body)
+                answer = await self.call(index, "/update", body)
             except ServiceUnavailableError as exc:
                 n = sum(len(ids) for _, ids, _ in groups)
                 self.dropped_updates += n
-                totals["dropped"] += n
+                dropped += n
                 log.error("dropping gradients of %d ids for PS replica %d: %s", n, index, exc)
                 return
-            for key in ("applied", "skipped_unknown", "skipped_nonfinite"):
-                totals[key] += int(result.get(key, 0))
-            self.applied_updates += int(result.get("applied", 0))
+            result = UpdateTotals.from_wire(answer)
+            totals.append(result)
+            self.applied_updates += result.applied
 
         await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica)))
-        return totals
+        return sum(totals, UpdateTotals()), dropped

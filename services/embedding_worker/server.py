@@ -41,7 +41,17 @@ from shared.http_server import METRICS, STATE, make_app, msgpack_handler, requir
 from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from shared.wire.batch import IDPart
-from shared.wire.worker import Embeddings, Gradients, Lookup, LookupDirect, PutBatch
+from shared.wire.ps import PSStats
+from shared.wire.worker import (
+    Embeddings,
+    Gradients,
+    GradientsApplied,
+    Lookup,
+    LookupDirect,
+    PutBatch,
+    WorkerSchema,
+    WorkerStats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,9 +218,9 @@ async def gradients(request: web.Request, body: Any) -> dict:
         worker.metrics["nan_skipped"].labels(slot=name).inc()
     if nan_skipped:
         log.warning("batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped)
-    totals = await worker.ps.update(per_replica)
+    totals, dropped = await worker.ps.update(per_replica)
     worker.metrics["update_latency"].observe(time.perf_counter() - started)
-    return {"batch_id": batch_id, "skipped_slots": nan_skipped, **totals}
+    return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped).to_wire()
 
 
 def _fan_out(path: str, message: type[Configure | RegisterOptimizer | Directory | Empty]):
@@ -241,7 +251,7 @@ async def get_schema(request: web.Request, body: Any) -> dict:
     checks it is the exported model's before it takes requests)."""
     Empty.from_wire(body)
     worker = request.app[WORKER]
-    return {"schema": worker.schema.to_dict(), "ps_replicas": worker.ps.replica_count}
+    return WorkerSchema(worker.schema, worker.ps.replica_count).to_wire()
 
 
 @msgpack_handler
@@ -250,16 +260,15 @@ async def stats(request: web.Request, body: Any) -> dict:
     Empty.from_wire(body)
     worker = request.app[WORKER]
     ps_stats = await worker.ps.fan_out("/stats") if worker.ps.urls else []
-    return {
-        "pending": len(worker.forward),
+    details = {
         "pending_by_loader": worker.forward.pending_by_loader(),
-        "awaiting_gradients": len(worker.awaiting),
         "expired": worker.forward.expired + worker.awaiting.expired,
         "evicted_awaiting": worker.awaiting.evicted,
         "dropped_update_ids": worker.ps.dropped_updates,
         "applied_update_ids": worker.ps.applied_updates,
-        "ps": ps_stats,
     }
+    ps = tuple(PSStats.from_wire(a, f"ps[{i}]") for i, a in enumerate(ps_stats))
+    return WorkerStats(len(worker.forward), len(worker.awaiting), ps, details).to_wire()
 
 
 def _metrics(app: web.Application, worker_ref: list[Worker]) -> dict[str, Any]:

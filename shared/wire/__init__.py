@@ -2,23 +2,29 @@
 
 Every handler turns its msgpack body into one of these with ``from_wire(body)``, which
 checks each field and raises ``InvalidInputError`` naming the offending one (a 400);
-every client builds its body with ``to_wire()``. Nothing downstream checks the same
-fields again. Arrays stay the read-only views the codec decoded (no copy).
+every client builds its body with ``to_wire()``. Answers go the other way: the server
+writes ``to_wire()``, the client checks ``from_wire(answer)`` once (a bad answer is a
+``ProtocolError``). Nothing downstream checks the same fields again. Arrays stay the
+read-only views the codec decoded (no copy).
 
 =====================  ==============================  ===============================
-route                  request body                    module
+route                  request body -> answer          module
 =====================  ==============================  ===============================
-PS /lookup             PSLookup                        shared.wire.ps
-PS /update             PSUpdate                        shared.wire.ps
+PS /lookup             PSLookup -> PSLookupAnswer      shared.wire.ps
+PS /update             PSUpdate -> UpdateTotals        shared.wire.ps
+PS /stats              Empty -> PSStats                shared.wire.ps
 worker /batch          PutBatch (IDPart)               shared.wire.worker
 worker /lookup         Lookup -> Embeddings            shared.wire.worker
 worker /lookup_direct  LookupDirect -> Embeddings      shared.wire.worker
-worker /gradients      Gradients                       shared.wire.worker
+worker /gradients      Gradients -> GradientsApplied   shared.wire.worker
+worker /schema         Empty -> WorkerSchema           shared.wire.worker
+worker /stats          Empty -> WorkerStats            shared.wire.worker
 /configure             Configure                       shared.wire.admin
 /register_optimizer    RegisterOptimizer               shared.wire.admin
 /dump, /load           Directory                       shared.wire.admin
 /clear, /stats         Empty                           shared.wire.admin
 NN ingress /ingress    IngressBatch (DensePart)        shared.wire.ingress
 NN ingress /done       LoaderDone                      shared.wire.ingress
+serve /predict         PredictRequest -> PredictAnswer shared.wire.serve
 =====================  ==============================  ===============================
 """

@@ -10,6 +10,14 @@
     answer of /lookup and /lookup_direct: Embeddings
                    {"batch_id": int | None, "requires_grad": bool,
                     "embeddings": [{"name": str, "data": float32|float16 array}]}
+    answer of /gradients: GradientsApplied
+                   {"batch_id": int, "skipped_slots": [str], "applied": int,
+                    "skipped_unknown": int, "skipped_nonfinite": int, "dropped": int}
+    answer of /schema: WorkerSchema  {"schema": EmbeddingSchema.to_dict(), "ps_replicas": int}
+    answer of /stats:  WorkerStats   {"pending": int, "awaiting_gradients": int, ...,
+                                      "ps": [PSStats {"entries": int, "updates_applied": int, ...}]}
+
+Answers are checked once where the client decodes them; a bad one is a ProtocolError.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import InvalidInputError, ProtocolError
+from shared.config_schema import EmbeddingSchema
+from shared.errors import ConfigError, InvalidInputError, ProtocolError
 from shared.validate import as_array, as_bool, as_dict, as_float, as_int, as_list, as_str, get
 from shared.wire.batch import MAX_FEATURES, IDPart, check_unique
+from shared.wire.ps import PSStats, UpdateTotals, peer_answer
 
 MAX_LOADERS = 1 << 16
 """Most data-loader replicas one job may have."""
@@ -157,4 +167,88 @@ class Embeddings:
             "batch_id": self.batch_id,
             "requires_grad": self.requires_grad,
             "embeddings": [{"name": n, "data": d} for n, d in self.embeddings],
+        }
+
+
+@dataclass(frozen=True)
+class GradientsApplied:
+    """The answer of ``/gradients``: the PS replicas' summed ``UpdateTotals``, the slots
+    skipped for NaN/inf gradients, and the ids dropped because a replica stayed unreachable."""
+
+    batch_id: int
+    skipped_slots: tuple[str, ...]
+    totals: UpdateTotals
+    dropped: int
+
+    @classmethod
+    def from_wire(cls, answer: Any) -> GradientsApplied:
+        with peer_answer("embedding worker /gradients"):
+            body = as_dict(answer, "answer")
+            slots = as_list(get(body, "skipped_slots"), "skipped_slots", max_len=MAX_FEATURES)
+            return cls(
+                batch_id=as_int(get(body, "batch_id"), "batch_id"),
+                skipped_slots=tuple(as_str(s, f"skipped_slots[{i}]") for i, s in enumerate(slots)),
+                totals=UpdateTotals.from_wire(body),
+                dropped=as_int(get(body, "dropped"), "dropped", min_value=0),
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "skipped_slots": list(self.skipped_slots),
+            **self.totals.to_wire(),
+            "dropped": self.dropped,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerSchema:
+    """The answer of ``/schema``: the embedding schema a worker serves and its PS replica count."""
+
+    schema: EmbeddingSchema
+    ps_replicas: int
+
+    @classmethod
+    def from_wire(cls, answer: Any, peer: str = "embedding worker") -> WorkerSchema:
+        with peer_answer(f"{peer} /schema"):
+            body = as_dict(answer, "answer")
+            try:
+                schema = EmbeddingSchema.from_dict(get(body, "schema"), source=f"{peer} /schema")
+            except ConfigError as exc:
+                raise InvalidInputError("schema", "an embedding schema", message=str(exc)) from exc
+            return cls(schema, as_int(get(body, "ps_replicas"), "ps_replicas", min_value=0))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"schema": self.schema.to_dict(), "ps_replicas": self.ps_replicas}
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerStats:
+    """The answer of an embedding worker's ``/stats``: its buffers and every PS replica's stats."""
+
+    pending: int
+    awaiting_gradients: int
+    ps: tuple[PSStats, ...]
+    details: dict[str, Any]
+
+    @classmethod
+    def from_wire(cls, answer: Any) -> WorkerStats:
+        with peer_answer("embedding worker /stats"):
+            body = as_dict(answer, "answer")
+            ps = as_list(get(body, "ps"), "ps", max_len=MAX_LOADERS)
+            return cls(
+                pending=as_int(get(body, "pending"), "pending", min_value=0),
+                awaiting_gradients=as_int(
+                    get(body, "awaiting_gradients"), "awaiting_gradients", min_value=0
+                ),  # fmt: skip
+                ps=tuple(PSStats.from_wire(s, f"ps[{i}]") for i, s in enumerate(ps)),
+                details=body,
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            **self.details,
+            "pending": self.pending,
+            "awaiting_gradients": self.awaiting_gradients,
+            "ps": [s.to_wire() for s in self.ps],
         }
