@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config_schema import (
+    MAX_CHECKPOINT_WORKERS,
     CheckpointingConfig,
     CommonConfig,
     EmbeddingParameterServerConfig,
@@ -265,7 +266,7 @@ def _parse_common(s: _Section) -> CommonConfig:
     m.done()
     c = s.section("checkpointing_config")
     checkpointing = CheckpointingConfig(
-        num_workers=c.integer("num_workers", 4),
+        num_workers=c.integer("num_workers", 4, maximum=MAX_CHECKPOINT_WORKERS),
         checkpoint_dir=c.string("checkpoint_dir", ""),
         checkpoint_every_n_steps=c.integer("checkpoint_every_n_steps", 0, minimum=0),
         checkpoint_every_n_seconds=c.integer("checkpoint_every_n_seconds", 0, minimum=0),

@@ -153,9 +153,17 @@ class MetricsConfig:
     push_interval_seconds: int = 10
 
 
+MAX_CHECKPOINT_WORKERS = 64
+"""Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
+
+
 @dataclass(frozen=True)
 class CheckpointingConfig:
     """``common_config.checkpointing_config``: PERSIA's ``num_workers`` plus periodic checkpoints.
+
+    ``num_workers`` (1 to 64) is the number of threads each PS replica writes and reads its
+    part of a checkpoint with (``/dump``, ``/load``, ``infer_config.embedding_checkpoint``);
+    the files are the same for any value.
 
     With ``checkpoint_every_n_steps`` or ``checkpoint_every_n_seconds`` above 0 (0 = off),
     ``TrainCtx`` writes a point-in-time checkpoint of the whole job (every PS shard, the

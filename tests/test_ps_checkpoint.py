@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from services.embedding_ps import checkpoint
+from services.embedding_ps import checkpoint_files
 from services.embedding_ps.checkpoint import IncrementalWriter, apply_packet, read_manifests
 from services.embedding_ps.engine import EmbeddingStore
 from shared.embedding_spec import (
@@ -100,24 +100,26 @@ def test_reshard_three_into_two(tmp_path):
         np.testing.assert_array_equal(union[k], expect[k])
 
 
-def test_crash_during_dump_keeps_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 4])
+def test_crash_during_dump_keeps_previous_checkpoint(tmp_path, monkeypatch, workers):
     ids = _ids(2000)
     old = _trained(ids, steps=1)
     old.dump(tmp_path, 0, 1)
     old_rows = _rows(old)
     new = _trained(ids, steps=4, seed=5)
     calls = {"n": 0}
-    real_save = checkpoint._save_array
+    real_write = checkpoint_files._pwrite_all
 
-    def crashing_save(path, array):
+    def crashing_write(fd, data, offset):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 3:  # after the headers, in the middle of the data pieces
             raise OSError("disk full (simulated)")
-        real_save(path, array)
+        real_write(fd, data, offset)
 
-    monkeypatch.setattr(checkpoint, "_save_array", crashing_save)
+    monkeypatch.setattr(checkpoint_files, "_pwrite_all", crashing_write)
+    monkeypatch.setattr(checkpoint_files, "CHUNK_BYTES", 4096)  # many pieces per file
     with pytest.raises(OSError, match="simulated"):
-        new.dump(tmp_path, 0, 1)
+        new.dump(tmp_path, 0, 1, workers=workers)
     monkeypatch.undo()
     fresh = EmbeddingStore(100_000)
     assert fresh.load(tmp_path, 0, 1) == len(old)

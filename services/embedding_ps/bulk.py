@@ -25,6 +25,7 @@ class BulkAccess:
 
     _dims: dict[int, int]
     _shards: list[Shard]
+    num_shards: int
 
     def _width(self, dim: int) -> int:
         raise NotImplementedError
@@ -35,6 +36,21 @@ class BulkAccess:
     def _arena_id(self, dim: int, create: bool) -> int | None:
         raise NotImplementedError
 
+    def stored_dims(self) -> list[int]:
+        """The dims that have an arena (some may hold no entry), ascending."""
+        return sorted(self._dims)
+
+    def export_shard(self, dim: int, shard_index: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, rows) of every entry of ``dim`` in one internal shard, copied under its lock
+        (None when the shard holds none); checkpoint dumps run one per thread."""
+        aid = self._dims[dim]
+        shard = self._shards[shard_index]
+        with shard.lock:
+            if aid >= len(shard.arenas) or shard.arenas[aid] is None:
+                return None
+            sid, rows = shard.live_ids(aid)
+        return None if rows is None else (sid, rows)
+
     def export_entries(
         self, ids: np.ndarray | None = None
     ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -43,29 +59,24 @@ class BulkAccess:
         for dim, aid in sorted(self._dims.items()):
             width = self._width(dim)
             got_ids, got_rows = [], []
-            for shard in self._shards:
+            for k, shard in enumerate(self._shards):
+                if ids is None:
+                    part = self.export_shard(dim, k)
+                    if part is None:
+                        continue
+                    got_ids.append(part[0])
+                    got_rows.append(part[1])
+                    continue
                 with shard.lock:
                     if aid >= len(shard.arenas) or shard.arenas[aid] is None:
                         continue
-                    if ids is None:
-                        sid, rows = shard.live_ids(aid)
-                        if rows is None:
-                            continue
-                    else:
-                        rows = np.empty((ids.shape[0], width), dtype=np.float32)
-                        found = np.zeros(ids.shape[0], dtype=np.bool_)
-                        a = shard.arenas[aid]
-                        K.gather_rows(
-                            ids,
-                            rows,
-                            a.data,
-                            np.int64(aid),
-                            shard.slots,
-                            shard.ent,
-                            shard.meta,
-                            found,
-                        )
-                        sid, rows = ids[found], rows[found]
+                    rows = np.empty((ids.shape[0], width), dtype=np.float32)
+                    found = np.zeros(ids.shape[0], dtype=np.bool_)
+                    a = shard.arenas[aid]
+                    K.gather_rows(
+                        ids, rows, a.data, np.int64(aid), shard.slots, shard.ent, shard.meta, found
+                    )
+                    sid, rows = ids[found], rows[found]
                 got_ids.append(sid)
                 got_rows.append(rows)
             if got_ids and sum(x.shape[0] for x in got_ids):
@@ -101,15 +112,20 @@ class BulkAccess:
                 )  # fmt: skip
                 shard.free_orphans(orphans, n_orph)
 
-    def dump(self, directory: str | Path, replica_index: int, replica_count: int) -> dict:
-        """Write this replica's part of a checkpoint into ``directory``; returns its manifest."""
+    def dump(
+        self, directory: str | Path, replica_index: int, replica_count: int, workers: int = 1
+    ) -> dict:
+        """Write this replica's part of a checkpoint into ``directory`` with ``workers`` threads;
+        returns its manifest."""
         from services.embedding_ps.checkpoint import dump_store
 
-        return dump_store(self, directory, replica_index, replica_count)
+        return dump_store(self, directory, replica_index, replica_count, workers=workers)
 
-    def load(self, directory: str | Path, replica_index: int, replica_count: int) -> int:
+    def load(
+        self, directory: str | Path, replica_index: int, replica_count: int, workers: int = 1
+    ) -> int:
         """Replace the contents with the ids of the checkpoint in ``directory`` routed to this
-        replica (any writer replica count); returns the number of entries loaded."""
+        replica (any writer replica count), read with ``workers`` threads; returns the count."""
         from services.embedding_ps.checkpoint import load_store
 
-        return load_store(self, directory, replica_index, replica_count)
+        return load_store(self, directory, replica_index, replica_count, workers=workers)

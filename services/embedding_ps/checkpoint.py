@@ -6,7 +6,8 @@ Layout of a checkpoint directory (every replica of a job writes into the same on
     replica_<i>.<token>.dim<d>.ids.npy     uint64 (n,)          ids stored at dim d
     replica_<i>.<token>.dim<d>.rows.npy    float32 (n, width)   [embedding | optimizer state]
 
-A dump writes its data files under a fresh token, then atomically replaces the manifest
+A dump writes its data files (with ``checkpointing_config.num_workers`` threads:
+``checkpoint_files.py``) under a fresh token, then atomically replaces the manifest
 (``os.replace``), then deletes the files of the previous dump. A crash before the replace leaves
 the previous manifest and its files untouched (still loadable); a crash after it leaves only
 stray files. Only ``.npy`` files written and read with ``allow_pickle=False`` and JSON: no pickle.
@@ -28,11 +29,13 @@ import re
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from services.embedding_ps.checkpoint_files import export_parallel, read_routed, write_npy_files
 from services.embedding_ps.optimizers import state_layout
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from shared.embedding_spec import optimizer_from_dict, optimizer_to_dict
@@ -106,17 +109,35 @@ def _write_entries(
 
 
 def dump_store(
-    store: EmbeddingStore, directory: str | Path, replica_index: int, replica_count: int
+    store: EmbeddingStore,
+    directory: str | Path,
+    replica_index: int,
+    replica_count: int,
+    *,
+    workers: int = 1,
 ) -> dict:
-    """Write ``store`` as replica ``replica_index`` of ``replica_count``; returns the manifest."""
+    """Write ``store`` as replica ``replica_index`` of ``replica_count`` with ``workers`` threads
+    (``checkpointing_config.num_workers``; the files do not depend on it); returns the manifest."""
     replica_index, replica_count = _check_replica(replica_index, replica_count)
+    workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     started_ms = int(time.time() * 1000)  # incremental packets stamped later are newer
     token = f"{started_ms:x}{secrets.token_hex(4)}"
     prefix = f"replica_{replica_index}.{token}."
-    entries = store.export_entries()
-    dims = _write_entries(directory, prefix, entries)
+    dims: dict[str, dict] = {}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ps-checkpoint") as pool:
+        files = []
+        for dim, (ids, rows) in export_parallel(store, pool).items():
+            ids_name, rows_name = f"{prefix}dim{dim}.ids.npy", f"{prefix}dim{dim}.rows.npy"
+            files += [(directory / ids_name, ids), (directory / rows_name, rows)]
+            dims[str(dim)] = {
+                "entries": sum(int(x.shape[0]) for x in ids),
+                "width": int(rows[0].shape[1]),
+                "ids": ids_name,
+                "rows": rows_name,
+            }
+        write_npy_files(pool, files)  # every data file complete and fsynced before the manifest
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -251,10 +272,17 @@ def _read_pair(directory: Path, info: dict, dim: int, width: int) -> tuple[np.nd
 
 
 def load_store(
-    store: EmbeddingStore, directory: str | Path, replica_index: int, replica_count: int
+    store: EmbeddingStore,
+    directory: str | Path,
+    replica_index: int,
+    replica_count: int,
+    *,
+    workers: int = 1,
 ) -> int:
-    """Replace ``store``'s entries with those of the checkpoint routed to ``replica_index``."""
+    """Replace ``store``'s entries with those of the checkpoint routed to ``replica_index``,
+    reading with ``workers`` threads (the loaded store does not depend on it)."""
     replica_index, replica_count = _check_replica(replica_index, replica_count)
+    workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     manifests = read_manifests(directory)
     _adopt_optimizer(store, manifests)
@@ -266,14 +294,15 @@ def load_store(
                 )
     store.clear()
     loaded = 0
-    for m in manifests:
-        for dim_s, info in m["dims"].items():
-            dim = int(dim_s)
-            ids, rows = _read_pair(directory, info, dim, info["width"])
-            mask = replica_of(ids, replica_count) == replica_index
-            if mask.any():
-                store.import_entries(dim, ids[mask], np.asarray(rows[mask]))
-                loaded += int(mask.sum())
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ps-checkpoint") as pool:
+        for m in manifests:
+            for dim_s, info in m["dims"].items():
+                dim = int(dim_s)
+                ids, rows = _read_pair(directory, info, dim, info["width"])
+                loaded += read_routed(
+                    pool, workers, ids, rows, replica_index, replica_count,
+                    lambda i, r, dim=dim: store.import_entries(dim, i, r),
+                )  # fmt: skip
     log.info(
         "loaded %d entries from %s as replica %d/%d",
         loaded,
