@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from services.embedding_ps.checkpoint import IncrementalWriter, read_manifests
+from services.embedding_ps.checkpoint_root import checkpoint_root
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from services.embedding_ps.server import create_app
@@ -19,7 +20,12 @@ from shared.cli import (
     resolve_file,
 )
 from shared.config import JobType
-from shared.constants import DEFAULT_PS_PORT, ENV_EMBEDDING_CONFIG, ROLE_EMBEDDING_PS
+from shared.constants import (
+    DEFAULT_PS_PORT,
+    ENV_CHECKPOINT_ROOT,
+    ENV_EMBEDDING_CONFIG,
+    ROLE_EMBEDDING_PS,
+)
 from shared.errors import ConfigError, PersiaError, RegistryError, UsageError
 from shared.logging_setup import configure_logging
 from shared.metrics_push import install_metrics_push, push_settings
@@ -39,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(parser)
     add_replica_flags(parser, port_default=DEFAULT_PS_PORT)
+    parser.add_argument(
+        "--checkpoint-root",
+        default=None,
+        metavar="DIR",
+        help=f"refuse /dump and /load paths outside DIR (symlinks and .. resolved); "
+        f"default ${ENV_CHECKPOINT_ROOT}, else any path",
+    )
     return parser
 
 
@@ -67,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
         )
         config = global_config_from_flags(args)
+        root = checkpoint_root(args.checkpoint_root)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     infer = config.common_config.job_type == JobType.Infer
@@ -89,11 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             shards,
         )
     store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+    workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
+    if root is not None:
+        log.info("checkpoint root %s: /dump and /load paths outside it are refused", root)
     infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
     since_ms = 0
     if infer and infer_checkpoint:
         try:
-            loaded = store.load(infer_checkpoint, args.replica_index, args.replica_size)
+            loaded = store.load(infer_checkpoint, args.replica_index, args.replica_size, workers)
         except PersiaError as exc:
             return fail(f"infer_config.embedding_checkpoint {infer_checkpoint}: {exc}")
         since_ms = min(
@@ -123,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         incremental_loader=loader,
         scan_interval_s=float(ps.incremental_scan_interval_seconds),
         max_request_bytes=args.max_request_bytes,
+        checkpoint_workers=workers,
+        checkpoint_root=root,
     )
     install_metrics_push(
         app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index

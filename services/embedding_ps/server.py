@@ -10,7 +10,7 @@ route                  body                                                 answ
 /register_optimizer    {"optimizer": {"type": "adagrad", "lr": ...}}         {"optimizer": {...}}
 /lookup                {"train": bool, "groups": [{"dim", "ids"}]}          {"groups": [float32 (n, dim)]}
 /update                {"groups": [{"dim", "ids", "grads"}]}                {"applied", "skipped_..."}
-/dump, /load           {"dir": str}                                         manifest / {"entries"}
+/dump, /load           {"dir": str} (inside --checkpoint-root when set)       manifest / {"entries"}
 /clear, /stats         {} / none                                            stats
 /checksum              {} / none                                            {"entries", "checksum"}
 =====================  ===================================================  ==========================
@@ -27,17 +27,24 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import prometheus_client as prom
 from aiohttp import web
 
+from services.embedding_ps.checkpoint_root import confine
 from services.embedding_ps.checksum import store_checksum
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from shared.embedding_spec import optimizer_to_dict
-from shared.errors import InvalidInputError, PersiaError, ServiceUnavailableError
+from shared.errors import (
+    ConflictError,
+    InvalidInputError,
+    PersiaError,
+    ServiceUnavailableError,
+)
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
@@ -49,6 +56,8 @@ STORE = web.AppKey("ps_store", EmbeddingStore)
 OFFLOAD = web.AppKey("ps_offload", Offloader)
 PS_METRICS = web.AppKey("ps_metrics", dict)
 LOADER = web.AppKey("ps_incremental_loader", IncrementalLoader)
+CHECKPOINT_WORKERS = web.AppKey("ps_checkpoint_workers", int)
+CHECKPOINT_ROOT = web.AppKey("ps_checkpoint_root", Path)  # set only with --checkpoint-root
 
 
 class _Status:
@@ -72,6 +81,13 @@ class _Status:
 
 
 STATUS = web.AppKey("ps_status", _Status)
+
+INFER_REFUSES_UPDATE = (
+    "/update refused (409 Conflict): this PS runs job_type Infer, a read-only replica serving a "
+    "loaded checkpoint, so it applies no gradients. 409 and not 403: the refusal comes from the "
+    "server's mode, not from who is asking (no token or permission would change it). Send "
+    "gradients to the PS replicas of a Train job."
+)
 
 
 async def _in_thread(request: web.Request, fn, *args):
@@ -122,7 +138,9 @@ async def lookup(request: web.Request, body: Any) -> dict:
 
 @msgpack_handler
 async def update(request: web.Request, body: Any) -> dict:
-    """Apply per-id gradients with the registered optimizer."""
+    """Apply per-id gradients with the registered optimizer (an Infer replica refuses: 409)."""
+    if request.app[STATUS].infer:
+        raise ConflictError(INFER_REFUSES_UPDATE)
     require_ready(request)
     groups = PSUpdate.from_wire(body).groups
     store, metrics = request.app[STORE], request.app[PS_METRICS]
@@ -169,11 +187,11 @@ def _checkpoint_io(fn, directory: str, *args):
 @msgpack_handler
 async def dump(request: web.Request, body: Any) -> dict:
     """Write this replica's shard of a checkpoint into ``dir``."""
-    directory = Directory.from_wire(body).dir
+    directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
     state = request.app[STATE].details
     manifest = await _in_thread(
         request, _checkpoint_io, request.app[STORE].dump, directory, state["replica_index"],
-        state["replica_size"],
+        state["replica_size"], request.app[CHECKPOINT_WORKERS],
     )  # fmt: skip
     return {"manifest": manifest}
 
@@ -181,11 +199,11 @@ async def dump(request: web.Request, body: Any) -> dict:
 @msgpack_handler
 async def load(request: web.Request, body: Any) -> dict:
     """Load the ids routed to this replica from a checkpoint written by any number of replicas."""
-    directory = Directory.from_wire(body).dir
+    directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
     state = request.app[STATE].details
     entries = await _in_thread(
         request, _checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
-        state["replica_size"],
+        state["replica_size"], request.app[CHECKPOINT_WORKERS],
     )  # fmt: skip
     request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
     request.app[STATUS].refresh(request.app)
@@ -256,12 +274,19 @@ def create_app(
     incremental_loader: IncrementalLoader | None = None,
     scan_interval_s: float = 10.0,
     max_request_bytes: int | None = None,
+    checkpoint_workers: int = 1,
+    checkpoint_root: Path | None = None,
 ) -> web.Application:
     """The PS app for one replica. ``ready_without_configure``: an Infer replica (serves eval
     lookups without /configure or an optimizer); ``incremental_loader`` scans for packets;
-    ``max_request_bytes`` caps request bodies (413 beyond)."""
+    ``max_request_bytes`` caps request bodies (413 beyond); ``checkpoint_workers`` threads
+    write and read /dump and /load files (``checkpointing_config.num_workers``); with a
+    ``checkpoint_root`` those paths must lie in it (``checkpoint_root.py``)."""
     app = make_app(f"embedding_parameter_server/{replica_index}", client_max_size=max_request_bytes)
     app[STORE] = store
+    app[CHECKPOINT_WORKERS] = checkpoint_workers
+    if checkpoint_root is not None:
+        app[CHECKPOINT_ROOT] = checkpoint_root
     app[STATUS] = _Status()
     app[STATUS].configured = ready_without_configure
     app[STATUS].infer = ready_without_configure
