@@ -3,8 +3,10 @@
 Submodules, as in PERSIA: ``persia.ctx`` (contexts), ``persia.data`` (datasets and the
 data loader), ``persia.embedding`` (embedding config, batch types, optimizers),
 ``persia.env``, ``persia.errors`` (the exception tree), ``persia.distributed``, ``persia.logger``, ``persia.utils``,
-``persia.service``. They are imported on first use, so ``import persia`` stays cheap
-and reads nothing from the environment.
+``persia.service``. They are imported on first use, so ``import persia`` stays cheap.
+It reads one variable, ``LOG_LEVEL``: the level of the stderr handler it gives the ``persia``
+logger when the script has not configured logging (``persia.logger.install_library_handler``),
+so library lines such as EPL's plan show, as PERSIA's do.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
+
+from persia.logger import install_library_handler
+
+install_library_handler()
 
 __all__ = [
     "__version__",

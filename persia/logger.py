@@ -20,6 +20,15 @@ The first call creates the default logger and picks its name (``"persia"`` unles
 A later call returns the same logger; options it passes explicitly are applied to it
 (a new level, another file), so ``get_default_logger(log_level="DEBUG")`` after an
 import-time ``get_default_logger()`` still takes effect.
+
+Library log lines (``persia.*`` loggers: EPL's plan, the checkpointer, the runtime) show by
+default, as PERSIA's do (its modules call ``get_default_logger()`` on import):
+``import persia`` calls :func:`install_library_handler`, which gives the ``persia`` logger
+one stderr handler at ``$LOG_LEVEL`` (else INFO), unless logging is already configured
+(the root logger has a handler, or the ``persia`` logger has a handler or a level). The
+handler stands down once the root logger has a handler (a script that configures logging
+after ``import persia``): records then reach the script's handlers by propagation only,
+never twice. ``get_default_logger()`` on the ``persia`` logger replaces it with its own.
 """
 
 from __future__ import annotations
@@ -31,12 +40,38 @@ import sys
 from shared.constants import ENV_LOG_LEVEL
 from shared.errors import InvalidInputError
 
-__all__ = ["DEFAULT_LOGGER_NAME", "get_default_logger", "get_logger"]
+__all__ = ["DEFAULT_LOGGER_NAME", "get_default_logger", "get_logger", "install_library_handler"]
 
 DEFAULT_LOGGER_NAME = "persia"
 _FORMAT = "%(asctime)s %(levelname)-8s [%(filename)s:%(lineno)d] %(message)s"
 _MARK = "_persia_default"
 _default_logger: logging.Logger | None = None
+
+
+class _LibraryHandler(logging.StreamHandler):
+    """stderr for ``persia.*`` records while the script has not configured logging."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:  # configured after import: the root's handlers print it
+            return
+        super().emit(record)
+
+
+def install_library_handler() -> logging.Handler | None:
+    """Give the ``persia`` logger a stderr handler at ``$LOG_LEVEL`` (else INFO), unless logging
+    is configured already; returns the handler (None when nothing was installed). Idempotent."""
+    logger = logging.getLogger(DEFAULT_LOGGER_NAME)
+    for handler in logger.handlers:
+        if getattr(handler, _MARK, None) == "library":
+            return handler
+    if logging.getLogger().handlers or logger.handlers or logger.level != logging.NOTSET:
+        return None
+    handler = _LibraryHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    setattr(handler, _MARK, "library")
+    logger.addHandler(handler)
+    logger.setLevel(_env_level())
+    return handler
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -114,6 +149,8 @@ def get_default_logger(
     level = _parse_level(log_level, "log_level") if log_level is not None else None
     if _default_logger is None:
         logger = logging.getLogger(name or DEFAULT_LOGGER_NAME)
+        for handler in [h for h in logger.handlers if getattr(h, _MARK, None) == "library"]:
+            logger.removeHandler(handler)  # the default logger's own stream handler replaces it
         if not any(getattr(h, _MARK, None) == "stream" for h in logger.handlers):
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter(_FORMAT))

@@ -111,3 +111,69 @@ def test_bad_arguments_are_errors_not_dropped(tmp_path):
     assert lines[0].startswith("InvalidInputError log_level")
     assert lines[1].startswith("InvalidInputError log_filename")
     assert lines[2].startswith("TypeError")
+
+
+# --- library log lines (persia.* loggers) show by default, as PERSIA's do --------------------
+
+EPL_LINE = "cluster.run_visible_devices: CUDA_VISIBLE_DEVICES=0"
+EPL_INIT = """
+    import persia.epl as epl
+    from persia.epl.cluster import apply_cluster_config
+    apply_cluster_config(epl.Config({"cluster.run_visible_devices": "0"}))
+"""
+
+
+def test_library_info_lines_show_without_any_logging_setup(tmp_path):
+    proc = run_script(EPL_INIT, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(EPL_LINE) == 1 and "INFO" in proc.stderr
+    hidden = run_script(EPL_INIT, tmp_path, LOG_LEVEL="WARNING")
+    assert hidden.returncode == 0 and EPL_LINE not in hidden.stderr
+
+
+def test_log_level_debug_reaches_library_debug_lines(tmp_path):
+    code = "import persia, logging\nlogging.getLogger('persia.x').debug('deep detail')\n"
+    assert "deep detail" in run_script(code, tmp_path, LOG_LEVEL="DEBUG").stderr
+    assert "deep detail" not in run_script(code, tmp_path).stderr
+
+
+def test_logging_configured_before_import_is_respected(tmp_path):
+    proc = run_script(
+        """
+        import logging
+        logging.basicConfig(level=logging.WARNING, format="USER %(name)s %(message)s")
+        import persia
+        logging.getLogger("persia.epl.plan").info("an info line")
+        logging.getLogger("persia.epl.plan").warning("a warning line")
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "an info line" not in proc.stderr
+    assert proc.stderr.splitlines() == ["USER persia.epl.plan a warning line"]
+
+
+def test_logging_configured_after_import_prints_each_line_once(tmp_path):
+    proc = run_script(
+        "import logging, persia\n"
+        + 'logging.basicConfig(level=logging.INFO, format="USER %(message)s")\n'
+        + textwrap.dedent(EPL_INIT),
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"USER {EPL_LINE}"]
+
+
+def test_default_logger_takes_the_persia_logger_over_without_duplicates(tmp_path):
+    proc = run_script(
+        """
+        from persia.logger import get_default_logger
+        log = get_default_logger()
+        log.info("script line")
+        import logging
+        logging.getLogger("persia.epl").info("library line")
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("script line") == 1 and proc.stderr.count("library line") == 1

@@ -71,7 +71,12 @@ EXPECTED = {
         "DistributedBaseOption",
         "get_default_distributed_option",
     ],
-    "persia.logger": ["DEFAULT_LOGGER_NAME", "get_default_logger", "get_logger"],
+    "persia.logger": [
+        "DEFAULT_LOGGER_NAME",
+        "get_default_logger",
+        "get_logger",
+        "install_library_handler",
+    ],
     "persia.utils": ["load_yaml", "setup_seed"],
     "persia.service": ["get_embedding_worker_services"],
 }
