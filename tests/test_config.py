@@ -288,7 +288,7 @@ def test_unknown_slot_lookup_is_a_config_error():
         ),
         (
             {"common_config": {"checkpointing_config": {"num_workers": 1.5}}},
-            "common_config.checkpointing_config.num_workers: expected a positive integer, got 1.5",
+            "common_config.checkpointing_config.num_workers: expected an integer from 1 to 64, got 1.5",
         ),
         (
             {"common_config": {"infer_config": {"servers": "a:1"}}},

@@ -7,6 +7,7 @@ re-sharding; ``dump``/``load`` hand the store to the formats in ``checkpoint.py`
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,10 +84,14 @@ class BulkAccess:
                 out[dim] = (np.concatenate(got_ids), np.concatenate(got_rows))
         return out
 
-    def import_entries(self, dim: int, ids: np.ndarray, rows: np.ndarray) -> None:
+    def import_entries(
+        self, dim: int, ids: np.ndarray, rows: np.ndarray, pool: Executor | None = None
+    ) -> None:
         """Store full rows (embedding + state of the registered optimizer's layout) under ``ids``.
 
-        This is the one check of rows read from a checkpoint file (outside input).
+        This is the one check of rows read from a checkpoint file (outside input). With a
+        ``pool`` (checkpoint loads) the internal shards are filled in parallel, each in the
+        order of ``ids``, so the result is the same as without.
         """
         if ids.dtype != np.uint64 or ids.ndim != 1:
             raise InvalidInputError("ids", "a 1-D uint64 array", describe(ids))
@@ -98,9 +103,8 @@ class BulkAccess:
             )
         rows = np.ascontiguousarray(rows)
         aid = self._arena_id(dim, create=True)
-        for i, pos in enumerate(self._split(ids)):
-            if not pos.shape[0]:
-                continue
+
+        def fill(i: int, pos: np.ndarray) -> None:
             shard = self._shards[i]
             with shard.lock:
                 arena = shard.arena(aid, dim, width)
@@ -111,6 +115,17 @@ class BulkAccess:
                     shard.pool, shard.pstamp, shard.meta, orphans,
                 )  # fmt: skip
                 shard.free_orphans(orphans, n_orph)
+
+        parts = [(i, pos) for i, pos in enumerate(self._split(ids)) if pos.shape[0]]
+        if pool is None or len(parts) < 2:
+            for i, pos in parts:
+                fill(i, pos)
+            return
+        tasks = [pool.submit(fill, i, pos) for i, pos in parts]
+        for task in tasks:  # every shard done (or failed) before the first failure is raised
+            task.exception()
+        for task in tasks:
+            task.result()
 
     def dump(
         self, directory: str | Path, replica_index: int, replica_count: int, workers: int = 1

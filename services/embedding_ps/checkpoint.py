@@ -301,7 +301,7 @@ def load_store(
                 ids, rows = _read_pair(directory, info, dim, info["width"])
                 loaded += read_routed(
                     pool, workers, ids, rows, replica_index, replica_count,
-                    lambda i, r, dim=dim: store.import_entries(dim, i, r),
+                    lambda i, r, dim=dim: store.import_entries(dim, i, r, pool),
                 )  # fmt: skip
     log.info(
         "loaded %d entries from %s as replica %d/%d",

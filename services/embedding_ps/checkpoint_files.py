@@ -12,8 +12,9 @@ order and bytes do not depend on the number of threads, so 1 and 8 workers write
           sync     one ``fsync`` task per file; the caller commits the manifest after all of them
     load  read     one task per run of rows (at most CHUNK_BYTES): the rows routed to this replica
                    (``replica_of``, a nogil kernel) gathered from the memory-mapped file
-          import   in file order, on the calling thread (the store's insert order, and so its LRU
-                   order, is the same for any number of workers)
+          import   in file order, each piece's internal shards filled in parallel (every shard
+                   gets its ids in file order, so its contents and LRU order are the same for any
+                   number of workers)
 
 numpy's file and copy loops and the numba kernels release the GIL, so the threads overlap.
 """
