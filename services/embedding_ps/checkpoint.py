@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.embedding_ps.checkpoint_files import export_parallel, read_routed, write_npy_files
+from services.embedding_ps.checkpoint_files import (
+    export_parallel,
+    read_routed,
+    write_entries,
+    write_npy_files,
+)
 from services.embedding_ps.optimizers import state_layout
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from shared.embedding_spec import optimizer_from_dict, optimizer_to_dict
@@ -74,14 +79,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _save_array(path: Path, array: np.ndarray) -> None:
-    """Write one .npy file completely (flushed to disk) without pickle."""
-    with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
     with open(tmp, "w") as f:
@@ -89,23 +86,6 @@ def _write_json(path: Path, obj: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _write_entries(
-    directory: Path, prefix: str, entries: dict[int, tuple[np.ndarray, np.ndarray]]
-) -> dict:
-    dims = {}
-    for dim, (ids, rows) in entries.items():
-        ids_name, rows_name = f"{prefix}dim{dim}.ids.npy", f"{prefix}dim{dim}.rows.npy"
-        _save_array(directory / ids_name, ids)
-        _save_array(directory / rows_name, rows)
-        dims[str(dim)] = {
-            "entries": int(ids.shape[0]),
-            "width": int(rows.shape[1]),
-            "ids": ids_name,
-            "rows": rows_name,
-        }
-    return dims
 
 
 def dump_store(
@@ -362,7 +342,7 @@ class IncrementalWriter:
         tmp = self.directory / f".{name}.tmp"
         tmp.mkdir()
         entries = store.export_entries(ids)
-        dims = _write_entries(tmp, "", entries)
+        dims = write_entries(tmp, "", entries)
         manifest = {
             "format": FORMAT + "-packet",
             "format_version": FORMAT_VERSION,

@@ -172,3 +172,30 @@ def read_routed(
     finally:
         _drain(list(pending))
     return loaded
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    """Write one .npy file completely (flushed to disk) without pickle."""
+    with open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_entries(
+    directory: Path, prefix: str, entries: dict[int, tuple[np.ndarray, np.ndarray]]
+) -> dict:
+    """Write ``{dim: (ids, rows)}`` one file after another (incremental packets: small);
+    returns the manifest's ``dims`` part."""
+    dims = {}
+    for dim, (ids, rows) in entries.items():
+        ids_name, rows_name = f"{prefix}dim{dim}.ids.npy", f"{prefix}dim{dim}.rows.npy"
+        save_npy(directory / ids_name, ids)
+        save_npy(directory / rows_name, rows)
+        dims[str(dim)] = {
+            "entries": int(ids.shape[0]),
+            "width": int(rows.shape[1]),
+            "ids": ids_name,
+            "rows": rows_name,
+        }
+    return dims
