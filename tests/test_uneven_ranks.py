@@ -61,7 +61,7 @@ with TrainCtx(Adagrad(lr=0.05), torch.optim.Adam(model.parameters(), lr=0.01), m
             break
     ctx.wait_for_gradients()
     torch.distributed.barrier()  # both ranks' embedding gradients are applied
-    stats = ctx._run(ctx.session.client.stats())
+    stats = ctx._run(ctx.session.client.stats()).to_wire()  # WorkerStats as the worker sent it
     state = {k: v.tolist() for k, v in model.state_dict().items()}
     json.dump({"steps": steps, "update_times": ctx.update_times, "stats": stats, "state": state},
               open(f"{out}/rank{get_rank()}.json", "w"))
