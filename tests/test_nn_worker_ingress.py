@@ -27,7 +27,7 @@ def _item(batch_id: int, loader: int = 0) -> IngressBatch:
 
 
 async def test_fifo_back_pressure_duplicates_and_end_of_stream():
-    queue = BatchQueue(2, rank=0, world_size=1)
+    queue = BatchQueue(2, rank=0, world_size=1, room_wait_s=0.01)
     await queue.put(_item(0))
     await queue.put(_item(1))
     with pytest.raises(BackPressureError):
@@ -41,6 +41,28 @@ async def test_fifo_back_pressure_duplicates_and_end_of_stream():
     assert await queue.get() is None
     with pytest.raises(ConflictError):
         await queue.put(_item(9))
+
+
+async def test_full_queue_holds_a_batch_until_the_loop_takes_one():
+    queue = BatchQueue(1, rank=0, world_size=1, room_wait_s=5.0)
+    await queue.put(_item(0))
+    held = asyncio.create_task(queue.put(_item(1)))
+    await asyncio.sleep(0.05)
+    assert not held.done()  # no 429 while the loop may still make room
+    assert (await queue.get()).batch_id == 0
+    await asyncio.wait_for(held, 1.0)
+    assert (await queue.get()).batch_id == 1
+    assert len(queue) == 0
+
+
+async def test_full_queue_answers_back_pressure_after_the_room_wait():
+    queue = BatchQueue(1, rank=0, world_size=1, room_wait_s=0.05)
+    await queue.put(_item(0))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(BackPressureError):
+        await queue.put(_item(1))
+    assert asyncio.get_running_loop().time() - started >= 0.05
+    assert len(queue) == 1 and (await queue.get()).batch_id == 0  # nothing stored was lost
 
 
 async def test_stream_waits_for_every_loader_then_ends():
@@ -57,7 +79,7 @@ async def test_stream_waits_for_every_loader_then_ends():
 
 async def test_reproducible_order_skips_ids_of_finished_loaders():
     # rank 1 of 2, two loaders: loader l sends ids k * 2 + l; rank 1 gets the odd ones.
-    queue = BatchQueue(2, rank=1, world_size=2, reproducible=True)
+    queue = BatchQueue(2, rank=1, world_size=2, reproducible=True, room_wait_s=0.01)
     with pytest.raises(InvalidInputError):
         await queue.put(_item(4))
     await queue.put(_item(5, loader=1))

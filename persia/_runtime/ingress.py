@@ -3,7 +3,8 @@
 Routes (msgpack, PROTOCOL.md)::
 
     POST /ingress {"loader", "batch_id", "worker", "dense": dense_part} -> {}
-         429 when the bounded queue is full, 409 for a batch id already received
+         a batch that finds the bounded queue full is held until the loop takes one,
+         429 after INGRESS_ROOM_WAIT_S; 409 for a batch id already received
     POST /done    {"loader", "loader_count", "sent"} -> {}
 
 The rank registers as ``nn_worker/<rank>`` with ``replica_size`` = world size while the
@@ -26,7 +27,12 @@ import prometheus_client as prom
 from aiohttp import web
 
 from shared.auth import auth_token_from_env, check_bind, insecure_from_env
-from shared.constants import DEFAULT_BIND_HOST, ROLE_NN_WORKER, SHUTDOWN_CANCEL_S
+from shared.constants import (
+    DEFAULT_BIND_HOST,
+    INGRESS_ROOM_WAIT_S,
+    ROLE_NN_WORKER,
+    SHUTDOWN_CANCEL_S,
+)
 from shared.errors import BackPressureError, ConflictError, InvalidInputError
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler
 from shared.registry import Registry, RegistrySettings, ServiceRecord
@@ -47,10 +53,12 @@ class BatchQueue:
         world_size: int,
         reproducible: bool = False,
         skip: frozenset[int] = frozenset(),
+        room_wait_s: float = INGRESS_ROOM_WAIT_S,
     ):
         """``skip``: batch ids trained before the checkpoint this job resumed from; the data
         loaders do not send them again, so reproducible order steps over them."""
         self.capacity = capacity
+        self.room_wait_s = room_wait_s
         self._skip = skip
         self.rank = rank
         self.world_size = world_size
@@ -78,17 +86,32 @@ class BatchQueue:
                 "batch_id", f"an id equal to rank {self.rank} modulo world size {self.world_size}",
                 item.batch_id,
             )  # fmt: skip
-        full = len(self) >= self.capacity
-        if full and not (self.reproducible and item.batch_id == self._expected):
-            raise BackPressureError(
-                f"NN worker rank {self.rank}: batch queue full ({self.capacity}); retry later",
-            )
+        if self._full(item):
+            await self._wait_for_room(item)
+            if item.batch_id in self._seen:  # the same id arrived while this one waited
+                raise ConflictError(f"batch {item.batch_id} was already received by this rank")
         self._seen.add(item.batch_id)
         if self.reproducible:
             self._by_id[item.batch_id] = item
         else:
             self._fifo.append(item)
         await self._notify()
+
+    def _full(self, item: IngressBatch) -> bool:
+        if len(self) < self.capacity:
+            return False
+        return not (self.reproducible and item.batch_id == self._expected)
+
+    async def _wait_for_room(self, item: IngressBatch) -> None:
+        """Hold a batch that found the queue full until the loop takes one (at most
+        ``room_wait_s``), so the loader's retry does not leave the loop without a batch."""
+        try:
+            async with asyncio.timeout(self.room_wait_s), self._changed:
+                await self._changed.wait_for(lambda: not self._full(item))
+        except TimeoutError:
+            raise BackPressureError(
+                f"NN worker rank {self.rank}: batch queue full ({self.capacity}); retry later",
+            ) from None
 
     async def done(self, loader: int, loader_count: int, sent: int) -> None:
         if self._loader_count is not None and loader_count != self._loader_count:
@@ -141,6 +164,7 @@ class BatchQueue:
                 item = self._pop_ready()
                 if item is not None:
                     self._consumed[item.loader] = self._consumed.get(item.loader, 0) + 1
+                    self._changed.notify_all()  # room for a batch held in _wait_for_room
                     return item
                 if self.finished():
                     return None
