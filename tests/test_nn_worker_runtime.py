@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -12,6 +14,7 @@ from persia._runtime.backward import BackwardEngine
 from persia._runtime.embedding_client import EmbeddingWorkerClient, normalize_address
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.runtime import Runtime, RuntimeClosedError
+from shared.constants import GIL_SWITCH_INTERVAL_S
 from shared.errors import GradientSendError, InvalidInputError
 from tests.redis_server import free_port
 
@@ -116,3 +119,25 @@ def test_staleness_permits_come_back_from_any_thread():
         return 1
 
     assert asyncio.run(scenario()) == 1
+
+
+def _switch_interval_after_start(preset: float | None) -> float:
+    """The GIL switch interval of a fresh process after it started the runtime."""
+    set_line = f"sys.setswitchinterval({preset!r}); " if preset is not None else ""
+    code = (
+        f"import sys; {set_line}"
+        "from persia._runtime.runtime import Runtime; "
+        "r = Runtime().start(); print(sys.getswitchinterval()); r.stop()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_runtime_shortens_python_default_gil_switch_interval():
+    assert _switch_interval_after_start(None) == pytest.approx(GIL_SWITCH_INTERVAL_S)
+
+
+def test_runtime_keeps_a_switch_interval_the_script_chose():
+    assert _switch_interval_after_start(0.002) == pytest.approx(0.002)
