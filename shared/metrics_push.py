@@ -15,6 +15,7 @@ keeps serving; a last, short push on shutdown records the final counters.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 from dataclasses import dataclass
@@ -134,10 +135,11 @@ class MetricsPusher:
         self.pushes += 1
         return True
 
-    async def run(self) -> None:
-        """Push every ``interval_s`` until cancelled."""
+    async def run(self, executor: concurrent.futures.Executor | None = None) -> None:
+        """Push every ``interval_s`` until cancelled (blocking pushes run on ``executor``)."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.to_thread(self.push_now)
+            await loop.run_in_executor(executor, self.push_now)
             await asyncio.sleep(self.settings.interval_s)
 
 
@@ -152,7 +154,10 @@ def install_metrics_push(
     )
 
     async def pushing(_app: web.Application):
-        task = asyncio.create_task(pusher.run())
+        # Its own thread, not the loop's default executor: asyncio.run joins that one at
+        # exit, so a push stuck on a slow gateway would hold the SIGTERM exit for its timeout.
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrics-push")
+        task = asyncio.create_task(pusher.run(executor))
         log.info(
             "pushing metrics to %s every %gs as job %r",
             settings.gateway,
@@ -166,7 +171,13 @@ def install_metrics_push(
         except asyncio.CancelledError:
             pass
         # the final counters, briefly: SIGTERM must still end the service within its budget
-        await asyncio.to_thread(pusher.push_now, METRICS_FINAL_PUSH_TIMEOUT_S)
+        loop = asyncio.get_running_loop()
+        final = loop.run_in_executor(executor, pusher.push_now, METRICS_FINAL_PUSH_TIMEOUT_S)
+        executor.shutdown(wait=False)
+        try:  # behind a periodic push still in flight: bounded, never past the budget
+            await asyncio.wait_for(final, METRICS_FINAL_PUSH_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("final metrics push to %s did not finish in time", settings.gateway)
 
     app.cleanup_ctx.append(pushing)
     return pusher

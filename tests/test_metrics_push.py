@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 import urllib.request
@@ -181,3 +182,28 @@ def test_unreachable_gateway_warns_once_and_recovers(caplog):
     assert path == "/metrics/job/j/replica_index/0/role/r"
     assert "pyrsia_test_total 3.0" in body
     assert "works again" in caplog.text
+
+
+def test_sigterm_exits_in_time_while_the_gateway_hangs(redis_server, tmp_path):
+    """A gateway that takes connections and never answers: pushes hang until their timeout,
+    and SIGTERM still ends the PS with 0 within ServiceProc's 5 s (else it would be -9)."""
+    job = f"hangjob_{uuid.uuid4().hex[:6]}"
+    (tmp_path / "global.yml").write_text(GLOBAL_CONFIG.format(job=job))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # never accepted: the kernel completes connects, nobody answers
+        env = {
+            "PERSIA_REDIS_URL": redis_server.url,
+            "PERSIA_JOB_ID": job,
+            "PERSIA_METRICS_GATEWAY_ADDR": f"127.0.0.1:{silent.getsockname()[1]}",
+            "PERSIA_GLOBAL_CONFIG": str(tmp_path / "global.yml"),
+        }
+        ps = ServiceProc.start("services.embedding_ps", ["--port", "0"], env,
+                               role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=tmp_path)  # fmt: skip
+        try:
+            time.sleep(1.5)  # a periodic push is hanging on the gateway now
+        finally:
+            started = time.monotonic()
+            code = ps.stop()
+        assert code == 0, ps.log_text()[-2000:]
+        assert time.monotonic() - started < 5.0
