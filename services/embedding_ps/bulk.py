@@ -43,8 +43,11 @@ class BulkAccess:
 
     def export_shard(self, dim: int, shard_index: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids, rows) of every entry of ``dim`` in one internal shard, copied under its lock
-        (None when the shard holds none); checkpoint dumps run one per thread."""
-        aid = self._dims[dim]
+        (None when the shard holds none, or when ``dim`` was cleared meanwhile: callers
+        run off the loop, while /clear may run on it); checkpoint dumps run one per thread."""
+        aid = self._dims.get(dim)
+        if aid is None:
+            return None
         shard = self._shards[shard_index]
         with shard.lock:
             if aid >= len(shard.arenas) or shard.arenas[aid] is None:

@@ -61,7 +61,7 @@ def _rate(samples: list[tuple[float, int]]) -> float:
 
 def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
     redis = RedisServer().start()
-    job = DirectJob(tmp_path, redis, epochs=60).start()
+    job = DirectJob(tmp_path, redis, epochs=200).start()
     try:
         job.wait_training()
         before = _sample(job, WINDOW_S)
