@@ -42,6 +42,20 @@ class InvariantError(AssertionError):
     """A request broke one of the invariants in the module docstring."""
 
 
+def check_answer_and_processes(
+    where: str, status: int, answer: Any, procs: dict[str, ServiceProc]
+) -> None:
+    """The invariants after every hostile request: no 5xx but 503, every process alive and
+    healthy (``where`` names the request in the error)."""
+    if status >= 500 and status != 503:
+        raise InvariantError(f"{where}: answered {status}: {answer!r}")
+    for name, proc in procs.items():
+        if proc.proc.poll() is not None:
+            raise InvariantError(f"{where}: {name} died ({proc.proc.returncode})")
+        if proc.health()[0] != 200:
+            raise InvariantError(f"{where}: {name} /health says {proc.health()}")
+
+
 class Cluster:
     def __init__(self, redis_url: str, workdir: Path, *, cap_bytes: int = 1 << 20):
         self.workdir = workdir
@@ -155,13 +169,7 @@ class Cluster:
         known = path in KNOWN_PATHS
         self.tally[f"{service} {path if known else '(other paths)'}"][status] += 1
         where = f"{service} {method} {path} with {raw[:300] if raw else raw!r}"
-        if status >= 500 and status != 503:
-            raise InvariantError(f"{where}: answered {status}: {answer!r}")
-        for name, proc in self.procs.items():
-            if proc.proc.poll() is not None:
-                raise InvariantError(f"{where}: {name} died ({proc.proc.returncode})")
-            if proc.health()[0] != 200:
-                raise InvariantError(f"{where}: {name} /health says {proc.health()}")
+        check_answer_and_processes(where, status, answer, self.procs)
         if status >= 400:
             after = self.state()
             if after != before:

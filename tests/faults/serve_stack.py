@@ -30,7 +30,7 @@ from persia.serving import export_model
 from services.embedding_ps.engine import EmbeddingStore
 from shared.codec import packb
 from shared.embedding_spec import SGDSpec
-from tests.faults.cluster import InvariantError
+from tests.faults.cluster import InvariantError, check_answer_and_processes
 from tests.faults.raw_http import RawClient
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, make_batch
 from tests.redis_server import free_port
@@ -155,13 +155,7 @@ class ServeStack:
         key = path if path in ("/predict", "/signature", "/health", "/metrics") else "(other)"
         self.tally[f"serve {key} {content_type}"][status] += 1
         where = f"serve {method} {path} ({content_type}) with {raw[:300] if raw else raw!r}"
-        if status >= 500 and status != 503:
-            raise InvariantError(f"{where}: answered {status}: {answer!r}")
-        for name, proc in self.procs.items():
-            if proc.proc.poll() is not None:
-                raise InvariantError(f"{where}: {name} died ({proc.proc.returncode})")
-            if proc.health()[0] != 200:
-                raise InvariantError(f"{where}: {name} /health says {proc.health()}")
+        check_answer_and_processes(where, status, answer, self.procs)
         if self.state() != self.before:
             raise InvariantError(f"{where}: answered {status} but the served state changed")
         return status
