@@ -26,7 +26,7 @@ from persia import env
 from persia._runtime import job_checkpoint
 from persia._runtime.backward import BackwardEngine
 from persia._runtime.checkpointer import PeriodicCheckpointer
-from persia._runtime.features import gradient_arrays, gradients_finite
+from persia._runtime.features import gradient_payload, gradients_finite
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.precision import Precision
 from persia._runtime.step_clock import StepClock
@@ -270,7 +270,7 @@ class TrainCtx(EmbeddingCtx):
         if self.update_times % frequency == 0:  # PERSIA checked only on the first step
             finite = self._agree(gradients_finite(tensors))
         self.update_times += 1
-        grads = partial(gradient_arrays, tensors)  # the sender runs it, off this thread
+        grads = partial(gradient_payload, tensors, batch.tables)  # the sender runs it, off here
         if not finite:
             _logger.warning(
                 "non-finite embedding gradients (loss scale %g): embedding update skipped", scale

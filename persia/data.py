@@ -151,7 +151,7 @@ class DataLoader:
 
             async def lookup_streamed(item) -> PersiaTrainingBatch:
                 embeddings, trainable = await client.lookup(
-                    item.worker, item.batch_id, train, item.dense.batch_size
+                    item.worker, item.batch_id, train, item.dense.batch_size, gathered=True
                 )
                 batch = PersiaTrainingBatch(
                     item.dense, embeddings.embeddings, trainable,
@@ -169,7 +169,7 @@ class DataLoader:
 
         async def lookup_direct(batch: PersiaBatch) -> PersiaTrainingBatch:
             answer, worker = await client.lookup_direct(
-                batch.id_part(), train and batch.requires_grad
+                batch.id_part(), train and batch.requires_grad, gathered=True
             )
             looked_up = PersiaTrainingBatch(
                 batch.dense_part(), answer.embeddings, batch.requires_grad,

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from persia._runtime.embedding_client import EmbeddingWorkerClient
+from persia._runtime.features import GradientPayload
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.runtime import Runtime
 from shared.errors import GradientSendError
@@ -49,13 +50,14 @@ class BackwardEngine:
         worker: int,
         batch_id: int,
         loss_scale: float,
-        grads: list[tuple[str, np.ndarray]] | Callable[[], list[tuple[str, np.ndarray]]],
+        grads: list[tuple[str, np.ndarray]] | Callable[[], list | GradientPayload],
         on_done: Callable[[], None] | None = None,
     ) -> None:
         """Queue one batch's gradients; blocks while every backward slot is taken.
 
-        ``grads`` is the ``[(slot, float32 array)]`` to send, or a function giving it that the
-        loop calls (so the arrays are made off the training thread).
+        ``grads`` is the ``[(slot, float32 array)]`` to send, or a function giving it (or a
+        ``GradientPayload``, with a gathered answer's tables) that the loop calls (so the
+        arrays are made off the training thread).
         ``on_done`` runs on the loop when the send finished, successfully or not (it
         releases the batch's embedding-staleness permit).
         """
@@ -76,9 +78,14 @@ class BackwardEngine:
 
     async def _send(self, worker, batch_id, loss_scale, grads, on_done) -> None:
         try:
-            arrays = grads() if callable(grads) else grads
+            payload = grads() if callable(grads) else grads
+            if not isinstance(payload, GradientPayload):
+                payload = GradientPayload(list(payload))
             async with self.limits.senders():
-                await self.client.gradients(worker, batch_id, loss_scale, arrays)
+                await self.client.gradients(
+                    worker, batch_id, loss_scale, payload.slots,
+                    tables=payload.tables, skipped_slots=payload.skipped_slots,
+                )  # fmt: skip
             self.sent += 1
         except asyncio.CancelledError:
             raise

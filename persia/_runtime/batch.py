@@ -34,6 +34,7 @@ from persia._runtime.features import (
 )
 from persia.embedding.data import Label, NonIDTypeFeature
 from shared.wire.batch import DensePart
+from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 
 @dataclass
@@ -59,6 +60,12 @@ class PersiaTrainingBatch:
     @property
     def batch_size(self) -> int:
         return self.dense.batch_size
+
+    @property
+    def tables(self) -> tuple[EmbeddingTable, ...]:
+        """The gathered answer's tables (their gradients go back summed per unique vector)."""
+        embeddings = self.embeddings
+        return embeddings.tables if isinstance(embeddings, SlotEmbeddings) else ()
 
     @property
     def meta(self) -> bytes | None:
@@ -103,7 +110,7 @@ class PersiaTrainingBatch:
     def build_tensors(self, *, requires_grad: bool) -> None:
         """Build this batch's tensors now (off the training thread), for one ``take_tensors``."""
         self._tensors = build_tensors(
-            self.non_id_type_features, self.labels, list(self.embeddings),
+            self.non_id_type_features, self.labels, self.embeddings,
             requires_grad=requires_grad, cuda=self.device_id is not None,
         )  # fmt: skip
 

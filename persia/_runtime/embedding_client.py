@@ -145,22 +145,22 @@ class EmbeddingWorkerClient:
 
     # --- data path ----------------------------------------------------------------------
     async def lookup(
-        self, worker: int, batch_id: int, train: bool, batch_size: int
+        self, worker: int, batch_id: int, train: bool, batch_size: int, *, gathered: bool = False
     ) -> tuple[Embeddings, bool]:
         """Embeddings of a batch a data loader buffered on ``worker`` under ``batch_id``.
 
         Returns them with whether the worker awaits gradients for the batch (``train`` and
-        the batch's ``requires_grad``).
+        the batch's ``requires_grad``). With ``gathered`` single-id summed slots come as
+        tables (``shared.wire.gathered``), and their gradients must go back as tables.
         """
         url = await self.url(worker)
-        answer = await self.http.call(
-            f"{url}/lookup", Lookup(batch_id, train).to_wire(), timeout_s=LOOKUP_TIMEOUT_S
-        )
+        body = Lookup(batch_id, train, gathered).to_wire()
+        answer = await self.http.call(f"{url}/lookup", body, timeout_s=LOOKUP_TIMEOUT_S)
         embeddings = Embeddings.from_wire(answer, batch_size)
         return embeddings, bool(train and embeddings.requires_grad)
 
     async def lookup_direct(
-        self, id_part: IDPart, train: bool, worker: int | None = None
+        self, id_part: IDPart, train: bool, worker: int | None = None, *, gathered: bool = False
     ) -> tuple[Embeddings, int]:
         """Embeddings of ids sent in the request; returns (embeddings, worker).
 
@@ -174,18 +174,30 @@ class EmbeddingWorkerClient:
         url = await self.url(worker)
         answer = await self.http.call(
             f"{url}/lookup_direct",
-            LookupDirect(id_part, train).to_wire(),
+            LookupDirect(id_part, train, gathered).to_wire(),
             idempotent=not train,
             timeout_s=LOOKUP_TIMEOUT_S,
         )
         return Embeddings.from_wire(answer, id_part.batch_size), worker
 
     async def gradients(
-        self, worker: int, batch_id: int, loss_scale: float, grads: list[tuple[str, np.ndarray]]
+        self,
+        worker: int,
+        batch_id: int,
+        loss_scale: float,
+        grads: list[tuple[str, np.ndarray]],
+        *,
+        tables: list[tuple[int, np.ndarray]] | None = None,
+        skipped_slots: tuple[str, ...] = (),
     ) -> GradientsApplied:
-        """Send one batch's embedding gradients (per slot, same layout as the embeddings)."""
+        """Send one batch's embedding gradients: per pooled slot (the embeddings' layout), and
+        per table of a gathered answer (``tables``; gathered slots left out named in
+        ``skipped_slots``)."""
         url = await self.url(worker)
-        body = Gradients(batch_id, float(loss_scale), tuple(grads)).to_wire()
+        body = Gradients(
+            batch_id, float(loss_scale), tuple(grads),
+            None if tables is None else tuple(tables), tuple(skipped_slots),
+        ).to_wire()  # fmt: skip
         answer = await self.http.call(f"{url}/gradients", body, timeout_s=LOOKUP_TIMEOUT_S)
         return GradientsApplied.from_wire(answer)
 

@@ -3,22 +3,28 @@ training thread.
 
 Forward: :func:`build_tensors` copies every array (decoded wire arrays are read-only views of
 the message, so torch cannot share them) into a CPU tensor of the same dtype and shape;
-embedding tensors are leaves with ``requires_grad`` when training. The data loader runs it
+embedding tensors are leaves with ``requires_grad`` when training. A gathered answer's tables
+(``shared.wire.gathered``) become their slots' tensors by one ``index_select`` per table. The data loader runs it
 on the runtime's event-loop thread right after the lookup decoded the answer, so the
 training thread only takes the finished tensors (:func:`place` moves them to the context's
 CUDA device; on the CPU it is a no-op). Backward: :func:`gradient_arrays` turns each
 embedding tensor's gradient into a float32 array of the embedding's layout (a zero-copy view
 for float32 CPU gradients; the worker ignores the mask column of raw slots); the gradient
-sender calls it on the event loop, after the training thread has moved on.
+sender calls it on the event loop, after the training thread has moved on; with tables,
+:func:`gradient_payload` also sums the gathered slots' gradients per unique vector (one
+``index_add_`` per table), so what goes back is one row per distinct id.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,7 @@ def _float32(array: np.ndarray) -> np.ndarray:
 def build_tensors(
     non_id: list[np.ndarray],
     labels: list[np.ndarray],
-    embeddings: list[tuple[str, np.ndarray]],
+    embeddings: Sequence[tuple[str, np.ndarray]],
     *,
     requires_grad: bool,
     cuda: bool = False,
@@ -71,15 +77,39 @@ def build_tensors(
     the device its gradient is computed on).
     """
     leaves = requires_grad and not cuda
+    if isinstance(embeddings, SlotEmbeddings) and embeddings.tables:
+        slots = _gathered_tensors(embeddings, leaves=leaves, pin=cuda)
+    else:
+        slots = [
+            (name, _cpu_copy(_float32(a), pin=cuda).requires_grad_(leaves))
+            for name, a in embeddings
+        ]
     return BatchTensors(
         non_id=[_cpu_copy(a, pin=cuda) for a in non_id],
         labels=[_cpu_copy(a, pin=cuda) for a in labels],
-        embeddings=[
-            (name, _cpu_copy(_float32(a), pin=cuda).requires_grad_(leaves))
-            for name, a in embeddings
-        ],
+        embeddings=slots,
         requires_grad=requires_grad,
     )
+
+
+def _gathered_tensors(
+    embeddings: SlotEmbeddings, *, leaves: bool, pin: bool
+) -> list[tuple[str, torch.Tensor]]:
+    """Slot tensors of a gathered answer: pooled slots copied, each table gathered in one op
+    into a ``(slots, batch, dim)`` block whose rows are the slots' (leaf) tensors."""
+    out: list = [None] * len(embeddings)
+    for position, name, data in embeddings.pooled:
+        out[position] = (name, _cpu_copy(_float32(data), pin=pin).requires_grad_(leaves))
+    where = {name: i for i, name in enumerate(embeddings.names)}
+    for table in embeddings.tables:
+        vectors = torch.from_numpy(np.array(table.data))  # copies: wire arrays are read-only
+        index = torch.from_numpy(np.array(table.index))
+        block = vectors.index_select(0, index.view(-1)).view(len(table.slots), -1, table.dim)
+        if pin:
+            block = block.pin_memory()
+        for name, rows in zip(table.slots, block.unbind(0), strict=True):
+            out[where[name]] = (name, rows.requires_grad_(leaves))
+    return out
 
 
 def place(tensors: BatchTensors, device_id: int | None) -> BatchTensors:
@@ -125,6 +155,60 @@ def gradient_arrays(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, 
     if empty:
         log.warning("slots without an embedding gradient in this batch: %s", empty)
     return grads
+
+
+@dataclass
+class GradientPayload:
+    """What goes back to the worker for one batch: pooled slots' gradients, one summed gradient
+    per table of a gathered answer, and the gathered slots left out of them."""
+
+    slots: list[tuple[str, np.ndarray]]
+    tables: list[tuple[int, np.ndarray]] | None = None
+    skipped_slots: tuple[str, ...] = field(default=())
+
+
+def gradient_payload(
+    tensors: list[tuple[str, torch.Tensor]], tables: Sequence[EmbeddingTable] = ()
+) -> GradientPayload:
+    """The batch's gradients as the worker takes them (call it once ``backward()`` returned).
+
+    A gathered slot without a gradient, or with a NaN or inf in it, is left out of its
+    table's sum and named in ``skipped_slots`` (the worker then updates no id for it).
+    """
+    if not tables:
+        return GradientPayload(gradient_arrays(tensors))
+    gathered = {name for table in tables for name in table.slots}
+    payload = GradientPayload(gradient_arrays([(n, t) for n, t in tensors if n not in gathered]))
+    by_name = dict(tensors)
+    payload.tables, skipped, nonfinite = [], [], []
+    for table in tables:
+        grads = [by_name[name].grad for name in table.slots]
+        present = next((g for g in grads if g is not None), None)
+        if present is None:
+            skipped += table.slots
+            payload.tables.append((table.dim, np.zeros((table.rows, table.dim), np.float32)))
+            continue
+        block = torch.stack([torch.zeros_like(present) if g is None else g for g in grads]).to(
+            torch.float32
+        )
+        finite = torch.isfinite(block).view(len(grads), -1).all(1).tolist()
+        for k, (name, grad) in enumerate(zip(table.slots, grads, strict=True)):
+            if grad is None or not finite[k]:
+                block[k].zero_()
+                skipped.append(name)
+                if grad is not None:
+                    nonfinite.append(name)
+        index = torch.from_numpy(np.array(table.index)).to(block.device)
+        summed = torch.zeros((table.rows, table.dim), dtype=torch.float32, device=block.device)
+        summed.index_add_(0, index.view(-1), block.view(-1, table.dim))
+        payload.tables.append((table.dim, summed.cpu().numpy()))
+    if skipped:
+        log.warning(
+            "gathered slots left out of this batch's embedding update: %s (non-finite: %s)",
+            skipped, nonfinite,
+        )  # fmt: skip
+    payload.skipped_slots = tuple(skipped)
+    return payload
 
 
 def gradients_finite(tensors: list[tuple[str, torch.Tensor]]) -> bool:

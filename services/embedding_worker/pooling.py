@@ -30,15 +30,21 @@ from shared.errors import InvalidInputError
 
 
 def pool_forward(
-    prepared: PreparedBatch, vectors_by_dim: dict[int, np.ndarray]
-) -> list[np.ndarray]:
+    prepared: PreparedBatch,
+    vectors_by_dim: dict[int, np.ndarray],
+    exclude: frozenset[int] = frozenset(),
+) -> list[np.ndarray | None]:
     """One float32 tensor per slot, in the batch's feature order, from the unique ids' vectors.
 
     ``vectors_by_dim[dim]`` is ``(n_unique, dim)`` float32, row k the vector of
-    ``prepared.groups[dim].ids[k]``.
+    ``prepared.groups[dim].ids[k]``. Slots at the positions in ``exclude`` (answered as
+    tables, ``gathering.py``) get None.
     """
-    out = []
-    for plan in prepared.slots:
+    out: list[np.ndarray | None] = []
+    for position, plan in enumerate(prepared.slots):
+        if position in exclude:
+            out.append(None)
+            continue
         vectors = np.ascontiguousarray(vectors_by_dim[plan.dim])
         pooled = np.empty(plan.output_shape, dtype=np.float32)
         kernels.pool(
@@ -59,6 +65,7 @@ def pool_backward(
     prepared: PreparedBatch,
     slot_grads: Sequence[np.ndarray | None],
     loss_scale: float = 1.0,
+    exclude: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, np.ndarray], list[str]]:
     """Per-unique-id gradients of every dim group from the gradients of the pooled tensors.
 
@@ -68,13 +75,16 @@ def pool_backward(
     NaN or inf, or is ``None`` (skipped by the NN worker), contributes nothing and
     is named in the returned list of skipped slots. Gradients are divided by
     ``loss_scale`` and multiplied by the forward row scale, then summed per
-    unique id over every occurrence in every slot of that dim.
+    unique id over every occurrence in every slot of that dim. Slots at the positions in
+    ``exclude`` (answered as tables) are left to ``gathering.gather_backward``.
     """
     grads = {
         dim: np.zeros((g.ids.shape[0], dim), dtype=np.float32) for dim, g in prepared.groups.items()
     }
     skipped: list[str] = []
-    for plan, grad in zip(prepared.slots, slot_grads, strict=True):
+    for position, (plan, grad) in enumerate(zip(prepared.slots, slot_grads, strict=True)):
+        if position in exclude:
+            continue
         if grad is None:
             skipped.append(plan.name)
             continue

@@ -24,10 +24,15 @@ import prometheus_client as prom
 from aiohttp import web
 
 from services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
+from services.embedding_worker.gathering import (
+    Awaited,
+    GatherPlan,
+    answer_embeddings,
+    check_gradients,
+    gather_backward,
+)
 from services.embedding_worker.pooling import (
-    check_slot_gradients,
     pool_backward,
-    pool_forward,
     replica_lookups,
     replica_updates,
     scatter_responses,
@@ -41,6 +46,7 @@ from shared.http_server import METRICS, STATE, make_app, msgpack_handler, requir
 from shared.offload import Offloader
 from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from shared.wire.batch import IDPart
+from shared.wire.gathered import SlotEmbeddings
 from shared.wire.ps import PSStats
 from shared.wire.worker import (
     Embeddings,
@@ -105,8 +111,10 @@ class Worker:
         return counter
 
     async def embeddings(
-        self, pending: _Pending, train: bool
-    ) -> tuple[tuple[str, np.ndarray], ...]:
+        self, pending: _Pending, train: bool, gathered: bool
+    ) -> tuple[tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan]:
+        """The batch's answer: pooled tensors per slot, or with ``gathered`` a
+        ``SlotEmbeddings`` whose single-id summed slots come as tables (``gathering.py``)."""
         prepared = pending.prepared
         started = time.perf_counter()
         answers = await self.ps.lookup(
@@ -114,12 +122,13 @@ class Worker:
         )
         sample = next(self.lookups) % UNIQUE_RATE_SAMPLING == 0
 
-        def pool() -> tuple[list[np.ndarray], list[int] | None]:
-            pooled = pool_forward(prepared, scatter_responses(prepared, answers))
-            uniques = [p.unique_count() for p in prepared.slots] if sample else None
-            return pooled, uniques
+        def pool() -> tuple[Any, GatherPlan, list[int] | None]:
+            out, gather = answer_embeddings(
+                prepared, scatter_responses(prepared, answers), gathered
+            )
+            return out, gather, [p.unique_count() for p in prepared.slots] if sample else None
 
-        pooled, uniques = await self.offload.run(_occurrences(prepared), pool)
+        out, gather, uniques = await self.offload.run(_occurrences(prepared), pool)
         self.metrics["lookup_latency"].observe(time.perf_counter() - started)
         for i, plan in enumerate(prepared.slots):
             ids, sampled_ids, sampled_unique = self._slot_counters(plan.name)
@@ -129,7 +138,7 @@ class Worker:
                 sampled_unique.inc(uniques[i])
         for dim, group in prepared.groups.items():
             self._dim_counter(dim).inc(group.ids.shape[0])
-        return tuple((p.name, t) for p, t in zip(prepared.slots, pooled, strict=True))
+        return out, gather
 
 
 WORKER = web.AppKey("ew_worker", Worker)
@@ -168,9 +177,9 @@ async def lookup(request: web.Request, body: Any) -> dict:
     worker = _worker(request)
     msg = Lookup.from_wire(body)
     pending = worker.forward.pop(msg.batch_id)
-    embeddings = await worker.embeddings(pending, msg.train)
+    embeddings, plan = await worker.embeddings(pending, msg.train, msg.gathered)
     if msg.train and pending.requires_grad:
-        worker.awaiting.put(msg.batch_id, pending.prepared)
+        worker.awaiting.put(msg.batch_id, Awaited(pending.prepared, plan))
     return Embeddings(embeddings, msg.batch_id, pending.requires_grad).to_wire()
 
 
@@ -180,37 +189,40 @@ async def lookup_direct(request: web.Request, body: Any) -> dict:
     worker = _worker(request)
     msg = LookupDirect.from_wire(body)
     pending = await worker.offload.run(_batch_ids(msg.batch), worker.prepare, msg.batch)
-    embeddings = await worker.embeddings(pending, msg.train)
+    embeddings, plan = await worker.embeddings(pending, msg.train, msg.gathered)
     batch_id = None
     if msg.train and pending.requires_grad:
         batch_id = -next(worker.direct_ids)
-        worker.awaiting.put(batch_id, pending.prepared)
+        worker.awaiting.put(batch_id, Awaited(pending.prepared, plan))
     return Embeddings(embeddings, batch_id, pending.requires_grad).to_wire()
 
 
 @msgpack_handler
 async def gradients(request: web.Request, body: Any) -> dict:
-    """Turn pooled gradients into per-id gradients and push them to the PS replicas."""
+    """Turn pooled gradients (and a gathered answer's table gradients) into per-id gradients
+    and push them to the PS replicas."""
     worker = _worker(request)
     msg = Gradients.from_wire(body)
     batch_id = msg.batch_id
     by_name = dict(msg.gradients)
     # Checked before the batch leaves the awaiting buffer: a refused body changes nothing.
-    prepared = worker.awaiting.peek(batch_id)
-    unknown = set(by_name) - set(prepared.slot_names)
-    if unknown:
-        raise InvalidInputError(
-            "gradients", f"slots of batch {batch_id}: {list(prepared.slot_names)}", sorted(unknown)
-        )
-    check_slot_gradients(prepared, by_name)
+    awaited = worker.awaiting.peek(batch_id)
+    prepared, plan = awaited.prepared, awaited.gather
+    check_gradients(awaited, batch_id, by_name, msg.tables, msg.skipped_slots)
     worker.awaiting.pop(batch_id)
     started = time.perf_counter()
 
     def backward() -> tuple[list, list[str]]:
         grads, skipped = pool_backward(
-            prepared, [by_name.get(n) for n in prepared.slot_names], msg.loss_scale
-        )
+            prepared, [by_name.get(n) for n in prepared.slot_names], msg.loss_scale,
+            plan.positions,
+        )  # fmt: skip
         nan_skipped = [n for n in skipped if n in by_name]
+        if plan.groups:
+            more, nonfinite = gather_backward(
+                prepared, plan, msg.tables, msg.skipped_slots, msg.loss_scale, grads
+            )
+            skipped, nan_skipped = skipped + more, nan_skipped + nonfinite
         return replica_updates(prepared, grads, skipped), nan_skipped
 
     per_replica, nan_skipped = await worker.offload.run(_occurrences(prepared), backward)

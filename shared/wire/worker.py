@@ -3,13 +3,16 @@
 ::
 
     /batch         PutBatch      {"loader": int, "batch_id": int, "batch": IDPart}
-    /lookup        Lookup        {"batch_id": int, "train": bool}
-    /lookup_direct LookupDirect  {"batch": IDPart, "train": bool}
+    /lookup        Lookup        {"batch_id": int, "train": bool, "gathered": bool = false}
+    /lookup_direct LookupDirect  {"batch": IDPart, "train": bool, "gathered": bool = false}
     /gradients     Gradients     {"batch_id": int, "loss_scale": float,
-                                  "gradients": [{"name": str, "data": float32|float16 array}]}
+                                  "gradients": [{"name": str, "data": float32|float16 array}],
+                                  "tables": [...], "skipped_slots": [str]}   (gathered.py)
     answer of /lookup and /lookup_direct: Embeddings
                    {"batch_id": int | None, "requires_grad": bool,
-                    "embeddings": [{"name": str, "data": float32|float16 array}]}
+                    "embeddings": [{"name": str, "data": float32|float16 array}
+                                   | {"name": str, "table": int}],   (gathered.py)
+                    "tables": [...]}
     answer of /gradients: GradientsApplied
                    {"batch_id": int, "skipped_slots": [str], "applied": int,
                     "skipped_unknown": int, "skipped_nonfinite": int, "dropped": int}
@@ -22,6 +25,7 @@ Answers are checked once where the client decodes them; a bad one is a ProtocolE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +35,13 @@ from shared.config_schema import EmbeddingSchema
 from shared.errors import ConfigError, InvalidInputError, ProtocolError
 from shared.validate import as_array, as_bool, as_dict, as_float, as_int, as_list, as_str, get
 from shared.wire.batch import MAX_FEATURES, IDPart, check_unique
+from shared.wire.gathered import (
+    EmbeddingTable,
+    SlotEmbeddings,
+    parse_gradient_tables,
+    parse_names,
+    parse_tables,
+)
 from shared.wire.ps import PSStats, UpdateTotals, peer_answer
 
 MAX_LOADERS = 1 << 16
@@ -65,14 +76,20 @@ class Lookup:
 
     batch_id: int
     train: bool
+    gathered: bool = False
+    """Answer single-id summed slots as tables (``shared.wire.gathered``)."""
 
     @classmethod
     def from_wire(cls, body: Any) -> Lookup:
         body = as_dict(body, "body")
-        return cls(as_int(get(body, "batch_id"), "batch_id"), as_bool(get(body, "train"), "train"))
+        return cls(
+            as_int(get(body, "batch_id"), "batch_id"),
+            as_bool(get(body, "train"), "train"),
+            as_bool(body.get("gathered", False), "gathered"),
+        )
 
     def to_wire(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "train": self.train}
+        return {"batch_id": self.batch_id, "train": self.train, "gathered": self.gathered}
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,15 +98,18 @@ class LookupDirect:
 
     batch: IDPart
     train: bool
+    gathered: bool = False
+    """Answer single-id summed slots as tables (``shared.wire.gathered``)."""
 
     @classmethod
     def from_wire(cls, body: Any) -> LookupDirect:
         body = as_dict(body, "body")
         train = as_bool(get(body, "train"), "train")
-        return cls(IDPart.from_wire(get(body, "batch"), "batch"), train)
+        gathered = as_bool(body.get("gathered", False), "gathered")
+        return cls(IDPart.from_wire(get(body, "batch"), "batch"), train, gathered)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"batch": self.batch.to_wire(), "train": self.train}
+        return {"batch": self.batch.to_wire(), "train": self.train, "gathered": self.gathered}
 
 
 def _named_arrays(raw: Any, field: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -112,22 +132,34 @@ class Gradients:
     batch_id: int
     loss_scale: float
     gradients: tuple[tuple[str, np.ndarray], ...]
+    tables: tuple[tuple[int, np.ndarray], ...] | None = None
+    """Per table of a gathered answer, ``(dim, (rows, dim) gradient)``; None: none sent."""
+    skipped_slots: tuple[str, ...] = ()
+    """Gathered slots left out of ``tables``."""
 
     @classmethod
     def from_wire(cls, body: Any) -> Gradients:
         body = as_dict(body, "body")
+        tables = body.get("tables")
         return cls(
             batch_id=as_int(get(body, "batch_id"), "batch_id"),
             loss_scale=as_float(body.get("loss_scale", 1.0), "loss_scale", positive=True),
             gradients=_named_arrays(get(body, "gradients"), "gradients"),
+            tables=None if tables is None else parse_gradient_tables(tables),
+            skipped_slots=parse_names(body.get("skipped_slots", []), "skipped_slots", MAX_FEATURES),
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "batch_id": self.batch_id,
             "loss_scale": float(self.loss_scale),
             "gradients": [{"name": n, "data": d} for n, d in self.gradients],
         }
+        if self.tables is not None:
+            body["tables"] = [{"dim": dim, "data": d} for dim, d in self.tables]
+        if self.skipped_slots:
+            body["skipped_slots"] = list(self.skipped_slots)
+        return body
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,25 +168,35 @@ class Embeddings:
 
     ``batch_id`` is the reference for the gradients (None when none are awaited);
     summed slots are ``(batch, dim)``, raw slots ``(batch, sample_fixed_size, dim + 1)``.
+    A gathered answer's ``embeddings`` is a :class:`SlotEmbeddings` (the same pairs, the
+    gathered slots' arrays made on access) and ``tables`` holds the tables.
     """
 
-    embeddings: tuple[tuple[str, np.ndarray], ...]
+    embeddings: Sequence[tuple[str, np.ndarray]]
     batch_id: int | None
     requires_grad: bool
+
+    @property
+    def tables(self) -> tuple[EmbeddingTable, ...]:
+        return self.embeddings.tables if isinstance(self.embeddings, SlotEmbeddings) else ()
 
     @classmethod
     def from_wire(cls, answer: Any, batch_size: int | None = None) -> Embeddings:
         """Check an embedding worker's answer (a bad one is a ProtocolError: a peer's fault)."""
         try:
             body = as_dict(answer, "answer")
-            embeddings = _named_arrays(get(body, "embeddings"), "embeddings")
+            if "tables" in body:
+                embeddings: Sequence[tuple[str, np.ndarray]] = _gathered(body, batch_size)
+                pooled = [(n, d) for _, n, d in embeddings.pooled]  # type: ignore[attr-defined]
+            else:
+                embeddings = pooled = _named_arrays(get(body, "embeddings"), "embeddings")
             batch_id = body.get("batch_id")
             if batch_id is not None:
                 batch_id = as_int(batch_id, "batch_id")
             requires_grad = as_bool(body.get("requires_grad", True), "requires_grad")
         except InvalidInputError as exc:
             raise ProtocolError(f"embedding worker answered a bad lookup: {exc}") from exc
-        for name, data in embeddings:
+        for name, data in pooled:
             if data.ndim not in (2, 3) or (batch_size is not None and data.shape[0] != batch_size):
                 raise ProtocolError(
                     f"embedding worker sent slot {name!r} with shape {data.shape}: expected "
@@ -163,11 +205,39 @@ class Embeddings:
         return cls(embeddings, batch_id, requires_grad)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
-            "requires_grad": self.requires_grad,
-            "embeddings": [{"name": n, "data": d} for n, d in self.embeddings],
-        }
+        body: dict[str, Any] = {"batch_id": self.batch_id, "requires_grad": self.requires_grad}
+        if isinstance(self.embeddings, SlotEmbeddings):
+            body["embeddings"] = self.embeddings.to_wire()
+            body["tables"] = [t.to_wire() for t in self.embeddings.tables]
+        else:
+            body["embeddings"] = [{"name": n, "data": d} for n, d in self.embeddings]
+        return body
+
+
+def _gathered(body: dict, batch_size: int | None) -> SlotEmbeddings:
+    """The entries of a gathered answer: pooled arrays, or (table, row of its index)."""
+    items = as_list(get(body, "embeddings"), "embeddings", max_len=MAX_FEATURES)
+    names: list[str] = []
+    table_of: list[tuple[int, int] | None] = []
+    counts: dict[int, int] = {}
+    entries: list[tuple[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"embeddings[{i}]"
+        item = as_dict(item, where)
+        names.append(as_str(get(item, "name", f"{where}.name"), f"{where}.name"))
+        if "table" in item:
+            t = as_int(item["table"], f"{where}.table", min_value=0, max_value=MAX_FEATURES)
+            table_of.append((t, counts.get(t, 0)))
+            counts[t] = counts.get(t, 0) + 1
+            entries.append((names[-1], table_of[-1]))
+        else:
+            table_of.append(None)
+            data = as_array(
+                get(item, "data", f"{where}.data"), f"{where}.data", dtype=_FLOAT_DTYPES
+            )
+            entries.append((names[-1], data))
+    check_unique(names, "embeddings")
+    return SlotEmbeddings(entries, parse_tables(body["tables"], table_of, names, batch_size))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,207 @@
+"""Gathered lookup answers (shared/wire/gathered.py): same tensors and same updates as pooled ones.
+
+A single-id summed slot answered as (unique vectors, per-sample rows) must give the NN worker
+exactly the pooled tensor, and the NN worker's per-vector gradient sums must move the PS rows
+exactly as the pooled per-sample gradients do; hostile gathered bodies are refused with the
+field named and nothing consumed.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from persia._runtime.features import build_tensors, gradient_payload
+from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
+from services.embedding_worker.gathering import (
+    answer_embeddings,
+    gather_backward,
+    gather_plan,
+)
+from services.embedding_worker.pooling import pool_backward, pool_forward
+from services.embedding_worker.preprocess import prepare_batch
+from shared.config_schema import EmbeddingSchema
+from shared.errors import InvalidInputError, ProtocolError
+from shared.wire.gathered import SlotEmbeddings
+from shared.wire.worker import Embeddings, Gradients
+from tests.test_embedding_worker_service import client, configs, setup_training, start_cluster
+
+__all__ = ["client", "configs"]  # fixtures re-used from the worker's service tests
+
+SCHEMA = EmbeddingSchema.from_dict(
+    {
+        "slots_config": {
+            "user": {"dim": 4},
+            "item": {"dim": 4, "sqrt_scaling": True},
+            "tags": {"dim": 4},
+            "seq": {"dim": 4, "embedding_summation": False, "sample_fixed_size": 3},
+            "hashed": {"dim": 4, "hash_stack_config": {"hash_stack_rounds": 2, "embedding_size": 7}},
+            "wide": {"dim": 8},
+        },
+        "feature_groups": {"ui": ["user", "item"]},
+    }
+)
+
+
+def mixed_batch(n: int = 6, seed: int = 0) -> PersiaBatch:
+    """Three gather slots (user, item, wide) and four that must stay pooled."""
+    rng = np.random.default_rng(seed)
+    ragged = [rng.integers(0, 9, size=k, dtype=np.uint64) for k in rng.integers(0, 4, size=n)]
+    return PersiaBatch(
+        [
+            IDTypeFeatureWithSingleID("user", rng.integers(0, 5, size=n, dtype=np.uint64)),
+            IDTypeFeatureWithSingleID("item", rng.integers(0, 5, size=n, dtype=np.uint64)),
+            IDTypeFeature("tags", ragged),
+            IDTypeFeature("seq", ragged),
+            IDTypeFeatureWithSingleID("hashed", rng.integers(0, 50, size=n, dtype=np.uint64)),
+            IDTypeFeatureWithSingleID("wide", rng.integers(0, 3, size=n, dtype=np.uint64)),
+        ],
+        labels=[Label(np.zeros((n, 1), np.float32))],
+    )
+
+
+def prepared_and_vectors(batch: PersiaBatch, seed: int = 1):
+    prepared = prepare_batch(SCHEMA, batch.id_part().id_type_features, replica_count=2)
+    rng = np.random.default_rng(seed)
+    vectors = {
+        dim: rng.standard_normal((g.ids.shape[0], dim)).astype(np.float32)
+        for dim, g in prepared.groups.items()
+    }
+    return prepared, vectors
+
+
+def test_only_single_id_summed_slots_without_hash_stack_are_gathered():
+    prepared, _ = prepared_and_vectors(mixed_batch())
+    plan = gather_plan(prepared)
+    names = {dim: [prepared.slots[p].name for p in slots] for dim, slots in plan.groups}
+    assert names == {4: ["user", "item"], 8: ["wide"]}
+
+
+def test_gathered_answer_holds_the_pooled_tensors_and_survives_the_wire():
+    prepared, vectors = prepared_and_vectors(mixed_batch())
+    pooled = pool_forward(prepared, vectors)
+    answer, _ = answer_embeddings(prepared, vectors, gathered=True)
+    assert isinstance(answer, SlotEmbeddings) and len(answer.tables) == 2
+    wire = Embeddings(answer, 7, True).to_wire()
+    assert [set(e) for e in wire["embeddings"]][:3] == [{"name", "table"}] * 2 + [{"name", "data"}]
+    # the wire form decodes to the same (slot, array) pairs, in slot order
+    decoded = Embeddings.from_wire(wire, batch_size=6)
+    assert [n for n, _ in decoded.embeddings] == list(prepared.slot_names)
+    for (_, got), want in zip(decoded.embeddings, pooled, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # the NN worker's tensors (one index_select per table) are the pooled tensors too
+    tensors = build_tensors([], [], decoded.embeddings, requires_grad=True)
+    for (_, t), want in zip(tensors.embeddings, pooled, strict=True):
+        assert t.is_leaf and t.requires_grad
+        np.testing.assert_array_equal(t.detach().numpy(), want)
+
+
+def test_table_gradients_update_ids_exactly_as_pooled_gradients():
+    prepared, vectors = prepared_and_vectors(mixed_batch(n=40, seed=3))
+    answer, plan = answer_embeddings(prepared, vectors, gathered=True)
+    tensors = build_tensors([], [], answer, requires_grad=True).embeddings
+    weights = [torch.randn(t.shape) for _, t in tensors]
+    loss = sum((t * w).sum() for (_, t), w in zip(tensors, weights, strict=True))
+    loss.backward()
+    payload = gradient_payload(tensors, answer.tables)
+    assert payload.skipped_slots == () and len(payload.tables) == 2
+    assert [n for n, _ in payload.slots] == ["tags", "seq", "hashed"]
+    by_name = dict(payload.slots)
+    got, skipped = pool_backward(
+        prepared, [by_name.get(n) for n in prepared.slot_names], 4.0, plan.positions
+    )
+    more, nonfinite = gather_backward(prepared, plan, payload.tables, (), 4.0, got)
+    assert skipped == more == nonfinite == []
+    want, _ = pool_backward(prepared, [w.numpy() for w in weights], 4.0)
+    for dim in want:
+        np.testing.assert_allclose(got[dim], want[dim], rtol=1e-5, atol=1e-6)
+
+
+def test_a_non_finite_gathered_slot_is_left_out_and_named():
+    prepared, vectors = prepared_and_vectors(mixed_batch())
+    answer, plan = answer_embeddings(prepared, vectors, gathered=True)
+    tensors = build_tensors([], [], answer, requires_grad=True).embeddings
+    named = dict(tensors)
+    (named["user"] * float("nan")).sum().backward(retain_graph=True)
+    named["item"].sum().backward()
+    payload = gradient_payload(tensors, answer.tables)  # "wide" has no gradient at all
+    assert payload.skipped_slots == ("user", "wide")
+    grads, _ = pool_backward(prepared, [None] * len(prepared.slots), 1.0, plan.positions)
+    gather_backward(prepared, plan, payload.tables, payload.skipped_slots, 1.0, grads)
+    item_rows = prepared.slots[1].inverse
+    want = np.zeros_like(grads[4])
+    np.add.at(want, item_rows, 1.0)
+    np.testing.assert_array_equal(grads[4], want)  # only item's ones, no NaN from user
+    assert not grads[8].any()
+
+
+def test_answers_with_bad_tables_are_protocol_errors():
+    prepared, vectors = prepared_and_vectors(mixed_batch())
+    answer, _ = answer_embeddings(prepared, vectors, gathered=True)
+    wire = Embeddings(answer, 1, True).to_wire()
+    bad_index = [{**wire["tables"][0], "index": wire["tables"][0]["index"] + 1000}]
+    cases = {
+        "rows in": {**wire, "tables": bad_index + wire["tables"][1:]},
+        "dtype int32": {
+            **wire,
+            "tables": [{**wire["tables"][0], "index": wire["tables"][0]["index"].astype(np.int64)}]
+            + wire["tables"][1:],
+        },
+        "table number below 2": {
+            **wire,
+            "embeddings": [{"name": "user", "table": 5}, *wire["embeddings"][1:]],
+        },
+        "shape": {**wire, "tables": wire["tables"][::-1]},
+    }
+    for expected, body in cases.items():
+        with pytest.raises(ProtocolError, match=expected):
+            Embeddings.from_wire(body, batch_size=6)
+
+
+def test_gradient_bodies_check_their_tables_and_slot_names():
+    with pytest.raises(InvalidInputError, match="tables.0..data"):
+        Gradients.from_wire(
+            {"batch_id": 1, "gradients": [], "tables": [{"dim": 4, "data": np.zeros((3, 5))}]}
+        )
+    with pytest.raises(InvalidInputError, match="distinct"):
+        Gradients.from_wire({"batch_id": 1, "gradients": [], "skipped_slots": ["a", "a"]})
+
+
+async def test_gathered_training_through_the_worker_and_two_ps(services, configs, client):
+    _, (w,) = start_cluster(services, configs(), n_ps=2)
+    await setup_training(client, w.url)
+    rng = np.random.default_rng(5)
+    users = rng.integers(0, 7, size=12, dtype=np.uint64)
+    tags = [rng.integers(0, 9, size=k, dtype=np.uint64) for k in rng.integers(0, 3, size=12)]
+    batch = PersiaBatch(
+        [IDTypeFeatureWithSingleID("user", users), IDTypeFeature("tags", tags)],
+        labels=[Label(np.zeros((12, 1), np.float32))],
+    )
+    part = batch.id_part().to_wire()
+    await client.call(f"{w.url}/batch", {"loader": 0, "batch_id": 4, "batch": part})
+    raw = await client.call(f"{w.url}/lookup", {"batch_id": 4, "train": True, "gathered": True})
+    answer = Embeddings.from_wire(raw, batch_size=12)
+    (table,) = answer.tables
+    assert table.slots == ("user",) and table.rows <= 7 + 12 * 2
+    before = dict(answer.embeddings)["user"]
+    # refused bodies leave the batch waiting: wrong row count, a pooled slot named skipped
+    g = np.arange(table.rows * 4, dtype=np.float32).reshape(table.rows, 4) / 100
+    for body, field in (
+        ({"tables": [{"dim": 4, "data": g[:-1]}]}, "tables[0]"),
+        ({"tables": [{"dim": 4, "data": g}], "skipped_slots": ["tags"]}, "skipped_slots[0]"),
+        ({"tables": [{"dim": 4, "data": g}], "gradients": [{"name": "user", "data": g}]}, "gradients"),
+    ):
+        with pytest.raises(Exception, match=field.replace("[", r"\[")):
+            await client.call(
+                f"{w.url}/gradients", {"batch_id": 4, "gradients": [], "loss_scale": 2.0, **body}
+            )
+    res = await client.call(
+        f"{w.url}/gradients",
+        {"batch_id": 4, "loss_scale": 2.0, "gradients": [], "tables": [{"dim": 4, "data": g * 2}]},
+    )
+    assert res["dropped"] == 0 and res["applied"] > 0
+    after = await client.call(
+        f"{w.url}/lookup_direct", {"batch": part, "train": False, "gathered": True}
+    )
+    after_user = dict(Embeddings.from_wire(after, batch_size=12).embeddings)["user"]
+    # SGD lr=1: each user's row moves by minus its table row's gradient (loss scale undone)
+    np.testing.assert_allclose(after_user, before - g[table.index[0]], rtol=1e-5, atol=1e-6)
