@@ -34,7 +34,10 @@ SCHEMA = EmbeddingSchema.from_dict(
             "item": {"dim": 4, "sqrt_scaling": True},
             "tags": {"dim": 4},
             "seq": {"dim": 4, "embedding_summation": False, "sample_fixed_size": 3},
-            "hashed": {"dim": 4, "hash_stack_config": {"hash_stack_rounds": 2, "embedding_size": 7}},
+            "hashed": {
+                "dim": 4,
+                "hash_stack_config": {"hash_stack_rounds": 2, "embedding_size": 7},
+            },
             "wide": {"dim": 8},
         },
         "feature_groups": {"ui": ["user", "item"]},
@@ -188,7 +191,10 @@ async def test_gathered_training_through_the_worker_and_two_ps(services, configs
     for body, field in (
         ({"tables": [{"dim": 4, "data": g[:-1]}]}, "tables[0]"),
         ({"tables": [{"dim": 4, "data": g}], "skipped_slots": ["tags"]}, "skipped_slots[0]"),
-        ({"tables": [{"dim": 4, "data": g}], "gradients": [{"name": "user", "data": g}]}, "gradients"),
+        (
+            {"tables": [{"dim": 4, "data": g}], "gradients": [{"name": "user", "data": g}]},
+            "gradients",
+        ),
     ):
         with pytest.raises(Exception, match=field.replace("[", r"\[")):
             await client.call(
