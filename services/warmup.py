@@ -59,6 +59,13 @@ def warm_up() -> float:
     replica_lookups(prepared)
     outs = pool_forward(prepared, vectors)
     pool_backward(prepared, [np.ones_like(o) for o in outs], 2.0)
+    from shared.scatter import add_rows_if_finite
+
+    index = np.array([0, 1, 0], dtype=np.int32)
+    readonly = index.copy()
+    readonly.setflags(write=False)  # what the wire decodes
+    for idx in (index, readonly):
+        add_rows_if_finite(idx, np.ones((3, 2), np.float32), np.zeros((2, 2), np.float32))
     return time.perf_counter() - started
 
 

@@ -21,6 +21,7 @@ from services.embedding_worker.pooling import pool_backward, pool_forward
 from services.embedding_worker.preprocess import prepare_batch
 from shared.config_schema import EmbeddingSchema
 from shared.errors import InvalidInputError, ProtocolError
+from shared.scatter import add_rows_if_finite
 from shared.wire.gathered import SlotEmbeddings
 from shared.wire.worker import Embeddings, Gradients
 from tests.test_embedding_worker_service import client, configs, setup_training, start_cluster
@@ -135,6 +136,24 @@ def test_a_non_finite_gathered_slot_is_left_out_and_named():
     np.add.at(want, item_rows, 1.0)
     np.testing.assert_array_equal(grads[4], want)  # only item's ones, no NaN from user
     assert not grads[8].any()
+
+
+def test_scatter_add_sums_rows_and_refuses_non_finite_or_out_of_range():
+    index = np.array([2, 0, 2, 1], dtype=np.int32)
+    index.setflags(write=False)  # as decoded from the wire
+    rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+    out = np.ones((3, 2), np.float32)
+    assert add_rows_if_finite(index, rows, out)
+    want = np.ones((3, 2), np.float32)
+    np.add.at(want, index, rows)
+    np.testing.assert_array_equal(out, want)
+    rows[3, 1] = np.inf
+    assert not add_rows_if_finite(index, rows, out)
+    np.testing.assert_array_equal(out, want)  # nothing added
+    with pytest.raises(ValueError, match="outside"):
+        add_rows_if_finite(np.array([0, 3, 0, 0], np.int32), np.zeros((4, 2), np.float32), out)
+    with pytest.raises(ValueError, match="rows"):
+        add_rows_if_finite(index, np.zeros((3, 2), np.float32), out)
 
 
 def test_answers_with_bad_tables_are_protocol_errors():

@@ -11,8 +11,9 @@ CUDA device; on the CPU it is a no-op). Backward: :func:`gradient_arrays` turns 
 embedding tensor's gradient into a float32 array of the embedding's layout (a zero-copy view
 for float32 CPU gradients; the worker ignores the mask column of raw slots); the gradient
 sender calls it on the event loop, after the training thread has moved on; with tables,
-:func:`gradient_payload` also sums the gathered slots' gradients per unique vector (one
-``index_add_`` per table), so what goes back is one row per distinct id.
+:func:`gradient_payload` also sums the gathered slots' gradients per unique vector (a compiled
+scatter-add that releases the GIL, ``shared.scatter``), so what goes back is one row per
+distinct id.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from shared.scatter import add_rows_if_finite
 from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 log = logging.getLogger(__name__)
@@ -182,26 +184,17 @@ def gradient_payload(
     by_name = dict(tensors)
     payload.tables, skipped, nonfinite = [], [], []
     for table in tables:
-        grads = [by_name[name].grad for name in table.slots]
-        present = next((g for g in grads if g is not None), None)
-        if present is None:
-            skipped += table.slots
-            payload.tables.append((table.dim, np.zeros((table.rows, table.dim), np.float32)))
-            continue
-        block = torch.stack([torch.zeros_like(present) if g is None else g for g in grads]).to(
-            torch.float32
-        )
-        finite = torch.isfinite(block).view(len(grads), -1).all(1).tolist()
-        for k, (name, grad) in enumerate(zip(table.slots, grads, strict=True)):
-            if grad is None or not finite[k]:
-                block[k].zero_()
+        summed = np.zeros((table.rows, table.dim), np.float32)
+        for k, name in enumerate(table.slots):
+            grad = by_name[name].grad
+            if grad is None:
                 skipped.append(name)
-                if grad is not None:
-                    nonfinite.append(name)
-        index = torch.from_numpy(np.array(table.index)).to(block.device)
-        summed = torch.zeros((table.rows, table.dim), dtype=torch.float32, device=block.device)
-        summed.index_add_(0, index.view(-1), block.view(-1, table.dim))
-        payload.tables.append((table.dim, summed.cpu().numpy()))
+                continue
+            rows = grad.detach().to(torch.float32).cpu().numpy()
+            if not add_rows_if_finite(table.index[k], rows, summed):
+                skipped.append(name)
+                nonfinite.append(name)
+        payload.tables.append((table.dim, summed))
     if skipped:
         log.warning(
             "gathered slots left out of this batch's embedding update: %s (non-finite: %s)",

