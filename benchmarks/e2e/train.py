@@ -90,7 +90,10 @@ def main() -> None:
         embedding_optimizer=Adagrad(
             lr=EMBEDDING_LR, initial_accumulator_value=INITIAL_ACCUMULATOR, eps=ADAGRAD_EPS
         ),
-        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR),
+        # Linear scaling rule: n ranks average n batches per synchronous step (an effective
+        # batch n times the baseline's, n times fewer dense steps), so the dense learning rate
+        # is scaled by n (Goyal et al. 2017); the embeddings still get one update per batch.
+        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR * dense_lr_scale()),
         embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
         mixed_precision=mixed,  # bf16 autocast on CPU
     )
@@ -196,6 +199,7 @@ def main() -> None:
             "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
             "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
             "threads": torch.get_num_threads(), "staleness": staleness,
+            "dense_lr": DENSE_LR * dense_lr_scale(),
             "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
             "first_losses": losses[:3], "last_losses": losses[-3:],
         }  # fmt: skip
@@ -203,6 +207,11 @@ def main() -> None:
             json.dump(result, fh)
         print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
               f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+
+
+def dense_lr_scale() -> float:
+    """The dense learning rate's factor: the world size (1 on one rank)."""
+    return float(get_world_size() or 1)
 
 
 def job_totals(own: dict, world_size: int) -> dict:
