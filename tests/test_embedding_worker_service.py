@@ -208,7 +208,12 @@ async def test_bad_batches_are_400_naming_the_field(services, configs, client):
             },
             "id_type_features[0].ids",
         ),
-        ({**good, "batch_size": 7}, "batch.id_type_features[0].offsets"),
+        # "user" has one id per sample, sent without offsets: its ids must number batch_size
+        ({**good, "batch_size": 7}, "batch.id_type_features[0].ids"),
+        (
+            {**good, "batch_size": 7, "id_type_features": good["id_type_features"][1:]},
+            "batch.id_type_features[0].offsets",
+        ),
         ({**good, "batch_size": 0}, "batch.batch_size"),
         ({**good, "id_type_features": []}, "batch.id_type_features"),
     ]

@@ -13,7 +13,7 @@ from services.embedding_worker.preprocess import add_prefix, hash_stack, prepare
 from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
 from shared.errors import InvalidInputError
 from shared.farmhash import farmhash64, farmhash64_numpy, replica_of
-from shared.wire.batch import IDFeature, IDPart
+from shared.wire.batch import IDFeature, IDPart, single_id_offsets
 
 
 def _prepare(schema, feats, replica_count):
@@ -153,7 +153,8 @@ def test_empty_feature_list_is_an_empty_batch():
             "batch.id_type_features[1].offsets",
         ),
         (("b", *_csr([[1], [2]])), "batch.id_type_features[1].offsets"),  # batch size 2 vs 1
-        (("b", np.array([1], dtype=np.uint64)), "batch.id_type_features[1].offsets"),
+        # no offsets means one id per sample: two ids in a batch of one are refused
+        (("b", np.array([1, 2], dtype=np.uint64)), "batch.id_type_features[1].ids"),
     ],
 )
 def test_bad_features_name_the_field(feature, field):
@@ -162,6 +163,13 @@ def test_bad_features_name_the_field(feature, field):
     with pytest.raises(InvalidInputError) as err:
         _from_wire(schema, [("a", *_csr([[1]])), feature])
     assert err.value.field == field
+
+
+def test_a_feature_without_offsets_has_one_id_per_sample():
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    p = _from_wire(schema, [("a", *_csr([[1], [2]])), ("b", np.array([5, 6], dtype=np.uint64))])
+    assert p.slots[1].offsets.tolist() == [0, 1, 2]
+    assert p.slots[1].offsets is single_id_offsets(2)  # shared, read-only: the gather fast path
 
 
 def test_bad_feature_container_names_the_field():

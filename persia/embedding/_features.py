@@ -25,6 +25,7 @@ from shared.wire.batch import (
     MAX_BATCH_SIZE,
     DenseArray,
     IDFeature,
+    single_id_offsets,
 )
 from shared.wire.batch import bad_array as _bad
 
@@ -116,7 +117,7 @@ class IDTypeFeatureWithSingleID(_IDFeature):
             raise _bad(f"IDTypeFeatureWithSingleID {name!r}: data", IDS_EXPECTED, data)
         self.name = name
         self.ids = data
-        self.offsets = np.arange(len(data) + 1, dtype=np.int64)
+        self.offsets = single_id_offsets(len(data))  # shared, read-only; not sent on the wire
 
     @property
     def data(self) -> np.ndarray:

@@ -10,7 +10,6 @@ by the loss scale and adds it to the pooled slots' per-id gradients.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from services.embedding_worker import kernels
 from services.embedding_worker.pooling import check_slot_gradients, pool_forward
 from services.embedding_worker.preprocess import PreparedBatch, SlotPlan
 from shared.errors import InvalidInputError
+from shared.wire.batch import single_id_offsets
 from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 
@@ -48,13 +48,6 @@ class Awaited:
     gather: GatherPlan
 
 
-@functools.lru_cache(maxsize=64)
-def _arange(n: int) -> np.ndarray:
-    out = np.arange(n, dtype=np.int64)
-    out.setflags(write=False)
-    return out
-
-
 def is_gather(plan: SlotPlan) -> bool:
     """Whether the slot's pooled tensor is ``vectors[inverse]`` (one id per sample, summed)."""
     return (
@@ -62,7 +55,10 @@ def is_gather(plan: SlotPlan) -> bool:
         and plan.rounds == 1
         and plan.batch_size > 0
         and plan.inverse.shape[0] == plan.batch_size
-        and np.array_equal(plan.offsets, _arange(plan.batch_size + 1))
+        and (
+            plan.offsets is single_id_offsets(plan.batch_size)  # sent without offsets
+            or np.array_equal(plan.offsets, single_id_offsets(plan.batch_size))
+        )
     )
 
 

@@ -8,6 +8,8 @@ they are (read-only views of the request body: no copy)::
 
     IDPart    {"batch_size": int, "requires_grad": bool,
                "id_type_features": [{"name": str, "ids": uint64[n], "offsets": int64[batch_size + 1]}]}
+              "offsets" left out: one id per sample (``single_id_offsets``; half the bytes
+              of a single-id feature, and the worker knows the slot needs no pooling)
     DensePart {"batch_size": int, "meta": bytes | None,
                "non_id_type_features": [{"name": str | None, "data": ndarray (batch_size, ...)}],
                "labels": [{"name": str | None, "data": ndarray (batch_size, ...)}]}
@@ -17,6 +19,7 @@ Keys other than these are ignored (a whole ``PersiaBatch.to_wire()`` carries bot
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +79,15 @@ def _features(d: dict, key: str, field: str) -> list:
     return value
 
 
+@functools.lru_cache(maxsize=64)
+def single_id_offsets(batch_size: int) -> np.ndarray:
+    """``0, 1, ..., batch_size``: the offsets of a feature with one id per sample (read-only,
+    one shared array per batch size, so ``offsets is single_id_offsets(n)`` tells that case)."""
+    offsets = np.arange(batch_size + 1, dtype=np.int64)
+    offsets.setflags(write=False)
+    return offsets
+
+
 @dataclass(frozen=True, eq=False)
 class IDFeature:
     """One id-type feature in CSR form: sample i owns ``ids[offsets[i]:offsets[i + 1]]``."""
@@ -97,6 +109,13 @@ class IDFeature:
             raise InvalidInputError(f"{field}.name", "a non-empty string", name)
         if not isinstance(ids, np.ndarray) or ids.dtype != np.uint64 or ids.ndim != 1:
             raise bad_array(f"{field}.ids", IDS_EXPECTED, ids)
+        if offsets is None and "offsets" not in d:  # one id per sample
+            if len(ids) < 1 or (batch_size is not None and len(ids) != batch_size):
+                want = "at least 1" if batch_size is None else str(batch_size)
+                raise InvalidInputError(
+                    f"{field}.ids", f"{want} ids (one per sample: no offsets were sent)", len(ids)
+                )
+            return cls(name, ids, single_id_offsets(len(ids)))
         if not isinstance(offsets, np.ndarray) or offsets.dtype != np.int64 or offsets.ndim != 1:
             raise bad_array(f"{field}.offsets", "a 1-D numpy array of dtype int64", offsets)
         expected_len = None if batch_size is None else batch_size + 1
@@ -116,6 +135,8 @@ class IDFeature:
         return cls(name, ids, offsets)
 
     def to_wire(self) -> dict[str, Any]:
+        if self.offsets is single_id_offsets(len(self.ids)):
+            return {"name": self.name, "ids": self.ids}
         return {"name": self.name, "ids": self.ids, "offsets": self.offsets}
 
 
