@@ -73,3 +73,20 @@ def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
         doc = json.loads((tmp_path / f"{name}.json").read_text())
         assert "machine" in doc
     print(f"benchmarks quick: {time.monotonic() - started:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_contention_benchmark_quick_prints_its_result_line(tmp_path):
+    """The baseline alone and beside a side load, 1 and 2 threads (benchmarks/contention_bench.py)."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "contention_bench.py"), "--quick",
+         "--json", str(tmp_path / "contention.json")],
+        capture_output=True, text=True, timeout=280, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = parse_result_line(out.stdout)
+    assert set(result) == {
+        "two_threads_alone", "two_threads_loaded", "one_thread_alone", "two_processes"
+    }  # fmt: skip
+    assert all(v > 0 for v in result.values())
