@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ew_bench.py
 	$(PY) benchmarks/e2e_bench.py
 	$(PY) benchmarks/request_cpu_bench.py
+	$(PY) benchmarks/contention_bench.py
 
 ## the newcomer's first command: install, prepare the Adult data, run the job on one machine
 demo: $(STAMP) redis-check warm
