@@ -131,6 +131,18 @@ class Cluster:
                  for e in answer["embeddings"]]  # fmt: skip
         return batch_id, grads
 
+    def awaiting_gathered_batch(self) -> dict:
+        """A batch answered gathered (slot ``a`` as a table); returns a valid ``/gradients`` body:
+        the table's gradient, and the pooled (raw) slot's."""
+        batch_id = self.buffered_batch()
+        answer = self.call("ew", "/lookup", {"batch_id": batch_id, "train": True, "gathered": True})
+        grads = [{"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
+                 for e in answer["embeddings"] if "data" in e]  # fmt: skip
+        tables = [{"dim": t["dim"], "data": np.full(t["data"].shape, 0.01, np.float32)}
+                  for t in answer["tables"]]  # fmt: skip
+        return {"batch_id": batch_id, "loss_scale": 1.0, "gradients": grads, "tables": tables,
+                "skipped_slots": []}  # fmt: skip
+
     def train_step(self, ids: np.ndarray) -> None:
         batch_id = self.buffered_batch(ids)
         answer = self.call("ew", "/lookup", {"batch_id": batch_id, "train": True})

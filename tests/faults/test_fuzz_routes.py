@@ -94,6 +94,14 @@ EW_TEMPLATES = {
         "train": False,
     },  # fmt: skip
     "/gradients": _gradients_template,
+    # the gathered forms (shared/wire/gathered.py): "#..." names a variant of the route
+    "/lookup#gathered": lambda c: {"batch_id": c.buffered_batch(), "train": True, "gathered": True},
+    "/lookup_direct#gathered": lambda c: {
+        "batch": make_batch([11, 12], requires_grad=False).id_part().to_wire(),
+        "train": False,
+        "gathered": True,
+    },  # fmt: skip
+    "/gradients#gathered": lambda c: c.awaiting_gathered_batch(),
     "/stats": lambda c: {},
     "/configure": lambda c: {"hyperparams": dict(HYPER)},
     "/register_optimizer": lambda c: {"optimizer": dict(OPTIMIZER)},
@@ -123,7 +131,14 @@ def test_the_fuzzed_templates_are_valid(cluster, service, path):
     """Mutations start from bodies the route accepts, so they reach past the first check."""
     if path == "/load":
         cluster.call(service, "/dump", TEMPLATES[service]["/dump"](cluster))
-    cluster.call(service, path, TEMPLATES[service][path](cluster))
+    answer = cluster.call(service, _route(path), TEMPLATES[service][path](cluster))
+    if path.startswith("/lookup") and path.endswith("#gathered"):
+        assert answer["tables"] and answer["embeddings"][0] == {"name": "a", "table": 0}
+
+
+def _route(path: str) -> str:
+    """The HTTP path of a route or of a variant of it (``/gradients#gathered``)."""
+    return path.split("#")[0]
 
 
 @pytest.mark.parametrize("service,path", ROUTES, ids=[f"{s}{p}" for s, p in ROUTES])
@@ -134,7 +149,7 @@ def test_hostile_bodies(cluster, service, path):
     @given(data=st.data())
     def one(data):
         _family, raw = data.draw(hostile_body(template_of(cluster)))
-        cluster.send(service, path, raw)
+        cluster.send(service, _route(path), raw)
 
     one()
 
@@ -145,11 +160,12 @@ def test_over_the_cap_is_413_and_truncated_bodies_do_no_harm(cluster, service, p
     body = {**TEMPLATES[service][path](cluster), "x": big}
     from shared.codec import packb
 
-    assert cluster.send(service, path, packb(body)) == 413
+    assert cluster.send(service, _route(path), packb(body)) == 413
     valid = packb(TEMPLATES[service][path](cluster))
+    url = cluster.procs[service].url
     for cut in (0, 1, len(valid) // 2, len(valid) - 1):
-        truncated_post(cluster.procs[service].url, path, valid[:cut], announced=len(valid))
-        truncated_post(cluster.procs[service].url, path, valid[:cut], announced=1 << 40)
+        truncated_post(url, _route(path), valid[:cut], announced=len(valid))
+        truncated_post(url, _route(path), valid[:cut], announced=1 << 40)
     cluster.send(service, "/health", None, method="GET")  # and the invariants hold after it
 
 
@@ -158,7 +174,9 @@ def test_over_the_cap_is_413_and_truncated_bodies_do_no_harm(cluster, service, p
     service=st.sampled_from(["ps", "ew", "nn"]),
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
     path=st.one_of(
-        st.sampled_from([p for _, p in ROUTES] + ["/health", "/metrics", "/", "/../etc/passwd"]),
+        st.sampled_from(
+            [_route(p) for _, p in ROUTES] + ["/health", "/metrics", "/", "/../etc/passwd"]
+        ),
         st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=30).map(
             lambda s: "/" + s.replace("?", "").replace("#", "")
         ),
