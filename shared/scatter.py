@@ -5,17 +5,24 @@ The NN worker sums a gathered slot's per-sample gradients into one row per uniqu
 the CPU for Census-Income's 33 x 1,024 rows (it adds row by row through tensor slices) and a
 separate ``isfinite`` pass 2.3 ms more; this kernel does both in ~0.3 ms and releases the GIL,
 so the training thread is not kept waiting for it.
+
+numba is imported and the kernel loaded from its cache on first use (~0.9 s of CPU), not at
+import: processes that never sum gradients (data loaders) do not pay it, and the NN-worker
+runtime pays it in a background thread when it starts (:func:`warm_in_background`), before
+training, instead of on its event loop during the first steps.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
 import numpy as np
 
-try:  # numba is a dependency; the numpy fallback keeps the module importable without it
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
-
+log = logging.getLogger(__name__)
 
 ADDED, NONFINITE, OUT_OF_RANGE = 1, 0, -1
 
@@ -29,10 +36,16 @@ def _add_rows_numpy(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int
     return ADDED
 
 
-if njit is not None:
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
+    """The compiled kernel (numpy's ``add.at`` where numba is missing)."""
+    try:  # numba is a dependency; the numpy fallback keeps the module usable without it
+        from numba import njit
+    except ImportError:  # pragma: no cover
+        return _add_rows_numpy
 
     @njit(nogil=True, cache=True)
-    def _add_rows_kernel(index, rows, out):  # pragma: no cover - compiled
+    def add_rows(index, rows, out):  # pragma: no cover - compiled
         n, d = rows.shape
         m = out.shape[0]
         for r in range(n):
@@ -48,8 +61,7 @@ if njit is not None:
                 out[o, j] += rows[r, j]
         return 1  # ADDED
 
-else:  # pragma: no cover
-    _add_rows_kernel = _add_rows_numpy
+    return add_rows
 
 
 def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
@@ -63,7 +75,37 @@ def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> 
         raise ValueError(
             f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}"
         )
-    code = _add_rows_kernel(index, np.ascontiguousarray(rows, dtype=np.float32), out)
+    code = _kernel()(index, np.ascontiguousarray(rows, dtype=np.float32), out)
     if code == OUT_OF_RANGE:
         raise ValueError(f"add_rows_if_finite: index outside [0, {out.shape[0]})")
     return code == ADDED
+
+
+def warm() -> float:
+    """Load the kernel for the index types the wire and numpy give (int32 writable and
+    read-only, int64); returns the seconds it took."""
+    started = time.perf_counter()
+    index = np.array([0, 1, 0], dtype=np.int32)
+    readonly = index.copy()
+    readonly.setflags(write=False)  # what the wire decodes
+    for idx in (index, readonly, index.astype(np.int64)):
+        add_rows_if_finite(idx, np.ones((3, 2), np.float32), np.zeros((2, 2), np.float32))
+    return time.perf_counter() - started
+
+
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
+def warm_in_background() -> None:
+    """Start :func:`warm` once per process in a daemon thread (it holds no state to clean up)."""
+    global _warming
+    with _warming_lock:
+        if _warming is not None:
+            return
+
+        def run() -> None:
+            log.debug("scatter-add kernel ready in %.2fs", warm())
+
+        _warming = threading.Thread(target=run, name="pyrsia-warmup", daemon=True)
+        _warming.start()

@@ -11,6 +11,7 @@ from services.embedding_ps.checkpoint_root import checkpoint_root
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from services.embedding_ps.server import create_app
+from services.warmup import warm_in_background, warm_ps
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     install_metrics_push(
         app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index
     )
+    warm_in_background(warm_ps, "PS")  # kernels loaded before the first update needs them
     try:
         run(
             lambda: run_service(

@@ -6,6 +6,7 @@ import argparse
 
 from services.embedding_worker.ps_client import PSClient
 from services.embedding_worker.server import create_app
+from services.warmup import warm_in_background, warm_worker
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             use_registry=registry is not None,
         )
 
+    warm_in_background(warm_worker, "embedding worker")  # before the first batch needs them
     try:
         run(serve)
     except RegistryError as exc:
