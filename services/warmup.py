@@ -5,21 +5,16 @@ The kernels are compiled on first call and cached next to their modules
 process, and several services starting at once would each pay it; ``python -m
 services.warmup`` (``make test``, ``make demo``) pays it once. Even from the cache, the
 first call of each kernel costs a process ~0.1-0.5 s of CPU, so each service also loads
-its own kernels in a background thread as it starts (:func:`warm_in_background`): a job's
+its own kernels in a background thread as it starts (``shared.warming``): a job's
 first training steps then do not pay it (they did: the first gradients reached the PS and
 worker kernels seconds into the timed window of the end-to-end benchmark).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 
 def warm_ps() -> None:
@@ -89,23 +84,6 @@ def warm_up() -> float:
     warm_worker()
     warm()
     return time.perf_counter() - started
-
-
-def warm_in_background(warm: Callable[[], None], what: str) -> threading.Thread:
-    """Run ``warm`` in a daemon thread (it holds no state: nothing to clean up at exit)."""
-
-    def run() -> None:
-        started = time.perf_counter()
-        try:
-            warm()
-        except Exception:  # never fatal: the first request compiles what is missing
-            log.exception("warming up the %s kernels failed", what)
-            return
-        log.debug("%s kernels ready in %.2fs", what, time.perf_counter() - started)
-
-    thread = threading.Thread(target=run, name="pyrsia-warmup", daemon=True)
-    thread.start()
-    return thread
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ training, instead of on its event loop during the first steps.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from shared.warming import warm_in_background as start_warming
 
 ADDED, NONFINITE, OUT_OF_RANGE = 1, 0, -1
 
@@ -98,14 +97,8 @@ _warming_lock = threading.Lock()
 
 
 def warm_in_background() -> None:
-    """Start :func:`warm` once per process in a daemon thread (it holds no state to clean up)."""
+    """Start :func:`warm` once per process in a background thread (``shared.warming``)."""
     global _warming
     with _warming_lock:
-        if _warming is not None:
-            return
-
-        def run() -> None:
-            log.debug("scatter-add kernel ready in %.2fs", warm())
-
-        _warming = threading.Thread(target=run, name="pyrsia-warmup", daemon=True)
-        _warming.start()
+        if _warming is None:
+            _warming = start_warming(warm, "scatter-add")

@@ -11,7 +11,7 @@ from services.embedding_ps.checkpoint_root import checkpoint_root
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from services.embedding_ps.server import create_app
-from services.warmup import warm_in_background, warm_ps
+from services.warmup import warm_ps
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -31,6 +31,7 @@ from shared.errors import ConfigError, PersiaError, RegistryError, UsageError
 from shared.logging_setup import configure_logging
 from shared.metrics_push import install_metrics_push, push_settings
 from shared.service import run, run_service
+from shared.warming import warm_in_background
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ by the loss scale and adds it to the pooled slots' per-id gradients.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ class GatherPlan:
 
     groups: tuple[tuple[int, tuple[int, ...]], ...]  # (dim, slot positions), answer order
 
-    @property
+    @functools.cached_property
     def positions(self) -> frozenset[int]:
         return frozenset(p for _, slots in self.groups for p in slots)
 
@@ -122,17 +123,17 @@ def check_gradients(
             "gradients", f"pooled slots of batch {batch_id}: {pooled_names}", sorted(unknown)
         )
     check_slot_gradients(prepared, by_name)
-    check_gradient_tables(prepared, plan, tables, skipped)
+    _check_gradient_tables(prepared, plan, gathered, tables, skipped)
 
 
-def check_gradient_tables(
+def _check_gradient_tables(
     prepared: PreparedBatch,
     plan: GatherPlan,
+    gathered: set[str],
     tables: Sequence[tuple[int, np.ndarray]] | None,
     skipped: Sequence[str],
 ) -> None:
     """Raise ``InvalidInputError`` unless ``tables`` and ``skipped`` fit the gathered answer."""
-    gathered = set(plan.slot_names(prepared))
     for i, name in enumerate(skipped):
         if name not in gathered:
             raise InvalidInputError(

@@ -6,7 +6,7 @@ import argparse
 
 from services.embedding_worker.ps_client import PSClient
 from services.embedding_worker.server import create_app
-from services.warmup import warm_in_background, warm_worker
+from services.warmup import warm_worker
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -28,6 +28,7 @@ from shared.logging_setup import configure_logging
 from shared.metrics_push import install_metrics_push, push_settings
 from shared.registry import Registry, RegistrySettings
 from shared.service import run, run_service
+from shared.warming import warm_in_background
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,9 +29,8 @@ import numpy as np
 
 from shared.errors import InvalidInputError
 from shared.validate import as_array, as_dict, as_int, as_list, as_str, get
-
-MAX_DIM = 65536
-"""Widest embedding a slot may have (the config's bound)."""
+from shared.wire.batch import MAX_FEATURES
+from shared.wire.ps import MAX_DIM
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,21 +109,18 @@ def parse_tables(
     for i, ref in enumerate(table_of):
         if ref is not None:
             if not 0 <= ref[0] < len(items):
-                raise _bad(f"embeddings[{i}].table", f"a table number below {len(items)}", ref[0])
+                raise InvalidInputError(
+                    f"embeddings[{i}].table", f"a table number below {len(items)}", ref[0]
+                )
             slots[ref[0]].append(names[i])
     tables = []
     for t, item in enumerate(items):
         where = f"tables[{t}]"
-        item = as_dict(item, where)
-        dim = as_int(
-            get(item, "dim", f"{where}.dim"), f"{where}.dim", min_value=1, max_value=MAX_DIM
-        )
-        data = as_array(get(item, "data", f"{where}.data"), f"{where}.data", dtype="float32",
-                        shape=(None, dim))  # fmt: skip
+        item, dim, data = _dim_and_data(item, where, "float32")
         index = as_array(get(item, "index", f"{where}.index"), f"{where}.index", dtype="int32",
                          shape=(len(slots[t]), batch_size))  # fmt: skip
         if index.size and (int(index.min()) < 0 or int(index.max()) >= data.shape[0]):
-            raise _bad(f"{where}.index", f"rows in [0, {data.shape[0]})",
+            raise InvalidInputError(f"{where}.index", f"rows in [0, {data.shape[0]})",
                        f"[{int(index.min())}, {int(index.max())}]")  # fmt: skip
         tables.append(EmbeddingTable(dim, data, index, tuple(slots[t])))
     return tuple(tables)
@@ -133,26 +129,26 @@ def parse_tables(
 def parse_gradient_tables(raw: Any) -> tuple[tuple[int, np.ndarray], ...]:
     """``/gradients``' ``tables``: ``(dim, float32|float16 (rows, dim))`` each; the worker checks
     them against the batch it answered."""
-    out = []
-    for t, item in enumerate(as_list(raw, "tables", max_len=MAX_DIM)):
-        where = f"tables[{t}]"
-        item = as_dict(item, where)
-        dim = as_int(
-            get(item, "dim", f"{where}.dim"), f"{where}.dim", min_value=1, max_value=MAX_DIM
-        )
-        data = as_array(get(item, "data", f"{where}.data"), f"{where}.data",
-                        dtype=("float32", "float16"), shape=(None, dim))  # fmt: skip
-        out.append((dim, data))
-    return tuple(out)
+    items = as_list(raw, "tables", max_len=MAX_FEATURES)
+    return tuple(
+        _dim_and_data(item, f"tables[{t}]", ("float32", "float16"))[1:]
+        for t, item in enumerate(items)
+    )
+
+
+def _dim_and_data(item: Any, where: str, dtype: str | tuple[str, ...]) -> tuple[dict, int, Any]:
+    """A table entry as a dict, its ``dim`` and its ``(rows, dim)`` ``data`` array, checked."""
+    item = as_dict(item, where)
+    dim = as_int(get(item, "dim", f"{where}.dim"), f"{where}.dim", min_value=1, max_value=MAX_DIM)
+    data = as_array(
+        get(item, "data", f"{where}.data"), f"{where}.data", dtype=dtype, shape=(None, dim)
+    )
+    return item, dim, data
 
 
 def parse_names(raw: Any, field: str, limit: int) -> tuple[str, ...]:
     """A list of distinct strings (slot names)."""
     names = [as_str(s, f"{field}[{i}]") for i, s in enumerate(as_list(raw, field, max_len=limit))]
     if len(set(names)) != len(names):
-        raise _bad(field, "distinct slot names", names)
+        raise InvalidInputError(field, "distinct slot names", names)
     return tuple(names)
-
-
-def _bad(field: str, expected: str, got: Any) -> InvalidInputError:
-    return InvalidInputError(field, expected, got)
