@@ -72,6 +72,7 @@ from e2e.report import print_report  # noqa: E402
 
 from persia._runtime.step_clock import StepClock  # noqa: E402
 from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
+from shared.cpu_priority import CPU_PRIORITIES  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
 E2E = REPO / "benchmarks" / "e2e"
@@ -82,8 +83,12 @@ RUN_TIMEOUT_S = 1800.0
 # ------------------------------------------------------------------------------- Pyrsia
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
-               mixed_precision: bool = False, nn_workers: int = 1) -> dict[str, Any]:  # fmt: skip
+               mixed_precision: bool = False, nn_workers: int = 1,
+               cpu_priority: str = "background") -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
+
+    ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority`` (the
+    Procfiles' ``background``; ``normal`` to see what it buys).
 
     ``nn_workers`` NN-worker ranks (``--nproc-per-node``; ``threads`` torch threads each) and
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
@@ -99,7 +104,8 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
     flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-             "--port", "0", "--replica-index", "0", "--replica-size", "1"]  # fmt: skip
+             "--port", "0", "--replica-index", "0", "--replica-size", "1",
+             "--cpu-priority", cpu_priority]  # fmt: skip
     sampler = CpuSampler()
     t_launch = time.time()
     with Cluster(log_dir=tmp) as cluster:
@@ -123,7 +129,8 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
             for i in range(nn_workers):
                 loaders.append(subprocess.Popen(
                     [*launcher, "data-loader", "--exit-when-done", "--replica-index", str(i),
-                     "--replica-size", str(nn_workers), str(E2E / "data_loader.py")],
+                     "--replica-size", str(nn_workers), "--cpu-priority", cpu_priority,
+                     str(E2E / "data_loader.py")],
                     cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
                 ))  # fmt: skip
                 children.append(loaders[-1])
@@ -175,6 +182,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     res["metrics"] = metrics
     res["exit_codes"] = codes
     res["nn_workers"] = nn_workers
+    res["cpu_priority"] = cpu_priority
     return res
 
 
@@ -224,20 +232,21 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                   max_steps: int) -> dict[str, Any]:  # fmt: skip
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
-    sides = {n: pyrsia_side(n) for n in args.nn_workers}
+    sides = {(n, prio): pyrsia_side(n, prio) for n in args.nn_workers for prio in args.cpu_priority}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides.values()}
     runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            for n, side in sides.items():
+            for (n, prio), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
-                      "thread(s) ...", flush=True)  # fmt: skip
+                      f"thread(s), services at {prio} CPU priority ...", flush=True)  # fmt: skip
                 runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                              staleness=args.staleness, max_steps=max_steps,
                                              profile=args.profile, nn_workers=n,
-                                             mixed_precision=args.mixed_precision))  # fmt: skip
+                                             mixed_precision=args.mixed_precision,
+                                             cpu_priority=prio))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
             if args.mixed_precision:
@@ -274,9 +283,10 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     }  # fmt: skip
 
 
-def pyrsia_side(nn_workers: int) -> str:
-    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks."""
-    return "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
+def pyrsia_side(nn_workers: int, cpu_priority: str = "background") -> str:
+    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks and services at ``cpu_priority``."""
+    side = "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
+    return side if cpu_priority == "background" else f"{side}_{cpu_priority}_priority"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         "(default 1; e.g. 1,2: both in the same run; the first is the RESULT line's)",
     )
     parser.add_argument(
+        "--cpu-priority",
+        default="background",
+        help="the services' --cpu-priority (PS, embedding worker, data loaders), one or more of "
+        "background,normal (default background, as the Procfiles start them; "
+        "background,normal runs both in the same run)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
     )
     args = parser.parse_args(argv)  # fmt: skip
@@ -354,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--nn-workers: expected distinct positive integers separated by commas, got {args.nn_workers!r}"
         )
+    args.cpu_priority = [p.strip() for p in args.cpu_priority.split(",") if p.strip()]
+    if (
+        not args.cpu_priority
+        or not set(args.cpu_priority) <= set(CPU_PRIORITIES)
+        or len(set(args.cpu_priority)) != len(args.cpu_priority)
+    ):
+        parser.error(f"--cpu-priority: expected distinct values among {CPU_PRIORITIES}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
     quick_steps = 20

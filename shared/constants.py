@@ -26,6 +26,8 @@ ENV_AUTH_TOKEN = "PERSIA_AUTH_TOKEN"
 ENV_INSECURE = "PERSIA_INSECURE"
 """1 allows a server to listen on a non-loopback address without a token (``--insecure``)."""
 MIN_AUTH_TOKEN_CHARS = 16
+ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
+"""normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``)."""
 ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
 """The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or
 empty: any path the PS process can write."""

@@ -17,6 +17,7 @@ import sys
 from persia.env import reload_env
 from shared.cli import fail, resolve_file
 from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME
+from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
 from shared.errors import UsageError
 from shared.logging_setup import configure_logging
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the batches already trained into the newest complete checkpoint in "
         "checkpoint_dir (global_config.yml common_config.checkpointing_config)",
     )
+    add_cpu_priority_flag(parser)
     parser.add_argument(
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
     )
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         script = resolve_file(
             args.script, "the script argument", ENV_DATALOADER_ENTRY, required=True
         )
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
     except UsageError as exc:
         return fail(str(exc))
     os.environ["REPLICA_INDEX"] = str(args.replica_index)
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ENV_RESUME] = "1"  # read by DataCtx
     reload_env()
     configure_logging("data_loader", args.replica_index)
+    apply_cpu_priority(cpu_priority)
     sys.argv = [str(script), *args.script_args]
     sys.path.insert(0, str(script.parent.resolve()))
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -27,6 +27,7 @@ from shared.constants import (
     ENV_EMBEDDING_CONFIG,
     ROLE_EMBEDDING_PS,
 )
+from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
 from shared.errors import ConfigError, PersiaError, RegistryError, UsageError
 from shared.logging_setup import configure_logging
 from shared.metrics_push import install_metrics_push, push_settings
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedding tables and applies the embedding optimizer.",
     )
     add_config_flags(parser)
+    add_cpu_priority_flag(parser)
     add_replica_flags(parser, port_default=DEFAULT_PS_PORT)
     parser.add_argument(
         "--checkpoint-root",
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_replica_flags(args)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
         # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
         resolve_file(
             args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             return fail(problem)
     configure_logging(ROLE_EMBEDDING_PS, args.replica_index)
+    apply_cpu_priority(cpu_priority)
     try:
         metrics_push = push_settings(config.common_config.metrics_config)
     except ConfigError as exc:

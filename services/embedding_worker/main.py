@@ -22,6 +22,7 @@ from shared.constants import (
     ENV_EMBEDDING_CONFIG,
     ROLE_EMBEDDING_WORKER,
 )
+from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
 from shared.errors import ConfigError, RegistryError, UsageError
 from shared.http_client import HttpClient
 from shared.logging_setup import configure_logging
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the NN workers' gradients into per-id updates.",
     )
     add_config_flags(parser)
+    add_cpu_priority_flag(parser)
     add_replica_flags(parser, port_default=DEFAULT_EMBEDDING_WORKER_PORT)
     parser.add_argument(
         "--ps-wait-timeout",
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_replica_flags(args)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
         emb_path = resolve_file(
             args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
         )
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     configure_logging(ROLE_EMBEDDING_WORKER, args.replica_index)
+    apply_cpu_priority(cpu_priority)
     try:
         metrics_push = push_settings(config.common_config.metrics_config)
     except ConfigError as exc:
