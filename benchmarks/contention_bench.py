@@ -5,8 +5,9 @@ Census-Income DLRM at batch 1,024) at 1 and at 2 torch threads, each alone and b
 side load that keeps one core busy for ``busy`` ms out of every ``busy + idle`` ms (a
 stand-in for what Pyrsia's other processes — embedding worker, PS, data loader, the NN
 worker's event-loop thread — use on the same machine: 0.3-0.45 of a core in the e2e runs).
-Also trains two 1-thread baselines at once (what two NN-worker ranks of one torch thread
-each would have at best). Runs are interleaved ``--repeats`` times; the table shows the
+The 2-thread run also goes beside the same load in Linux's SCHED_IDLE class (what
+``--cpu-priority background`` does to Pyrsia's services). Also trains two 1-thread
+baselines at once (what two NN-worker ranks of one torch thread each would have at best). Runs are interleaved ``--repeats`` times; the table shows the
 median samples/s of each setting and its ratio to the 2-thread baseline alone.
 
 Why it matters: a 2-thread torch step splits every operator over both cores and waits for
@@ -14,7 +15,8 @@ the slower half, so a core taken by anything else for a few ms stalls the whole 
 the 2-core machine of the README this is what keeps a 2-thread NN worker below a 2-thread
 baseline that has both cores to itself. Ends with::
 
-    RESULT two_threads_alone=... two_threads_loaded=... one_thread_alone=... two_processes=...
+    RESULT two_threads_alone=... two_threads_loaded=... two_threads_beside_idle_class=...
+           one_thread_alone=... two_processes=...
 
     python benchmarks/contention_bench.py [--quick] [--repeats 3] [--busy-ms 2] [--idle-ms 3]
 """
@@ -39,8 +41,10 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 from e2e import data as e2e_data  # noqa: E402
 
 SIDE_LOAD = """
-import sys, time
+import os, sys, time
 busy, idle = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
+if sys.argv[3] == "background":  # what --cpu-priority background does to a service
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 while True:  # killed by the benchmark
     start = time.perf_counter()
     while time.perf_counter() - start < busy:
@@ -85,8 +89,9 @@ def train(data: Path, threads: int, steps: int, copies: int = 1) -> list[float]:
     return out
 
 
-def with_side_load(busy_ms: float, idle_ms: float, fn, *args) -> Any:
-    side = subprocess.Popen([sys.executable, "-c", SIDE_LOAD, str(busy_ms), str(idle_ms)])
+def with_side_load(busy_ms: float, idle_ms: float, priority: str, fn, *args) -> Any:
+    """``fn(*args)`` while a side load at ``priority`` (normal or background) runs."""
+    side = subprocess.Popen([sys.executable, "-c", SIDE_LOAD, str(busy_ms), str(idle_ms), priority])
     try:
         time.sleep(0.2)
         return fn(*args)
@@ -114,8 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(repeats):
             for threads in (1, 2):
                 runs.setdefault(f"{threads}t alone", []).extend(train(data, threads, steps))
-                loaded = with_side_load(args.busy_ms, args.idle_ms, train, data, threads, steps)
+                loaded = with_side_load(
+                    args.busy_ms, args.idle_ms, "normal", train, data, threads, steps
+                )
                 runs.setdefault(f"{threads}t beside load", []).extend(loaded)
+            if hasattr(os, "SCHED_IDLE"):
+                loaded = with_side_load(
+                    args.busy_ms, args.idle_ms, "background", train, data, 2, steps
+                )
+                runs.setdefault("2t beside idle-class load", []).extend(loaded)
             both = train(data, 1, steps, copies=2)
             runs.setdefault("2 x 1t at once (sum)", []).append(sum(both))
     median = {k: statistics.median(v) for k, v in runs.items()}
@@ -132,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nJSON: {path}")
     print(
         f"RESULT two_threads_alone={ref:.1f} two_threads_loaded={median['2t beside load']:.1f} "
+        f"two_threads_beside_idle_class={median.get('2t beside idle-class load', float('nan')):.1f} "
         f"one_thread_alone={median['1t alone']:.1f} two_processes={median['2 x 1t at once (sum)']:.1f}"
     )
     return 0

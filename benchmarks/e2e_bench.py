@@ -84,11 +84,11 @@ RUN_TIMEOUT_S = 1800.0
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
-               cpu_priority: str = "background") -> dict[str, Any]:  # fmt: skip
+               cpu_priority: str = "normal") -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
-    ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority`` (the
-    Procfiles' ``background``; ``normal`` to see what it buys).
+    ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
+    (``normal`` as the Procfiles start them, or ``background``).
 
     ``nn_workers`` NN-worker ranks (``--nproc-per-node``; ``threads`` torch threads each) and
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
@@ -283,10 +283,10 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     }  # fmt: skip
 
 
-def pyrsia_side(nn_workers: int, cpu_priority: str = "background") -> str:
+def pyrsia_side(nn_workers: int, cpu_priority: str = "normal") -> str:
     """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks and services at ``cpu_priority``."""
     side = "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
-    return side if cpu_priority == "background" else f"{side}_{cpu_priority}_priority"
+    return side if cpu_priority == "normal" else f"{side}_{cpu_priority}_priority"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,10 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cpu-priority",
-        default="background",
+        default="normal",
         help="the services' --cpu-priority (PS, embedding worker, data loaders), one or more of "
-        "background,normal (default background, as the Procfiles start them; "
-        "background,normal runs both in the same run)",
+        "normal,background (default normal, as the Procfiles start them; "
+        "normal,background runs both in the same run)",
     )
     parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"

@@ -6,10 +6,11 @@ machine (docker compose on a cluster).
 ``background``: Linux's ``SCHED_IDLE`` class (``nice 19`` where it does not exist). On
 one machine the NN worker's dense step splits every torch operator over all the cores
 and waits at the end of each for its slowest thread, so a service that takes a core for
-a millisecond stalls the whole step; under ``SCHED_IDLE`` the services run in the gaps
-the training threads leave (they use a fraction of a core, and their queues absorb the
-delay) and any training thread that wakes up takes the core back at once. The Procfiles
-start the PS, the embedding worker and the data loader this way.
+a millisecond stalls the whole step; under ``SCHED_IDLE`` a service runs in the gaps the
+training threads leave, and any training thread that wakes up takes the core back at
+once. The price is lag: a starved PS or embedding worker applies gradients later, which
+costs AUC when the training keeps the cores busy (2 NN-worker ranks on 2 cores), so the
+Procfiles keep ``normal``; README "Scaling out" has the measurements.
 
 The class applies to every thread of the process, those running now and (inherited) the
 ones it starts later, and to the processes it spawns.

@@ -87,6 +87,7 @@ def test_contention_benchmark_quick_prints_its_result_line(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     result = parse_result_line(out.stdout)
     assert set(result) == {
-        "two_threads_alone", "two_threads_loaded", "one_thread_alone", "two_processes"
+        "two_threads_alone", "two_threads_loaded", "two_threads_beside_idle_class",
+        "one_thread_alone", "two_processes",
     }  # fmt: skip
     assert all(v > 0 for v in result.values())
