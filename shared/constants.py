@@ -107,6 +107,10 @@ DEREGISTER_TIMEOUT_S = 0.5
 """Longest a stopping service spends deleting its registry record (Redis may be gone already)."""
 SIGTERM_DRAIN_S = 2.5
 """An NN-worker rank's longest wait for its in-flight embedding gradients after SIGTERM."""
+SIGTERM_DEADLINE_S = 4.0
+"""An NN-worker rank still running this long after SIGTERM (its exit path is stuck, e.g. on
+a dead Redis) dumps its threads' stacks and exits 1: before honcho's SIGKILL at 5 s, which
+reaches only torch's launcher and would leave the rank orphaned, holding the job's output."""
 SHUTDOWN_BUDGET_S = 5.0
 """SIGTERM to exit 0, at most (honcho and docker compose kill after their own grace period):
 SHUTDOWN_GRACE_S + SHUTDOWN_CANCEL_S + DEREGISTER_TIMEOUT_S + process exit must fit in it."""

@@ -7,17 +7,23 @@ entered in the main thread, SIGTERM instead raises ``SystemExit(0)`` in the trai
 loop; leaving the ``with`` block sends and waits for every in-flight gradient
 (``TrainCtx.__exit__``), and the process then exits 0 without interpreter finalization
 (seconds with torch loaded), so the whole stop fits in the supervisor's grace period.
+
+Should the exit path get stuck all the same, a watchdog started with the signal ends the
+rank ``SIGTERM_DEADLINE_S`` after it, with every thread's stack on stderr and exit code 1
+(the drain did not finish). Without it a stuck rank outlived the SIGKILL its supervisor
+sends to torch's launcher, and kept the job's output pipe, so honcho never finished.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import logging
 import signal
 import threading
 import time
 
-from shared.constants import SIGTERM_DRAIN_S
+from shared.constants import SIGTERM_DEADLINE_S, SIGTERM_DRAIN_S
 
 __all__ = ["SIGTERM_DRAIN_S", "TerminationGuard"]
 
@@ -48,7 +54,7 @@ class TerminationGuard:
             self._installed = False
 
 
-_STATE: dict = {"triggered": False, "at": 0.0}
+_STATE: dict = {"triggered": False, "at": 0.0, "watchdog": False}
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -56,7 +62,29 @@ def _on_sigterm(signum: int, frame: object) -> None:
     _STATE["at"] = time.monotonic()
     log.warning("SIGTERM: stopping training; draining in-flight embedding gradients, then exit 0")
     atexit.register(_exit_fast)  # registered last, so it runs first at exit
+    if not _STATE.get("watchdog"):
+        _STATE["watchdog"] = True
+        watchdog = threading.Timer(SIGTERM_DEADLINE_S, _exit_overdue)
+        watchdog.daemon = True
+        watchdog.name = "pyrsia-sigterm-watchdog"
+        watchdog.start()
     raise SystemExit(0)
+
+
+def _exit_overdue() -> None:
+    """The rank is still here ``SIGTERM_DEADLINE_S`` after SIGTERM: say where, and leave."""
+    log.error(
+        "SIGTERM: the rank has not stopped %.1fs after the signal; every thread's stack "
+        "follows, then exit 1 (in-flight embedding gradients may be lost)",
+        time.monotonic() - _STATE["at"],
+    )
+    try:
+        faulthandler.dump_traceback(all_threads=True)
+    except (OSError, ValueError, RuntimeError):  # stderr closed
+        pass
+    from shared.process_exit import exit_now
+
+    exit_now(1)
 
 
 def _exit_fast() -> None:
