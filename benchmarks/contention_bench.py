@@ -7,8 +7,9 @@ stand-in for what Pyrsia's other processes — embedding worker, PS, data loader
 worker's event-loop thread — use on the same machine: 0.3-0.45 of a core in the e2e runs).
 The 2-thread run also goes beside the same load in Linux's SCHED_IDLE class (what
 ``--cpu-priority background`` does to Pyrsia's services). Also trains two 1-thread
-baselines at once (what two NN-worker ranks of one torch thread each would have at best). Runs are interleaved ``--repeats`` times; the table shows the
-median samples/s of each setting and its ratio to the 2-thread baseline alone.
+baselines at once (what two NN-worker ranks of one torch thread each would have at best).
+Runs are interleaved ``--repeats`` times; the table shows the median samples/s of each
+setting and its ratio to the 2-thread baseline alone.
 
 Why it matters: a 2-thread torch step splits every operator over both cores and waits for
 the slower half, so a core taken by anything else for a few ms stalls the whole step. On
@@ -41,10 +42,11 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 from e2e import data as e2e_data  # noqa: E402
 
 SIDE_LOAD = """
-import os, sys, time
+import sys, time
+sys.path.insert(0, sys.argv[4])
+from shared.cpu_priority import apply_cpu_priority
+apply_cpu_priority(sys.argv[3])  # as --cpu-priority does to a service
 busy, idle = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
-if sys.argv[3] == "background":  # what --cpu-priority background does to a service
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 while True:  # killed by the benchmark
     start = time.perf_counter()
     while time.perf_counter() - start < busy:
@@ -91,7 +93,9 @@ def train(data: Path, threads: int, steps: int, copies: int = 1) -> list[float]:
 
 def with_side_load(busy_ms: float, idle_ms: float, priority: str, fn, *args) -> Any:
     """``fn(*args)`` while a side load at ``priority`` (normal or background) runs."""
-    side = subprocess.Popen([sys.executable, "-c", SIDE_LOAD, str(busy_ms), str(idle_ms), priority])
+    side = subprocess.Popen(
+        [sys.executable, "-c", SIDE_LOAD, str(busy_ms), str(idle_ms), priority, str(REPO)]
+    )
     try:
         time.sleep(0.2)
         return fn(*args)

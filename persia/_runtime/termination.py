@@ -62,7 +62,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
     _STATE["at"] = time.monotonic()
     log.warning("SIGTERM: stopping training; draining in-flight embedding gradients, then exit 0")
     atexit.register(_exit_fast)  # registered last, so it runs first at exit
-    if not _STATE.get("watchdog"):
+    if not _STATE["watchdog"]:
         _STATE["watchdog"] = True
         watchdog = threading.Timer(SIGTERM_DEADLINE_S, _exit_overdue)
         watchdog.daemon = True
