@@ -178,8 +178,7 @@ def train_single_process(
             if start is None:  # the first step is not timed
                 start, first_samples = time.perf_counter(), samples
                 if clock is not None:  # its phases count the timed steps only
-                    clock.wall.clear()
-                    clock.cpu.clear()
+                    clock.clear()
     train_seconds = time.perf_counter() - start if start is not None else 0.0
     timed_samples = samples - first_samples
 

@@ -152,31 +152,46 @@ _SPLIT_ROWS = (
 
 
 def print_step_split(name: str, pyrsia: dict[str, Any], baseline: dict[str, Any]) -> None:
-    """The NN worker's training thread next to the baseline's step, ms per step wall (CPU)."""
+    """The NN worker's training thread next to the baseline's step, ms per step.
+
+    For each side: wall, CPU, run queue (ready without a core) and blocked (wall − CPU − run
+    queue: the GIL, a lock, torch's worker threads); the last two only where the kernel
+    reports run-queue delay.
+    """
     base_phases = baseline.get("phases") or {}
-
-    def cell(phases: dict, key: str | None, steps: int) -> str:
-        if key is None or key not in phases:
-            return "-"
-        v = phases[key]
-        return f"{1e3 * v['wall_s'] / steps:.2f} ({1e3 * v['cpu_s'] / steps:.2f})"
-
     ps = max(pyrsia.get("rank_timed_steps", pyrsia["timed_steps"]), 1)  # rank 0's steps
     bs = max(baseline["timed_steps"], 1)
-    rows = [
-        {"phase": label, "nn": cell(pyrsia["phases"], pk, ps), "base": cell(base_phases, bk, bs)}
-        for label, pk, bk in _SPLIT_ROWS
-    ]
 
-    def total(phases: dict, steps: int, skip: tuple[str, ...]) -> str:
-        kept = [v for k, v in phases.items() if k not in skip]
+    def cells(prefix: str, kept: list[dict[str, float]], steps: int) -> dict[str, str]:
+        if not kept:
+            return {f"{prefix}_{c}": "-" for c in ("wall", "cpu", "runq", "blocked")}
         wall = 1e3 * sum(v["wall_s"] for v in kept) / steps
-        return f"{wall:.2f} ({1e3 * sum(v['cpu_s'] for v in kept) / steps:.2f})"
+        cpu = 1e3 * sum(v["cpu_s"] for v in kept) / steps
+        out = {f"{prefix}_wall": f"{wall:.2f}", f"{prefix}_cpu": f"{cpu:.2f}"}
+        if all("runq_s" in v for v in kept):
+            runq = 1e3 * sum(v["runq_s"] for v in kept) / steps
+            out[f"{prefix}_runq"] = f"{runq:.2f}"
+            out[f"{prefix}_blocked"] = f"{max(wall - cpu - runq, 0.0):.2f}"
+        else:
+            out[f"{prefix}_runq"] = out[f"{prefix}_blocked"] = "-"
+        return out
 
+    def pick(phases: dict, key: str | None) -> list[dict[str, float]]:
+        return [phases[key]] if key is not None and key in phases else []
+
+    rows = [
+        {"phase": label, **cells("nn", pick(pyrsia["phases"], pk), ps),
+         **cells("base", pick(base_phases, bk), bs)}
+        for label, pk, bk in _SPLIT_ROWS
+    ]  # fmt: skip
     rows.append({
         "phase": "step without wait",
-        "nn": total(pyrsia["phases"], ps, ("wait", "flush")),
-        "base": total(base_phases, bs, ()) if base_phases else "-",
+        **cells("nn", [v for k, v in pyrsia["phases"].items() if k not in ("wait", "flush")], ps),
+        **cells("base", list(base_phases.values()), bs),
     })  # fmt: skip
-    print(f"\n[{name}] training thread, ms per step wall (CPU), same run:")
-    print_table(rows, [("phase", "phase"), ("nn", "NN worker"), ("base", "baseline")])
+    print(f"\n[{name}] training thread, ms per step, same run:")
+    columns = [("phase", "phase")]
+    for prefix, side in (("nn", "NN worker"), ("base", "baseline")):
+        columns += [(f"{prefix}_wall", f"{side} wall"), (f"{prefix}_cpu", "CPU"),
+                    (f"{prefix}_runq", "run queue"), (f"{prefix}_blocked", "blocked")]  # fmt: skip
+    print_table(rows, columns)

@@ -136,6 +136,8 @@ def main() -> None:
             if t0 is None:
                 t0, t_first, first_samples = time.perf_counter(), time.time(), samples
                 cpu0 = time.thread_time()
+                whole = StepClock()  # the timed loop as one phase: "other" is what is left
+                whole.start()
                 clock, ctx_before, threads_before = (
                     StepClock(),
                     ctx.step_clock.snapshot(),
@@ -149,6 +151,7 @@ def main() -> None:
             if t0 is not None:
                 waits.append(clock.wall["wait"] - sum(waits))
         loop_wall, loop_cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+        whole.lap("loop")
         clock.start()
         ctx.wait_for_gradients()
         clock.lap("flush")
@@ -161,13 +164,17 @@ def main() -> None:
         t_end = time.time()
         phases = {**clock.snapshot()}
         for name, now in ctx.step_clock.snapshot().items():
-            was = ctx_before.get(name, {"wall_s": 0.0, "cpu_s": 0.0})
-            phases[name] = {k: now[k] - was[k] for k in now}
+            was = ctx_before.get(name, {})
+            phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
         # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
         phases["other"] = {
             "wall_s": loop_wall - sum(v["wall_s"] for k, v in phases.items() if k != "flush"),
             "cpu_s": loop_cpu - sum(v["cpu_s"] for k, v in phases.items() if k != "flush"),
         }
+        if "loop" in whole.runq:
+            phases["other"]["runq_s"] = whole.runq["loop"] - sum(
+                v.get("runq_s", 0.0) for k, v in phases.items() if k not in ("flush", "other")
+            )
         order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
                  "other", "flush")  # fmt: skip
         phases = {k: phases[k] for k in order if k in phases}
