@@ -27,6 +27,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from persia._runtime.serial_ops import run_torch_ops_serially_on_this_thread
 from shared.constants import (
     GIL_SWITCH_INTERVAL_S,
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
@@ -79,6 +80,7 @@ class Runtime:
         return self
 
     def _main(self) -> None:
+        run_torch_ops_serially_on_this_thread()  # no second OpenMP team beside training's
         try:
             import uvloop
 
