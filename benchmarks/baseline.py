@@ -113,6 +113,7 @@ def train_single_process(
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
     autocast_dtype: torch.dtype | None = None,
     clock: Any = None,
+    embedding_factory: Callable[[], nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Train ``model_factory()`` on ``train_batches`` for one pass, then score ``test_batches``.
 
@@ -127,18 +128,30 @@ def train_single_process(
     ``persia._runtime.step_clock.StepClock``) gets the timed steps' phases: ``embedding``
     (row ids and the lookup), ``forward`` (model, loss), ``autograd``, ``embedding_step``
     (sparse Adagrad), ``dense_step`` (Adam).
+
+    ``embedding_factory`` builds another embedding module with ``FlatEmbeddings``' interface
+    (``rows``, ``forward``), e.g. ``torchrec_peer.TorchRecEmbeddings``; one whose
+    ``fused_optimizer`` is true updates itself inside ``loss.backward()``, so no Adagrad is
+    made for it and its ``embedding_step`` is empty.
     """
 
     begin = clock.start if clock is not None else lambda: None
     lap = clock.lap if clock is not None else lambda phase: None
 
     torch.manual_seed(seed)
-    embeddings = FlatEmbeddings(slot_sizes, dim, emb_initialization)
+    if embedding_factory is None:
+        embeddings: nn.Module = FlatEmbeddings(slot_sizes, dim, emb_initialization)
+    else:
+        embeddings = embedding_factory()
     model = model_factory()
-    emb_opt = torch.optim.Adagrad(
-        embeddings.parameters(),
-        lr=embedding_lr,
-        initial_accumulator_value=initial_accumulator_value,
+    emb_opt = (
+        None
+        if getattr(embeddings, "fused_optimizer", False)
+        else torch.optim.Adagrad(
+            embeddings.parameters(),
+            lr=embedding_lr,
+            initial_accumulator_value=initial_accumulator_value,
+        )
     )
     dense_opt = torch.optim.Adam(model.parameters(), lr=dense_lr)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -165,11 +178,13 @@ def train_single_process(
                 logits = model([torch.from_numpy(dense)], [emb])
             loss = loss_fn(logits.float(), torch.from_numpy(label))
             lap("forward")
-            emb_opt.zero_grad(set_to_none=True)
+            if emb_opt is not None:
+                emb_opt.zero_grad(set_to_none=True)
             dense_opt.zero_grad(set_to_none=True)
             loss.backward()
             lap("autograd")
-            emb_opt.step()
+            if emb_opt is not None:
+                emb_opt.step()
             lap("embedding_step")
             dense_opt.step()
             lap("dense_step")

@@ -32,7 +32,11 @@ Ends with::
 
     python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--datasets census,criteo]
-                                   [--criteo-rows 200000] [--staleness 8] [--json F]
+                                   [--criteo-rows 200000] [--staleness 8] [--torchrec]
+                                   [--json F]
+
+``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
+run and reported like the baseline (install it by hand, as that module says).
 
 ``--nn-workers 1,2`` runs Pyrsia with 1 and with 2 NN-worker ranks (each with as many data
 loaders) in the same run, against the same baseline runs; ``--threads`` is then torch
@@ -59,6 +63,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 from baseline import array_batches, train_single_process  # noqa: E402
 from e2e import data as e2e_data  # noqa: E402
 from e2e.model import (  # noqa: E402
+    ADAGRAD_EPS,
     DENSE_LR,
     EMBEDDING_DIM,
     EMBEDDING_LR,
@@ -69,6 +74,7 @@ from e2e.model import (  # noqa: E402
 )
 from e2e.procs import CpuSampler, scrape_histograms  # noqa: E402
 from e2e.report import print_report  # noqa: E402
+from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
 from persia._runtime.step_clock import StepClock  # noqa: E402
 from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
@@ -188,8 +194,9 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
 
 # ------------------------------------------------------------------------------- baseline
 def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
-                 bf16: bool = False) -> dict[str, Any]:  # fmt: skip
-    """The single-process PyTorch run on the same batches (``threads`` torch threads)."""
+                 bf16: bool = False, torchrec: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The single-process PyTorch run on the same batches (``threads`` torch threads);
+    with ``torchrec`` the TorchRec peer (its fused embeddings instead of ``nn.Embedding``)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     cpu: list[float] = []
@@ -205,17 +212,26 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
         yield from it
         cpu.append(time.process_time())
 
+    slot_sizes = [int(c) for c in data["cardinalities"]]
+    factory = None
+    if torchrec:
+
+        def factory():  # built after train_single_process seeds torch, as the baseline's
+            return TorchRecEmbeddings(slot_sizes, EMBEDDING_DIM, INIT_RANGE, lr=EMBEDDING_LR,
+                                      eps=ADAGRAD_EPS)  # fmt: skip
+
     try:
         res = train_single_process(
             array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], BATCH),
             array_batches(data["test_cat_ids"], data["test_dense"], data["test_label"], 4096),
-            slot_sizes=[int(c) for c in data["cardinalities"]],
+            slot_sizes=slot_sizes,
             dim=EMBEDDING_DIM,
             model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
             embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
             initial_accumulator_value=INITIAL_ACCUMULATOR,
             emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=timed,
             autocast_dtype=torch.bfloat16 if bf16 else None, clock=clock,
+            embedding_factory=factory,
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous)
@@ -237,6 +253,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
+    if args.torchrec:
+        runs["torchrec"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
             for (n, prio), side in sides.items():
@@ -249,6 +267,11 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                                              cpu_priority=prio))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
+            if args.torchrec:
+                print(f"[{name}] TorchRec peer, {threads} torch thread(s) ...", flush=True)
+                runs["torchrec"].append(
+                    run_baseline(data, threads=threads, max_steps=max_steps, torchrec=True)
+                )
             if args.mixed_precision:
                 print(f"[{name}] baseline under bf16 autocast (reference) ...", flush=True)
                 runs["baseline_bf16"].append(
@@ -277,6 +300,12 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
         "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
         "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
+        **({"torchrec": best["torchrec"],
+            "torchrec_pairs": [
+                {"threads": tr["threads"], "ratio": tr["samples_per_s"] / br["samples_per_s"],
+                 "auc_gap": tr["auc"] - br["auc"]}
+                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)]}
+           if args.torchrec else {}),
         **({"baseline_bf16": best["baseline_bf16"],
             "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}
            if args.mixed_precision else {}),
@@ -345,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         "normal,background runs both in the same run)",
     )
     parser.add_argument(
+        "--torchrec",
+        action="store_true",
+        help="also run TorchRec's fused CPU embeddings as a single-process peer "
+        "(benchmarks/torchrec_peer.py; TorchRec installed by hand)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
     )
     args = parser.parse_args(argv)  # fmt: skip
@@ -380,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cpu-priority: expected distinct values among {CPU_PRIORITIES}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
+    if args.torchrec and (missing := torchrec_missing()) is not None:
+        parser.error(f"--torchrec: {missing}")
     quick_steps = 20
     if args.quick:
         args.threads, args.criteo_rows = args.threads[:1], 0

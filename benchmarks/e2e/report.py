@@ -54,6 +54,19 @@ def print_report(results: list[dict[str, Any]]) -> None:
         [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
                           "auc_gap", "startup_s", "eval_s")],
     )  # fmt: skip
+    peers = [
+        {"data": r["dataset"], "torchrec": fmt_rate(r["torchrec"]["samples_per_s"]),
+         "baseline": fmt_rate(r["baseline"]["samples_per_s"]),
+         "ratio": f"{r['torchrec']['samples_per_s'] / r['baseline']['samples_per_s']:.3f}",
+         "auc_torchrec": f"{r['torchrec']['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
+         "auc_gap": f"{r['torchrec']['auc'] - r['baseline']['auc']:+.4f}",
+         "pairs": ", ".join(f"{q['threads']}t {q['ratio']:.2f}" for q in r["torchrec_pairs"])}
+        for r in results if "torchrec" in r
+    ]  # fmt: skip
+    if peers:
+        print("\nTorchRec peer (fused CPU embeddings, single process) against the baseline:")
+        print_table(peers, [(k, k) for k in ("data", "torchrec", "baseline", "ratio",
+                                             "auc_torchrec", "auc_baseline", "auc_gap", "pairs")])  # fmt: skip
     for r in results:
         load = r.get("load_average")
         if load:
