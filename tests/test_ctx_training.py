@@ -165,3 +165,45 @@ def test_mixed_precision_on_cpu_uses_bf16_autocast(job, caplog):
             assert output.dtype == torch.float32
             loss = ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
             assert torch.isfinite(loss)
+
+
+WARMING_SCRIPT = """
+import json, sys, threading
+import torch
+from persia._runtime.runtime import get_runtime
+from persia.ctx import TrainCtx
+from persia.embedding.optim import SGD
+from shared import scatter
+from tests.nn_helpers import PooledModel
+
+async def nothing():
+    return None
+
+get_runtime().run(nothing())  # the runtime alone, as a data loader uses it
+alone = {"numba": "numba" in sys.modules, "warming": scatter._warming is not None}
+model = PooledModel()
+with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
+              mixed_precision=False):
+    entered = {"warming": scatter._warming is not None}
+print(json.dumps({"alone": alone, "entered": entered}))
+"""
+
+
+def test_only_a_training_context_warms_the_gradient_kernel(job):
+    """A process that only uses the runtime (a data loader) does not compile the NN worker's
+    gradient kernel (~0.5-0.9 s of CPU it would take from training); TrainCtx starts it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", WARMING_SCRIPT], cwd=repo, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["alone"] == {"numba": False, "warming": False}
+    assert seen["entered"] == {"warming": True}

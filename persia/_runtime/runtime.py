@@ -35,7 +35,6 @@ from shared.constants import (
 )
 from shared.errors import RuntimeClosedError
 from shared.http_client import HttpClient
-from shared.scatter import warm_in_background
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,6 @@ class Runtime:
             if self._thread is not None:
                 return self
             shorten_gil_switch_interval()
-            warm_in_background()  # the gradient kernel, before training needs it (shared/scatter.py)
             self._thread = threading.Thread(target=self._main, name="pyrsia-runtime", daemon=True)
             self._thread.start()
         self._started.wait()
