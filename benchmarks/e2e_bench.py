@@ -218,7 +218,8 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
 
         def factory():  # built after train_single_process seeds torch, as the baseline's
             return TorchRecEmbeddings(slot_sizes, EMBEDDING_DIM, INIT_RANGE, lr=EMBEDDING_LR,
-                                      eps=ADAGRAD_EPS)  # fmt: skip
+                                      eps=ADAGRAD_EPS,
+                                      initial_accumulator_value=INITIAL_ACCUMULATOR)  # fmt: skip
 
     try:
         res = train_single_process(

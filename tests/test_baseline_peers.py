@@ -83,7 +83,17 @@ def test_torchrec_peer_trains_its_tables_inside_backward():
     from torchrec_peer import TorchRecEmbeddings
 
     def build():
-        return TorchRecEmbeddings(SLOTS, DIM, (-0.01, 0.01), lr=0.5, eps=1e-10)
+        peer = TorchRecEmbeddings(
+            SLOTS, DIM, (-0.01, 0.01), lr=0.5, eps=1e-10, initial_accumulator_value=0.25
+        )
+        states = [
+            state
+            for m in peer.collection._emb_modules
+            for table in m._emb_module.split_optimizer_states()
+            for state in table
+        ]
+        assert states and all(bool((s == 0.25).all()) for s in states)  # as torch's Adagrad
+        return peer
 
     result, module = train(build)
     weights = [w.detach().clone() for w in module.collection.parameters()]
