@@ -132,9 +132,15 @@ PS_SETUP_REPLAY_TIMEOUT_S = 5.0
 """Replaying /configure and /register_optimizer to a PS replica that restarted."""
 
 INLINE_WORK_MAX_IDS = 16384
-"""Numeric work on at most this many ids runs on the event loop (tens of microseconds);
-larger batches go to the service's thread pool so /health keeps answering. A thread
-hand-off costs more CPU than the kernels of a small batch (shared/offload.py)."""
+"""PS: numeric work on at most this many ids runs on the event loop (~2 ms at the PS's
+~0.14 µs per id); larger batches go to the service's thread pool so /health keeps
+answering. A thread hand-off costs more CPU than the kernels of a small batch
+(shared/offload.py)."""
+EW_INLINE_WORK_MAX_IDS = 65536
+"""The embedding worker's bound: its per-batch kernels cost ~14 ns per id (preprocessing;
+pooling and backward ~3), so this is ~1 ms on the loop. A Census-Income batch (33,792 ids)
+then stays on the loop: its three pool hand-offs per batch had cost ~0.6 CPU-ms and ~6
+thread wake-ups, each taking a core from the NN worker's training step (issue 10)."""
 
 GRADIENT_BUFFER_FACTOR = 4
 """An embedding worker keeps at most forward_buffer_size x this many batches awaiting their

@@ -40,7 +40,7 @@ from services.embedding_worker.pooling import (
 from services.embedding_worker.preprocess import PreparedBatch, prepare_batch
 from services.embedding_worker.ps_client import PSClient
 from shared.config import EmbeddingSchema, EmbeddingWorkerConfig
-from shared.constants import ADMIN_TIMEOUT_S, GRADIENT_BUFFER_FACTOR
+from shared.constants import ADMIN_TIMEOUT_S, EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
 from shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from shared.offload import Offloader
@@ -348,7 +348,10 @@ def create_app(
         ps=ps,
         forward=ForwardBuffer(config.forward_buffer_size, ttl),
         awaiting=GradientBuffer(config.forward_buffer_size * GRADIENT_BUFFER_FACTOR, ttl),
-        offload=Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ew")),
+        offload=Offloader(
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ew"),
+            max_inline_ids=EW_INLINE_WORK_MAX_IDS,
+        ),
         metrics=metrics,
         direct_ids=itertools.count(1),
     )
