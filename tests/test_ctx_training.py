@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,12 +197,6 @@ print(json.dumps({"alone": alone, "entered": entered}))
 def test_only_a_training_context_warms_the_gradient_kernel(job):
     """A process that only uses the runtime (a data loader) does not compile the NN worker's
     gradient kernel (~0.5-0.9 s of CPU it would take from training); TrainCtx starts it."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, "-c", WARMING_SCRIPT], cwd=repo, capture_output=True, text=True,

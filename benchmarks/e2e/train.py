@@ -135,7 +135,6 @@ def main() -> None:
             samples += batch.batch_size
             if t0 is None:
                 t0, t_first, first_samples = time.perf_counter(), time.time(), samples
-                cpu0 = time.thread_time()
                 whole = StepClock()  # the timed loop as one phase: "other" is what is left
                 whole.start()
                 clock, ctx_before, threads_before = (
@@ -150,7 +149,6 @@ def main() -> None:
             clock.lap("wait")
             if t0 is not None:
                 waits.append(clock.wall["wait"] - sum(waits))
-        loop_wall, loop_cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         whole.lap("loop")
         clock.start()
         ctx.wait_for_gradients()
@@ -168,13 +166,9 @@ def main() -> None:
             phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
         # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
         phases["other"] = {
-            "wall_s": loop_wall - sum(v["wall_s"] for k, v in phases.items() if k != "flush"),
-            "cpu_s": loop_cpu - sum(v["cpu_s"] for k, v in phases.items() if k != "flush"),
+            key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
+            for key, total in whole.snapshot()["loop"].items()
         }
-        if "loop" in whole.runq:
-            phases["other"]["runq_s"] = whole.runq["loop"] - sum(
-                v.get("runq_s", 0.0) for k, v in phases.items() if k not in ("flush", "other")
-            )
         order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
                  "other", "flush")  # fmt: skip
         phases = {k: phases[k] for k in order if k in phases}
