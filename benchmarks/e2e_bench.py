@@ -40,7 +40,13 @@ run and reported like the baseline (install it by hand, as that module says).
 
 ``--nn-workers 1,2`` runs Pyrsia with 1 and with 2 NN-worker ranks (each with as many data
 loaders) in the same run, against the same baseline runs; ``--threads`` is then torch
-threads per rank.
+threads per rank. ``--rank-batch`` says what a rank's batch is: ``whole`` (the default, as
+PERSIA's data-parallel jobs run): every rank trains whole 1,024-row batches, so each
+synchronous dense step averages ``n`` batches and the dense learning rate is scaled by
+``n`` (linear scaling rule); ``split``: the global batch stays at 1,024 rows, each rank
+trains 1,024 / ``n`` of them (rank ``r`` the ``r``-th slice of each baseline batch), so the
+dense step averages exactly the baseline's batch and keeps its learning rate; the
+embeddings get one update per rank batch. ``whole,split`` runs both.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ from tests.redis_server import free_port  # noqa: E402
 
 E2E = REPO / "benchmarks" / "e2e"
 BATCH = 1024
+RANK_BATCHES = ("whole", "split")
 RUN_TIMEOUT_S = 1800.0
 
 
@@ -90,7 +97,7 @@ RUN_TIMEOUT_S = 1800.0
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
-               cpu_priority: str = "normal") -> dict[str, Any]:  # fmt: skip
+               cpu_priority: str = "normal", rank_batch: str = "whole") -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
     ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
@@ -98,14 +105,17 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
 
     ``nn_workers`` NN-worker ranks (``--nproc-per-node``; ``threads`` torch threads each) and
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
-    n``), as ``Procfile.multi`` runs them.
+    n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
+    module's docstring.
     """
+    batch, lr_scale = (BATCH, nn_workers) if rank_batch == "whole" else (BATCH // nn_workers, 1)
     result_path = tmp / f"result-{nn_workers}x{threads}-{time.monotonic_ns()}.json"
     env = {
-        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
+        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
         "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
         "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
+        "E2E_DENSE_LR_SCALE": str(lr_scale),
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
@@ -189,6 +199,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     res["exit_codes"] = codes
     res["nn_workers"] = nn_workers
     res["cpu_priority"] = cpu_priority
+    res["rank_batch"] = batch
     return res
 
 
@@ -249,7 +260,12 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                   max_steps: int) -> dict[str, Any]:  # fmt: skip
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
-    sides = {(n, prio): pyrsia_side(n, prio) for n in args.nn_workers for prio in args.cpu_priority}
+    sides = {
+        (n, prio, rb): pyrsia_side(n, prio, rb)
+        for n in args.nn_workers
+        for prio in args.cpu_priority
+        for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
+    }
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides.values()}
     runs["baseline"] = []
     if args.mixed_precision:
@@ -258,14 +274,15 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         runs["torchrec"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            for (n, prio), side in sides.items():
+            for (n, prio, rb), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
-                      f"thread(s), services at {prio} CPU priority ...", flush=True)  # fmt: skip
+                      f"thread(s), {BATCH if rb == 'whole' else BATCH // n}-row batches per "
+                      f"rank, services at {prio} CPU priority ...", flush=True)  # fmt: skip
                 runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                              staleness=args.staleness, max_steps=max_steps,
                                              profile=args.profile, nn_workers=n,
                                              mixed_precision=args.mixed_precision,
-                                             cpu_priority=prio))  # fmt: skip
+                                             cpu_priority=prio, rank_batch=rb))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
             if args.torchrec:
@@ -288,10 +305,10 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         for side in pyrsia_sides
         for pr, br in zip(runs[side], runs["baseline"], strict=True)
     ]  # fmt: skip
-    for side in pyrsia_sides:
-        if best[side]["steps"] != b["steps"]:
+    for side in pyrsia_sides:  # split rank batches: more, smaller batches, the same rows
+        if best[side]["samples"] != b["samples"]:
             raise RuntimeError(
-                f"{name}: {side} trained {best[side]['steps']} batches, the baseline {b['steps']}"
+                f"{name}: {side} trained {best[side]['samples']} rows, the baseline {b['samples']}"
             )
     return {
         "dataset": name, "train_rows": len(data["train_label"]), "test_rows": len(data["test_label"]),
@@ -313,9 +330,12 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     }  # fmt: skip
 
 
-def pyrsia_side(nn_workers: int, cpu_priority: str = "normal") -> str:
-    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks and services at ``cpu_priority``."""
+def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole") -> str:
+    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks, services at ``cpu_priority``
+    and ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring)."""
     side = "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
+    if nn_workers > 1 and rank_batch == "split":
+        side += "_split"
     return side if cpu_priority == "normal" else f"{side}_{cpu_priority}_priority"
 
 
@@ -375,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
         "normal,background runs both in the same run)",
     )
     parser.add_argument(
+        "--rank-batch",
+        default="whole",
+        help="with several ranks, each rank's batch: whole (1,024 rows per rank, the dense lr "
+        "scaled by the ranks; the default) or split (the global batch held at 1,024, each rank "
+        "1,024 / ranks rows, the dense lr unscaled); whole,split runs both",
+    )
+    parser.add_argument(
         "--torchrec",
         action="store_true",
         help="also run TorchRec's fused CPU embeddings as a single-process peer "
@@ -414,6 +441,15 @@ def main(argv: list[str] | None = None) -> int:
         or len(set(args.cpu_priority)) != len(args.cpu_priority)
     ):
         parser.error(f"--cpu-priority: expected distinct values among {CPU_PRIORITIES}")
+    args.rank_batch = [b.strip() for b in args.rank_batch.split(",") if b.strip()]
+    if (
+        not args.rank_batch
+        or not set(args.rank_batch) <= set(RANK_BATCHES)
+        or len(set(args.rank_batch)) != len(args.rank_batch)
+    ):
+        parser.error(f"--rank-batch: expected distinct values among {RANK_BATCHES}")
+    if "split" in args.rank_batch and (bad := [n for n in args.nn_workers if BATCH % n]):
+        parser.error(f"--rank-batch split: the ranks must divide the batch {BATCH}, got {bad}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
     if args.torchrec and (missing := torchrec_missing()) is not None:

@@ -50,18 +50,35 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_e2e_bench_quick_with_two_nn_worker_ranks_counts_both_ranks_batches(tmp_path):
+@pytest.mark.timeout(500)
+def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_path):
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--nn-workers", "2",
-         "--json", str(out_json)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
+         "--rank-batch", "whole,split", "--json", str(out_json)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=480,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
     census = json.loads(out_json.read_text())["results"][0]
-    two = census["pyrsia_sides"]["pyrsia_2ranks"]
+    base = census["baseline"]
+    two = census["pyrsia_sides"]["pyrsia_2ranks"]  # whole 1,024-row batches per rank
     assert two["nn_workers"] == 2 and [r["steps"] for r in two["ranks"]] == [10, 10]
-    assert two["steps"] == census["baseline"]["steps"] == 20  # every batch, once
+    assert two["steps"] == base["steps"] == 20  # every batch, once
+    assert two["rank_batch"] == 1024 and two["dense_lr"] == pytest.approx(2e-3)
     assert set(two["exit_codes"].values()) == {0}
     assert {"nn_worker", "data_loader_0", "data_loader_1"} <= set(two["cpu"])
+    split = census["pyrsia_sides"]["pyrsia_2ranks_split"]  # each rank half of every batch
+    assert [r["steps"] for r in split["ranks"]] == [20, 20]
+    assert split["samples"] == base["samples"] == 20 * 1024  # the same rows, once
+    assert split["rank_batch"] == 512 and split["dense_lr"] == pytest.approx(1e-3)
+    assert set(split["exit_codes"].values()) == {0}
+
+
+def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--nn-workers", "3",
+         "--rank-batch", "split"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--rank-batch split: the ranks must divide the batch 1024, got [3]" in proc.stdout
