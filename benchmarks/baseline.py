@@ -114,6 +114,7 @@ def train_single_process(
     autocast_dtype: torch.dtype | None = None,
     clock: Any = None,
     embedding_factory: Callable[[], nn.Module] | None = None,
+    fused_adam: bool = False,
 ) -> dict[str, Any]:
     """Train ``model_factory()`` on ``train_batches`` for one pass, then score ``test_batches``.
 
@@ -133,6 +134,9 @@ def train_single_process(
     (``rows``, ``forward``), e.g. ``torchrec_peer.TorchRecEmbeddings``; one whose
     ``fused_optimizer`` is true updates itself inside ``loss.backward()``, so no Adagrad is
     made for it and its ``embedding_step`` is empty.
+
+    ``fused_adam`` steps the dense model with ``Adam(fused=True)`` (one kernel per parameter
+    instead of one per operation; the same update) instead of the issue's default ``Adam``.
     """
 
     begin = clock.start if clock is not None else lambda: None
@@ -153,7 +157,7 @@ def train_single_process(
             initial_accumulator_value=initial_accumulator_value,
         )
     )
-    dense_opt = torch.optim.Adam(model.parameters(), lr=dense_lr)
+    dense_opt = torch.optim.Adam(model.parameters(), lr=dense_lr, fused=fused_adam or None)
     loss_fn = nn.BCEWithLogitsLoss()
     autocast = (
         torch.autocast("cpu", dtype=autocast_dtype)

@@ -31,9 +31,13 @@ Ends with::
     RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
 
     python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
-                                   [--mixed-precision] [--datasets census,criteo]
+                                   [--mixed-precision] [--fused-adam] [--datasets census,criteo]
                                    [--criteo-rows 200000] [--staleness 8] [--torchrec]
                                    [--json F]
+
+``--fused-adam`` steps Pyrsia's dense model with ``Adam(fused=True)`` (a faster dense step;
+the same update): the issue's baseline, with the default ``Adam``, stays the yardstick, and
+the baseline with fused Adam is run and reported beside it as a reference.
 
 ``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
 run and reported like the baseline (install it by hand, as that module says).
@@ -97,7 +101,8 @@ RUN_TIMEOUT_S = 1800.0
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
-               cpu_priority: str = "normal", rank_batch: str = "whole") -> dict[str, Any]:  # fmt: skip
+               cpu_priority: str = "normal", rank_batch: str = "whole",
+               fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
     ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
@@ -115,7 +120,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
         "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
         "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
-        "E2E_DENSE_LR_SCALE": str(lr_scale),
+        "E2E_DENSE_LR_SCALE": str(lr_scale), "E2E_FUSED_ADAM": "1" if fused_adam else "0",
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
@@ -205,9 +210,11 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
 
 # ------------------------------------------------------------------------------- baseline
 def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
-                 bf16: bool = False, torchrec: bool = False) -> dict[str, Any]:  # fmt: skip
+                 bf16: bool = False, torchrec: bool = False,
+                 fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
     """The single-process PyTorch run on the same batches (``threads`` torch threads);
-    with ``torchrec`` the TorchRec peer (its fused embeddings instead of ``nn.Embedding``)."""
+    with ``torchrec`` the TorchRec peer (its fused embeddings instead of ``nn.Embedding``),
+    with ``fused_adam`` its dense model stepped by ``Adam(fused=True)``."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     cpu: list[float] = []
@@ -243,11 +250,12 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
             initial_accumulator_value=INITIAL_ACCUMULATOR,
             emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=timed,
             autocast_dtype=torch.bfloat16 if bf16 else None, clock=clock,
-            embedding_factory=factory,
+            embedding_factory=factory, fused_adam=fused_adam,
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous)
     res["threads"] = threads
+    res["fused_adam"] = fused_adam
     res["phases"] = clock.snapshot()
     res["cpu_s"] = cpu[-1] - cpu[0] if len(cpu) == 2 else float("nan")
     res["first_losses"], res["last_losses"] = res["losses"][:3], res["losses"][-3:]
@@ -270,6 +278,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
+    if args.fused_adam:
+        runs["baseline_fused_adam"] = []
     if args.torchrec:
         runs["torchrec"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
@@ -282,13 +292,19 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                                              staleness=args.staleness, max_steps=max_steps,
                                              profile=args.profile, nn_workers=n,
                                              mixed_precision=args.mixed_precision,
-                                             cpu_priority=prio, rank_batch=rb))  # fmt: skip
+                                             cpu_priority=prio, rank_batch=rb,
+                                             fused_adam=args.fused_adam))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
             if args.torchrec:
                 print(f"[{name}] TorchRec peer, {threads} torch thread(s) ...", flush=True)
                 runs["torchrec"].append(
                     run_baseline(data, threads=threads, max_steps=max_steps, torchrec=True)
+                )
+            if args.fused_adam:
+                print(f"[{name}] baseline with fused Adam (reference) ...", flush=True)
+                runs["baseline_fused_adam"].append(
+                    run_baseline(data, threads=threads, max_steps=max_steps, fused_adam=True)
                 )
             if args.mixed_precision:
                 print(f"[{name}] baseline under bf16 autocast (reference) ...", flush=True)
@@ -327,6 +343,14 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         **({"baseline_bf16": best["baseline_bf16"],
             "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}
            if args.mixed_precision else {}),
+        **({"baseline_fused_adam": best["baseline_fused_adam"],
+            "ratio_vs_fused_adam_baseline":
+                p["samples_per_s"] / best["baseline_fused_adam"]["samples_per_s"],
+            "fused_adam_pairs": [
+                {"threads": br["threads"], "ratio": pr["samples_per_s"] / br["samples_per_s"],
+                 "auc_gap": pr["auc"] - br["auc"]}
+                for pr, br in zip(runs[pyrsia_sides[0]], runs["baseline_fused_adam"], strict=True)]}
+           if args.fused_adam else {}),
     }  # fmt: skip
 
 
@@ -377,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="Pyrsia with mixed_precision=True (bf16 autocast on CPU); the fp32 baseline stays "
         "the yardstick, a bf16-autocast baseline is reported beside it",
+    )
+    parser.add_argument(
+        "--fused-adam",
+        action="store_true",
+        help="Pyrsia's dense model stepped by Adam(fused=True); the default-Adam baseline stays "
+        "the yardstick, a fused-Adam baseline is reported beside it",
     )
     parser.add_argument(
         "--repeats", type=int, default=1, help="run each side this many times (interleaved)"

@@ -43,6 +43,7 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     census = doc["results"][0]
     assert census["dataset"] == "census"
     assert census["pyrsia"]["steps"] == census["baseline"]["steps"] == 20
+    assert census["pyrsia"]["dense_fused_adam"] is False  # the Adam unless asked
     assert set(census["pyrsia"]["exit_codes"].values()) == {0}
     assert {"nn_worker", "embedding_worker", "embedding_ps", "data_loader", "redis"} <= set(
         census["pyrsia"]["cpu"]
@@ -72,6 +73,26 @@ def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_pa
     assert split["samples"] == base["samples"] == 20 * 1024  # the same rows, once
     assert split["rank_batch"] == 512 and split["dense_lr"] == pytest.approx(1e-3)
     assert set(split["exit_codes"].values()) == {0}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference(tmp_path):
+    out_json = tmp_path / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--fused-adam",
+         "--json", str(out_json)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    census = json.loads(out_json.read_text())["results"][0]
+    assert census["pyrsia"]["dense_fused_adam"] is True
+    assert census["pyrsia"]["steps"] == census["baseline"]["steps"] == 20
+    fused = census["baseline_fused_adam"]  # the reference: the same baseline, fused Adam
+    assert fused["steps"] == 20 and fused["fused_adam"] and 0.5 < fused["auc"] <= 1.0
+    assert census["baseline"]["fused_adam"] is False  # the yardstick keeps the Adam
+    assert [q["threads"] for q in census["fused_adam_pairs"]] == [1]
+    assert "Pyrsia with fused Adam vs the baseline with fused Adam" in proc.stdout
 
 
 def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():

@@ -138,6 +138,17 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             f"{fmt_rate(bb['samples_per_s'])} samples/s, AUC {bb['auc']:.4f}, "
             f"ratio {r['ratio_vs_bf16_baseline']:.3f}"
         )
+    if "baseline_fused_adam" in r and side == next(iter(r["pyrsia_sides"])):  # its pairs
+        bf = r["baseline_fused_adam"]
+        fused_pairs = ", ".join(
+            f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})"
+            for q in r["fused_adam_pairs"]
+        )
+        print(
+            f"[{tag}] Pyrsia with fused Adam vs the baseline with fused Adam (reference): "
+            f"{fmt_rate(bf['samples_per_s'])} samples/s, AUC {bf['auc']:.4f}, "
+            f"best-of ratio {r['ratio_vs_fused_adam_baseline']:.3f}; pairs {fused_pairs}"
+        )
     cpu = ", ".join(
         f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
     )

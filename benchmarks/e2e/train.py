@@ -6,7 +6,8 @@ writes its JSON), ``E2E_THREADS`` (torch threads), ``E2E_STALENESS`` (embedding
 staleness bound), ``E2E_MAX_STEPS`` (0 = the whole stream), ``E2E_PROFILE`` (write a
 cProfile of the training loop there), ``E2E_MIXED_PRECISION`` (1: ``mixed_precision=True``,
 bf16 autocast of the forward pass on the CPU), ``E2E_DENSE_LR_SCALE`` (the dense learning
-rate's factor; default the world size).
+rate's factor; default the world size), ``E2E_FUSED_ADAM`` (1: the dense model's Adam with
+``fused=True``).
 
 Timing: the training loop runs from the end of the first step (not timed, as on the
 baseline's side) to the moment the last backward's embedding gradients are applied
@@ -95,7 +96,11 @@ def main() -> None:
         # step (an effective batch n times the baseline's, n times fewer dense steps), so the
         # dense learning rate is scaled by n (Goyal et al. 2017); ranks that split the
         # baseline's batch average exactly it and keep the rate (E2E_DENSE_LR_SCALE=1).
-        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR * dense_lr_scale()),
+        dense_optimizer=torch.optim.Adam(
+            model.parameters(),
+            lr=DENSE_LR * dense_lr_scale(),
+            fused=os.environ.get("E2E_FUSED_ADAM") == "1" or None,  # None: Adam's default
+        ),
         embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
         mixed_precision=mixed,  # bf16 autocast on CPU
     )
@@ -203,6 +208,7 @@ def main() -> None:
             "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
             "threads": torch.get_num_threads(), "staleness": staleness,
             "dense_lr": DENSE_LR * dense_lr_scale(),
+            "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
             "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
             "first_losses": losses[:3], "last_losses": losses[-3:],
         }  # fmt: skip
