@@ -98,6 +98,11 @@ RUN_TIMEOUT_S = 1800.0
 
 
 # ------------------------------------------------------------------------------- Pyrsia
+def rank_rows(nn_workers: int, rank_batch: str) -> int:
+    """Rows in one rank's batch: ``BATCH`` (``whole``) or its 1 / ``nn_workers`` (``split``)."""
+    return BATCH if rank_batch == "whole" else BATCH // nn_workers
+
+
 def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
@@ -113,7 +118,8 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
     module's docstring.
     """
-    batch, lr_scale = (BATCH, nn_workers) if rank_batch == "whole" else (BATCH // nn_workers, 1)
+    batch = rank_rows(nn_workers, rank_batch)
+    lr_scale = nn_workers if rank_batch == "whole" else 1
     result_path = tmp / f"result-{nn_workers}x{threads}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
@@ -286,7 +292,7 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         for threads in args.threads:
             for (n, prio, rb), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
-                      f"thread(s), {BATCH if rb == 'whole' else BATCH // n}-row batches per "
+                      f"thread(s), {rank_rows(n, rb)}-row batches per "
                       f"rank, services at {prio} CPU priority ...", flush=True)  # fmt: skip
                 runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                              staleness=args.staleness, max_steps=max_steps,
@@ -361,6 +367,16 @@ def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str =
     if nn_workers > 1 and rank_batch == "split":
         side += "_split"
     return side if cpu_priority == "normal" else f"{side}_{cpu_priority}_priority"
+
+
+def choice_list(
+    parser: argparse.ArgumentParser, flag: str, value: str, choices: tuple[str, ...]
+) -> list[str]:
+    """``value`` split at commas: distinct members of ``choices``, at least one (else exit 2)."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items or not set(items) <= set(choices) or len(set(items)) != len(items):
+        parser.error(f"{flag}: expected distinct values among {choices}")
+    return items
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,20 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--nn-workers: expected distinct positive integers separated by commas, got {args.nn_workers!r}"
         )
-    args.cpu_priority = [p.strip() for p in args.cpu_priority.split(",") if p.strip()]
-    if (
-        not args.cpu_priority
-        or not set(args.cpu_priority) <= set(CPU_PRIORITIES)
-        or len(set(args.cpu_priority)) != len(args.cpu_priority)
-    ):
-        parser.error(f"--cpu-priority: expected distinct values among {CPU_PRIORITIES}")
-    args.rank_batch = [b.strip() for b in args.rank_batch.split(",") if b.strip()]
-    if (
-        not args.rank_batch
-        or not set(args.rank_batch) <= set(RANK_BATCHES)
-        or len(set(args.rank_batch)) != len(args.rank_batch)
-    ):
-        parser.error(f"--rank-batch: expected distinct values among {RANK_BATCHES}")
+    args.cpu_priority = choice_list(parser, "--cpu-priority", args.cpu_priority, CPU_PRIORITIES)
+    args.rank_batch = choice_list(parser, "--rank-batch", args.rank_batch, RANK_BATCHES)
     if "split" in args.rank_batch and (bad := [n for n in args.nn_workers if BATCH % n]):
         parser.error(f"--rank-batch split: the ranks must divide the batch {BATCH}, got {bad}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
