@@ -82,12 +82,16 @@ from e2e.model import (  # noqa: E402
     SEED,
     build_model,
 )
-from e2e.procs import CpuSampler, scrape_histograms  # noqa: E402
+from e2e.procs import CpuSampler, minor_faults, scrape_histograms  # noqa: E402
 from e2e.report import print_report  # noqa: E402
 from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
 from persia._runtime.step_clock import StepClock  # noqa: E402
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
+from shared.constants import (  # noqa: E402
+    ENV_MALLOC_TUNING,
+    ROLE_EMBEDDING_PS,
+    ROLE_EMBEDDING_WORKER,
+)
 from shared.cpu_priority import CPU_PRIORITIES  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
@@ -107,7 +111,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
                cpu_priority: str = "normal", rank_batch: str = "whole",
-               fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
+               fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
     ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
@@ -116,7 +120,8 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     ``nn_workers`` NN-worker ranks (``--nproc-per-node``; ``threads`` torch threads each) and
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
     n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
-    module's docstring.
+    module's docstring. ``malloc_tuning`` (``on``, Pyrsia's default, or ``off``):
+    ``PERSIA_MALLOC_TUNING`` of the NN worker (``persia/_runtime/allocator.py``).
     """
     batch = rank_rows(nn_workers, rank_batch)
     lr_scale = nn_workers if rank_batch == "whole" else 1
@@ -127,6 +132,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
         "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
         "E2E_DENSE_LR_SCALE": str(lr_scale), "E2E_FUSED_ADAM": "1" if fused_adam else "0",
+        ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
@@ -211,6 +217,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     res["nn_workers"] = nn_workers
     res["cpu_priority"] = cpu_priority
     res["rank_batch"] = batch
+    res["malloc_tuning"] = malloc_tuning
     return res
 
 
@@ -224,17 +231,20 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     cpu: list[float] = []
+    faults: list[int] = []
     clock = StepClock()
 
-    def timed(batches):  # CPU seconds of this process over the timed steps (all but the first)
+    def timed(batches):  # CPU seconds and page faults of this process over the timed steps
         it = iter(batches)
         first = next(it, None)
         if first is None:
             return
         yield first
         cpu.append(time.process_time())
+        faults.append(minor_faults())
         yield from it
         cpu.append(time.process_time())
+        faults.append(minor_faults())
 
     slot_sizes = [int(c) for c in data["cardinalities"]]
     factory = None
@@ -264,6 +274,7 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
     res["fused_adam"] = fused_adam
     res["phases"] = clock.snapshot()
     res["cpu_s"] = cpu[-1] - cpu[0] if len(cpu) == 2 else float("nan")
+    res["page_faults"] = faults[-1] - faults[0] if len(faults) == 2 else 0
     res["first_losses"], res["last_losses"] = res["losses"][:3], res["losses"][-3:]
     del res["losses"]
     return res
@@ -275,10 +286,11 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
     sides = {
-        (n, prio, rb): pyrsia_side(n, prio, rb)
+        (n, prio, rb, mt): pyrsia_side(n, prio, rb, mt)
         for n in args.nn_workers
         for prio in args.cpu_priority
         for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
+        for mt in args.malloc_tuning
     }
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides.values()}
     runs["baseline"] = []
@@ -290,7 +302,7 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         runs["torchrec"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            for (n, prio, rb), side in sides.items():
+            for (n, prio, rb, mt), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
                       f"thread(s), {rank_rows(n, rb)}-row batches per "
                       f"rank, services at {prio} CPU priority ...", flush=True)  # fmt: skip
@@ -299,7 +311,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                                              profile=args.profile, nn_workers=n,
                                              mixed_precision=args.mixed_precision,
                                              cpu_priority=prio, rank_batch=rb,
-                                             fused_adam=args.fused_adam))  # fmt: skip
+                                             fused_adam=args.fused_adam,
+                                             malloc_tuning=mt))  # fmt: skip
             print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
             runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
             if args.torchrec:
@@ -360,13 +373,17 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     }  # fmt: skip
 
 
-def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole") -> str:
-    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks, services at ``cpu_priority``
-    and ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring)."""
+def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole",
+                malloc_tuning: str = "on") -> str:  # fmt: skip
+    """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks, services at ``cpu_priority``,
+    ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring) and the NN
+    worker's ``malloc_tuning``."""
     side = "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
     if nn_workers > 1 and rank_batch == "split":
         side += "_split"
-    return side if cpu_priority == "normal" else f"{side}_{cpu_priority}_priority"
+    if cpu_priority != "normal":
+        side += f"_{cpu_priority}_priority"
+    return side if malloc_tuning == "on" else f"{side}_malloc_off"
 
 
 def choice_list(
@@ -448,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         "1,024 / ranks rows, the dense lr unscaled); whole,split runs both",
     )
     parser.add_argument(
+        "--malloc-tuning",
+        default="on",
+        help="the NN worker's PERSIA_MALLOC_TUNING, one or more of on,off (default on, "
+        "Pyrsia's default: freed heap memory kept for reuse; on,off runs both in the same run)",
+    )
+    parser.add_argument(
         "--torchrec",
         action="store_true",
         help="also run TorchRec's fused CPU embeddings as a single-process peer "
@@ -482,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.cpu_priority = choice_list(parser, "--cpu-priority", args.cpu_priority, CPU_PRIORITIES)
     args.rank_batch = choice_list(parser, "--rank-batch", args.rank_batch, RANK_BATCHES)
+    args.malloc_tuning = choice_list(parser, "--malloc-tuning", args.malloc_tuning, ("on", "off"))
     if "split" in args.rank_batch and (bad := [n for n in args.nn_workers if BATCH % n]):
         parser.error(f"--rank-batch split: the ranks must divide the batch {BATCH}, got {bad}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:

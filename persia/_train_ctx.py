@@ -24,6 +24,7 @@ import torch
 
 from persia import env
 from persia._runtime import job_checkpoint
+from persia._runtime.allocator import keep_freed_memory
 from persia._runtime.backward import BackwardEngine
 from persia._runtime.checkpointer import PeriodicCheckpointer
 from persia._runtime.features import gradient_payload, gradients_finite
@@ -145,6 +146,7 @@ class TrainCtx(EmbeddingCtx):
         # only a training process needs it (a data loader warming it stole ~0.45 s of CPU
         # from the NN worker's first training seconds).
         warm_in_background()
+        keep_freed_memory()  # the step's buffers stay in the heap (persia/_runtime/allocator.py)
         self.world_size = env.get_world_size() or 1
         self.rank_id = env.get_rank() or 0
         super()._enter()  # connects and configures the embedding hyperparameters

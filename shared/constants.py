@@ -28,6 +28,13 @@ ENV_INSECURE = "PERSIA_INSECURE"
 MIN_AUTH_TOKEN_CHARS = 16
 ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
 """normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``)."""
+ENV_MALLOC_TUNING = "PERSIA_MALLOC_TUNING"
+"""1 (default) or 0: whether a training process keeps freed heap memory for reuse
+(persia/_runtime/allocator.py)."""
+MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
+"""Blocks below this come from the heap, not from mmap (glibc's maximum on 64-bit)."""
+MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
+"""Free memory at the top of the heap is handed back to the kernel only past this."""
 ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
 """The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or
 empty: any path the PS process can write."""

@@ -175,6 +175,7 @@ def test_mixed_precision_on_cpu_uses_bf16_autocast(job, caplog):
 WARMING_SCRIPT = """
 import json, sys, threading
 import torch
+from persia._runtime.allocator import keep_freed_memory
 from persia._runtime.runtime import get_runtime
 from persia.ctx import TrainCtx
 from persia.embedding.optim import SGD
@@ -185,18 +186,21 @@ async def nothing():
     return None
 
 get_runtime().run(nothing())  # the runtime alone, as a data loader uses it
-alone = {"numba": "numba" in sys.modules, "warming": scatter._warming is not None}
+alone = {"numba": "numba" in sys.modules, "warming": scatter._warming is not None,
+         "malloc": keep_freed_memory.cache_info().currsize}
 model = PooledModel()
 with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
               mixed_precision=False):
-    entered = {"warming": scatter._warming is not None}
+    entered = {"warming": scatter._warming is not None,
+               "malloc": keep_freed_memory.cache_info().currsize}
 print(json.dumps({"alone": alone, "entered": entered}))
 """
 
 
 def test_only_a_training_context_warms_the_gradient_kernel(job):
     """A process that only uses the runtime (a data loader) does not compile the NN worker's
-    gradient kernel (~0.5-0.9 s of CPU it would take from training); TrainCtx starts it."""
+    gradient kernel (~0.5-0.9 s of CPU it would take from training); TrainCtx starts it, and
+    tunes the process's malloc (persia/_runtime/allocator.py) as it enters."""
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, "-c", WARMING_SCRIPT], cwd=repo, capture_output=True, text=True,
@@ -204,5 +208,5 @@ def test_only_a_training_context_warms_the_gradient_kernel(job):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["alone"] == {"numba": False, "warming": False}
-    assert seen["entered"] == {"warming": True}
+    assert seen["alone"] == {"numba": False, "warming": False, "malloc": 0}
+    assert seen["entered"] == {"warming": True, "malloc": 1}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ KEYS = ["pyrsia_samples_per_s", "baseline_samples_per_s", "ratio", "pyrsia_auc",
 def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--json", str(out_json)],
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--json", str(out_json),
+         "--log-dir", str(tmp_path / "logs")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=160,
     )  # fmt: skip
     out = proc.stdout
@@ -44,6 +46,10 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert census["dataset"] == "census"
     assert census["pyrsia"]["steps"] == census["baseline"]["steps"] == 20
     assert census["pyrsia"]["dense_fused_adam"] is False  # the Adam unless asked
+    assert census["pyrsia"]["malloc_tuning"] == "on"  # Pyrsia's default, as a job runs
+    assert census["pyrsia"]["page_faults"] >= 0 and census["baseline"]["page_faults"] >= 0
+    if os.confstr("CS_GNU_LIBC_VERSION"):  # the NN worker's TrainCtx tuned its malloc
+        assert "freed heap memory: kept" in (tmp_path / "logs" / "nn-1.log").read_text()
     assert set(census["pyrsia"]["exit_codes"].values()) == {0}
     assert {"nn_worker", "embedding_worker", "embedding_ps", "data_loader", "redis"} <= set(
         census["pyrsia"]["cpu"]
@@ -93,6 +99,24 @@ def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference
     assert census["baseline"]["fused_adam"] is False  # the yardstick keeps the Adam
     assert [q["threads"] for q in census["fused_adam_pairs"]] == [1]
     assert "Pyrsia with fused Adam vs the baseline with fused Adam" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_e2e_bench_quick_with_malloc_tuning_on_and_off_runs_both(tmp_path):
+    out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick",
+         "--malloc-tuning", "on,off", "--json", str(out_json), "--log-dir", str(logs)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    sides = json.loads(out_json.read_text())["results"][0]["pyrsia_sides"]
+    assert sides["pyrsia"]["malloc_tuning"] == "on" and sides["pyrsia"]["steps"] == 20
+    assert sides["pyrsia_malloc_off"]["malloc_tuning"] == "off"
+    assert sides["pyrsia_malloc_off"]["steps"] == 20
+    # the off side runs last: its NN worker left malloc alone
+    assert "freed heap memory: off (PERSIA_MALLOC_TUNING=0)" in (logs / "nn-1.log").read_text()
 
 
 def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():

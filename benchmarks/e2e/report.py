@@ -114,6 +114,12 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             f"p50 {w['p50']:.2f}, p90 {w['p90']:.2f}, max {w['max']:.1f}"
         )
     print(f"[{tag}] NN worker CPU ms per step by thread: {threads}")
+    if "page_faults" in p:  # fresh pages the heap took back from the kernel (allocator.py)
+        print(
+            f"[{tag}] page faults per step: NN worker {p['page_faults'] / steps:.0f} "
+            f"(malloc tuning {p.get('malloc_tuning', 'on')}), "
+            f"baseline {b.get('page_faults', 0) / max(b['timed_steps'], 1):.0f}"
+        )
     for rank, own in enumerate(p.get("ranks", [])):
         n = max(own["steps"] - 1, 1)
         split = ", ".join(

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from data import load, persia_batches, roc_auc
 from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
+from procs import minor_faults
 
 from persia._runtime.step_clock import StepClock
 from persia.ctx import TrainCtx, eval_ctx
@@ -127,7 +128,7 @@ def main() -> None:
             profiler = cProfile.Profile()
             profiler.enable()
         t0 = t_first = None  # the clock starts after the first step, as the baseline's
-        first_samples, ctx_before, threads_before = 0, {}, {}
+        first_samples, ctx_before, threads_before, faults_before = 0, {}, {}, 0
         waits: list[float] = []
         while batch is not None:
             clock.start()
@@ -144,10 +145,11 @@ def main() -> None:
                 t0, t_first, first_samples = time.perf_counter(), time.time(), samples
                 whole = StepClock()  # the timed loop as one phase: "other" is what is left
                 whole.start()
-                clock, ctx_before, threads_before = (
+                clock, ctx_before, threads_before, faults_before = (
                     StepClock(),
                     ctx.step_clock.snapshot(),
                     threads_cpu(),
+                    minor_faults(),
                 )
             if max_steps is not None and len(losses) >= max_steps:
                 break
@@ -162,6 +164,7 @@ def main() -> None:
         clock.lap("flush")
         t5 = time.perf_counter()
         threads_window = difference(threads_cpu(), threads_before)
+        page_faults = minor_faults() - faults_before
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(os.environ["E2E_PROFILE"])
@@ -182,7 +185,8 @@ def main() -> None:
         wait_ms = np.array(waits or [0.0]) * 1e3
         rank, world_size = get_rank() or 0, get_world_size() or 1
         own = {"samples": samples, "timed_samples": samples - first_samples, "steps": len(losses),
-               "train_seconds": train_seconds, "phases": phases, "threads_cpu_s": threads_window}  # fmt: skip
+               "train_seconds": train_seconds, "phases": phases, "threads_cpu_s": threads_window,
+               "page_faults": page_faults}  # fmt: skip
         totals = job_totals(own, world_size)  # a collective: while the process group exists
 
         model.eval()
@@ -206,7 +210,7 @@ def main() -> None:
             "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
             "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
             "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
-            "threads": torch.get_num_threads(), "staleness": staleness,
+            "page_faults": page_faults, "threads": torch.get_num_threads(), "staleness": staleness,
             "dense_lr": DENSE_LR * dense_lr_scale(),
             "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
             "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
