@@ -33,11 +33,16 @@ Ends with::
     python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--fused-adam] [--datasets census,criteo]
                                    [--criteo-rows 200000] [--staleness 8] [--torchrec]
+                                   [--malloc-tuning on,off]
                                    [--json F]
 
 ``--fused-adam`` steps Pyrsia's dense model with ``Adam(fused=True)`` (a faster dense step;
 the same update): the issue's baseline, with the default ``Adam``, stays the yardstick, and
 the baseline with fused Adam is run and reported beside it as a reference.
+
+``--malloc-tuning on,off`` runs Pyrsia with and without the NN worker's heap tuning
+(``PERSIA_MALLOC_TUNING``, ``persia/_runtime/allocator.py``) in the same run; both sides
+report their page faults per step.
 
 ``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
 run and reported like the baseline (install it by hand, as that module says).

@@ -20,7 +20,8 @@ runtime built off this thread), ``forward`` (model and loss, under the same auto
 embedding gradients to the sender; the finite check every 20 steps), ``dense_step``
 (dense optimizer), ``other`` (the rest of the loop on this thread: ``loss.item()``,
 bookkeeping) and the final ``flush``; ``threads_cpu_s`` is the CPU time of each thread of
-this process over the same window (``/proc/self/task``).
+this process over the same window (``/proc/self/task``), ``page_faults`` its page faults
+(``getrusage``; see ``persia/_runtime/allocator.py`` for why they matter).
 """
 
 from __future__ import annotations
