@@ -52,6 +52,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/ps_bench.py
+	$(PY) benchmarks/ps_growth_bench.py
 	$(PY) benchmarks/ew_bench.py
 	$(PY) benchmarks/e2e_bench.py
 	$(PY) benchmarks/request_cpu_bench.py

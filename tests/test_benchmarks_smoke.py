@@ -30,6 +30,7 @@ BENCHES = {
         "bytes_per_entry_ratio",
     ],
     "ew_bench.py": ["ew_samples_per_s", "ew_ids_per_s"],
+    "ps_growth_bench.py": ["in_place_s", "copy_s", "ratio"],
     "request_cpu_bench.py": [
         "ew_cpu_ms_per_step",
         "ps_cpu_ms_per_step",

@@ -1,7 +1,13 @@
 """One internal shard of the PS store: the arrays the kernels work on, their growth, and a lock.
 
 Arrays grow geometrically (factor 1.25, never past the shard's capacity) before each kernel call,
-by enough for the worst case of that call, so the compiled kernels never allocate storage. The
+by enough for the worst case of that call, so the compiled kernels never allocate storage. They
+grow in place (:func:`_grow`): glibc's ``realloc`` moves a large block's pages with ``mremap``
+instead of copying them, so only the new rows are ever touched. Allocating a new array and
+copying into it, as the store did before, wrote and faulted in five times the final size over a
+table's growth (1 / (1 - 1 / 1.25)): on the Criteo-shaped benchmark, where the PS grows to 1.7M
+entries within the epoch, its 48 growths took 1.04 s (100-200 ms each near the end), against
+0.14 s in place. The
 hash table is sized for a load of SIZE_LOAD (of the capacity once it is in reach) and rebuilt
 when it would pass MAX_LOAD. The eviction pool is allocated once the shard can become full.
 """
@@ -28,11 +34,26 @@ def _grown(current: int, needed: int, cap: int) -> int:
     return min(cap, max(needed, math.ceil(current * GROWTH), MIN_ROWS))
 
 
-def _resize(a: np.ndarray, n: int) -> np.ndarray:
-    out = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-    m = min(n, a.shape[0])
-    out[:m] = a[:m]
-    return out
+def _grow(owner: object, name: str, n: int) -> bool:
+    """Give ``owner.<name>`` ``n`` rows (its leading axis), keeping the rows it has; True
+    when it grew in place.
+
+    In place (``ndarray.resize``; new rows are zeros) unless something else still refers to
+    the array (a view, a weak reference, a caller's local name), which numpy detects and
+    refuses: then into a new array, the old one left intact for whoever holds it. Callers
+    hold the shard's lock, and nothing keeps a view past it, so the copy is the exception.
+    """
+    shape = (n,) + getattr(owner, name).shape[1:]
+    try:
+        getattr(owner, name).resize(shape)  # no local name: numpy counts the references
+        return True
+    except ValueError:
+        old = getattr(owner, name)
+        out = np.empty(shape, dtype=old.dtype)
+        m = min(n, old.shape[0])
+        out[:m] = old[:m]
+        setattr(owner, name, out)
+        return False
 
 
 def _free_slots(nslots: int) -> np.ndarray:
@@ -57,12 +78,12 @@ class Arena:
         used, nfree = int(self.ameta[K.A_USED]), int(self.ameta[K.A_FREE])
         needed = min(cap, used + max(0, n_new - nfree))
         if needed > self.data.shape[0]:
-            self.data = _resize(self.data, _grown(self.data.shape[0], needed, cap))
+            _grow(self, "data", _grown(self.data.shape[0], needed, cap))
 
     def push_free(self, rows: np.ndarray) -> None:
         f = int(self.ameta[K.A_FREE])
         if f + rows.shape[0] > self.free.shape[0]:
-            self.free = _resize(self.free, max(f + rows.shape[0], 2 * self.free.shape[0]))
+            _grow(self, "free", max(f + rows.shape[0], 2 * self.free.shape[0]))
         self.free[f : f + rows.shape[0]] = rows
         self.ameta[K.A_FREE] = f + rows.shape[0]
 
@@ -106,7 +127,7 @@ class Shard:
         n = self.n
         needed = min(self.capacity, n + n_new)
         if needed > self.ent.shape[0]:
-            self.ent = _resize(self.ent, _grown(self.ent.shape[0], needed, self.capacity))
+            _grow(self, "ent", _grown(self.ent.shape[0], needed, self.capacity))
         nslots = int(self.meta[K.M_SLOTS])
         if needed > MAX_LOAD * nslots:
             target = min(self.capacity, max(needed, 2 * n))
