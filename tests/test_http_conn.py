@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -150,5 +151,90 @@ async def test_a_cancelled_call_does_not_poison_the_pool():
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert await http.call(f"{peer.url}/echo", 4, timeout_s=2) == {"echo": 4}
+        finally:
+            await http.close()
+
+
+class RawPeer:
+    """A bare asyncio server that answers every request with ``answer`` written in pieces of
+    ``piece`` bytes, draining between them, so the client reads it in many chunks."""
+
+    def __init__(self, answer: bytes, piece: int):
+        self.answer, self.piece = answer, piece
+        self.tasks: set[asyncio.Task] = set()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                for start in range(0, len(self.answer), self.piece):
+                    writer.write(self.answer[start : start + self.piece])
+                    await writer.drain()
+                    await asyncio.sleep(0)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def __aenter__(self) -> RawPeer:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        for task in list(self.tasks):  # connections still open: end their handlers
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+def _answer(body: bytes, extra: bytes = b"") -> bytes:
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/msgpack\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body + extra
+
+
+@pytest.mark.parametrize("piece", [7, 4096, 1 << 30], ids=["7-byte", "4-KB", "one-write"])
+async def test_an_answer_in_any_number_of_chunks_arrives_whole(piece):
+    import numpy as np
+
+    from shared.codec import unpackb
+
+    data = np.arange(1 << 18, dtype=np.float32)  # a 1 MB array, as a Criteo lookup answer
+    body = packb({"data": data})
+    if piece == 7:
+        body = packb({"data": data[:2000]})  # keep the 7-byte case quick
+    async with RawPeer(_answer(body), piece) as peer:
+        http = HttpClient(auth_token=None, lean=True)
+        try:
+            for _ in range(2):  # the connection is reused: nothing is left over
+                got = await http.call(f"{peer.url}/x", {"q": 1})
+                np.testing.assert_array_equal(got["data"], unpackb(body)["data"])
+        finally:
+            await http.close()
+
+
+async def test_bytes_after_the_answer_are_refused():
+    async with RawPeer(_answer(packb({"a": 1}), extra=b"junk"), 1 << 30) as peer:
+        http = HttpClient(auth_token=None, lean=True)
+        try:
+            with pytest.raises(ServiceUnavailableError):
+                await http.call(f"{peer.url}/x", {"q": 1})
         finally:
             await http.close()
