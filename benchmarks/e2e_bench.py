@@ -41,7 +41,7 @@ the same update): the issue's baseline, with the default ``Adam``, stays the yar
 the baseline with fused Adam is run and reported beside it as a reference.
 
 ``--malloc-tuning on,off`` runs Pyrsia with and without the NN worker's heap tuning
-(``PERSIA_MALLOC_TUNING``, ``persia/_runtime/allocator.py``) in the same run; both sides
+(``PERSIA_MALLOC_TUNING``, ``shared/allocator.py``) in the same run; both sides
 report their page faults per step.
 
 ``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
@@ -126,7 +126,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
     n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
     module's docstring. ``malloc_tuning`` (``on``, Pyrsia's default, or ``off``):
-    ``PERSIA_MALLOC_TUNING`` of the NN worker (``persia/_runtime/allocator.py``).
+    ``PERSIA_MALLOC_TUNING`` of the NN worker (``shared/allocator.py``).
     """
     batch = rank_rows(nn_workers, rank_batch)
     lr_scale = nn_workers if rank_batch == "whole" else 1

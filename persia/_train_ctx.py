@@ -24,7 +24,6 @@ import torch
 
 from persia import env
 from persia._runtime import job_checkpoint
-from persia._runtime.allocator import keep_freed_memory
 from persia._runtime.backward import BackwardEngine
 from persia._runtime.checkpointer import PeriodicCheckpointer
 from persia._runtime.features import gradient_payload, gradients_finite
@@ -38,6 +37,7 @@ from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
 from persia.epl.config import Config
 from persia.epl.plan import install_plan
+from shared.allocator import keep_freed_memory
 from shared.constants import DEFAULT_WAIT_TIMEOUT_S, DISCOVERY_POLL_INTERVAL_S, ENV_ADVERTISE_HOST
 from shared.errors import InvalidInputError, RegistryError
 from shared.scatter import warm_in_background
@@ -146,7 +146,8 @@ class TrainCtx(EmbeddingCtx):
         # only a training process needs it (a data loader warming it stole ~0.45 s of CPU
         # from the NN worker's first training seconds).
         warm_in_background()
-        keep_freed_memory()  # the step's buffers stay in the heap (persia/_runtime/allocator.py)
+        # the step's buffers stay in the heap (shared/allocator.py)
+        _logger.info("freed heap memory: %s", keep_freed_memory())
         self.world_size = env.get_world_size() or 1
         self.rank_id = env.get_rank() or 0
         super()._enter()  # connects and configures the embedding hyperparameters

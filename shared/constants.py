@@ -30,7 +30,7 @@ ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
 """normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``)."""
 ENV_MALLOC_TUNING = "PERSIA_MALLOC_TUNING"
 """1 (default) or 0: whether a training process keeps freed heap memory for reuse
-(persia/_runtime/allocator.py)."""
+(shared/allocator.py)."""
 MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 """Blocks below this come from the heap, not from mmap (glibc's maximum on 64-bit)."""
 MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20

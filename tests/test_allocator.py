@@ -1,4 +1,4 @@
-"""The training process keeps freed heap memory (persia/_runtime/allocator.py).
+"""The training process keeps freed heap memory (shared/allocator.py).
 
 Each case runs in a fresh interpreter: malloc's thresholds are per process, and the
 scenario needs glibc's defaults as they are at start.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from persia._runtime import allocator
+from shared import allocator
 from shared.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS_SCRIPT = """
 import json, resource, sys
 import numpy as np
-from persia._runtime.allocator import keep_freed_memory
+from shared.allocator import keep_freed_memory
 
 outcome = keep_freed_memory() if sys.argv[1] == "call" else "not called"
 
@@ -92,3 +92,16 @@ def test_a_bad_setting_is_refused_by_name(monkeypatch, value):
 def test_the_setting_defaults_to_on(monkeypatch, value, enabled):
     monkeypatch.setenv("PERSIA_MALLOC_TUNING", value)
     assert allocator.malloc_tuning_enabled() is enabled
+
+
+@pytest.mark.parametrize("command", ["embedding-parameter-server", "embedding-worker"])
+def test_a_service_with_a_bad_setting_refuses_to_start_and_names_it(job_env, command):
+    config = REPO / "examples" / "adult_income" / "config" / "embedding_config.yml"
+    done = subprocess.run(
+        [sys.executable, "-m", "persia.launcher", command, "--port", "0",
+         "--embedding-config", str(config)],
+        cwd=REPO, env={**os.environ, **job_env, "PERSIA_MALLOC_TUNING": "yes"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "PERSIA_MALLOC_TUNING must be 0 or 1, got 'yes'" in done.stderr

@@ -48,8 +48,11 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert census["pyrsia"]["dense_fused_adam"] is False  # the Adam unless asked
     assert census["pyrsia"]["malloc_tuning"] == "on"  # Pyrsia's default, as a job runs
     assert census["pyrsia"]["page_faults"] >= 0 and census["baseline"]["page_faults"] >= 0
-    if os.confstr("CS_GNU_LIBC_VERSION"):  # the NN worker's TrainCtx tuned its malloc
-        assert "freed heap memory: kept" in (tmp_path / "logs" / "nn-1.log").read_text()
+    if os.confstr("CS_GNU_LIBC_VERSION"):  # TrainCtx and both services tuned their malloc
+        logs = tmp_path / "logs"
+        for log in [logs / "nn-1.log", *logs.glob("embedding_worker-*.log"),
+                    *logs.glob("embedding_ps-*.log")]:  # fmt: skip
+            assert "freed heap memory: kept" in log.read_text(), log.name
     assert set(census["pyrsia"]["exit_codes"].values()) == {0}
     assert {"nn_worker", "embedding_worker", "embedding_ps", "data_loader", "redis"} <= set(
         census["pyrsia"]["cpu"]

@@ -12,6 +12,7 @@ from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from services.embedding_ps.server import create_app
 from services.warmup import warm_ps
+from shared.allocator import keep_freed_memory
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_cpu_priority(cpu_priority)
     try:
         metrics_push = push_settings(config.common_config.metrics_config)
+        log.info("freed heap memory: %s", keep_freed_memory())  # shared/allocator.py
     except ConfigError as exc:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config

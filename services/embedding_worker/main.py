@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from services.embedding_worker.ps_client import PSClient
 from services.embedding_worker.server import create_app
 from services.warmup import warm_worker
+from shared.allocator import keep_freed_memory
 from shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -30,6 +32,8 @@ from shared.metrics_push import install_metrics_push, push_settings
 from shared.registry import Registry, RegistrySettings
 from shared.service import run, run_service
 from shared.warming import warm_in_background
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_cpu_priority(cpu_priority)
     try:
         metrics_push = push_settings(config.common_config.metrics_config)
+        log.info("freed heap memory: %s", keep_freed_memory())  # shared/allocator.py
     except ConfigError as exc:
         return fail(str(exc))
 
