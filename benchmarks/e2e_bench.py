@@ -310,7 +310,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
             for (n, prio, rb, mt), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
                       f"thread(s), {rank_rows(n, rb)}-row batches per "
-                      f"rank, services at {prio} CPU priority ...", flush=True)  # fmt: skip
+                      f"rank, services at {prio} CPU priority"
+                      f"{'' if mt == 'on' else ', NN worker malloc untuned'} ...", flush=True)  # fmt: skip
                 runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                              staleness=args.staleness, max_steps=max_steps,
                                              profile=args.profile, nn_workers=n,
