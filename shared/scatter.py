@@ -3,7 +3,7 @@
 The NN worker sums a gathered slot's per-sample gradients into one row per unique vector
 (``shared.wire.gathered``) on its event-loop thread. ``torch.index_add_`` takes ~3.8 ms on
 the CPU for Census-Income's 33 x 1,024 rows (it adds row by row through tensor slices) and a
-separate ``isfinite`` pass 2.3 ms more; this kernel does both in ~0.3 ms and releases the GIL,
+separate ``isfinite`` pass 2.3 ms more; this kernel does both in ~0.18 ms and releases the GIL,
 so the training thread is not kept waiting for it.
 
 numba is imported and the kernel loaded from its cache on first use (~0.9 s of CPU), not at
@@ -52,10 +52,15 @@ def _kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
         for r in range(n):
             if index[r] < 0 or index[r] >= m:
                 return -1  # OUT_OF_RANGE
-            for j in range(d):
-                v = rows[r, j]
-                if v - v != 0.0:  # NaN and +-inf are the values for which this is not 0
-                    return 0  # NONFINITE
+        # NaN and +-inf are the floats whose exponent bits are all ones. Or-ing that test
+        # over the bits without an early exit lets LLVM vectorize the pass (a per-value
+        # branch did not: 2.5x slower on Census-Income's rows).
+        bits = rows.reshape(-1).view(np.uint32)
+        bad = np.uint32(0)
+        for i in range(bits.shape[0]):
+            bad |= np.uint32((bits[i] & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+        if bad:
+            return 0  # NONFINITE
         for r in range(n):
             o = index[r]
             for j in range(d):

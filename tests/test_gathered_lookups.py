@@ -156,6 +156,33 @@ def test_scatter_add_sums_rows_and_refuses_non_finite_or_out_of_range():
         add_rows_if_finite(index, np.zeros((3, 2), np.float32), out)
 
 
+@pytest.mark.parametrize(
+    "bits",
+    [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF],
+    ids=["+inf", "-inf", "nan", "signalling-nan", "negative-nan"],
+)
+@pytest.mark.parametrize("where", [(0, 0), (57, 9), (99, 15)], ids=["first", "middle", "last"])
+def test_scatter_add_refuses_every_non_finite_pattern_anywhere(bits, where):
+    index = np.arange(100, dtype=np.int32) % 7
+    rows = np.ones((100, 16), np.float32)
+    rows.view(np.uint32)[where] = bits
+    out = np.zeros((7, 16), np.float32)
+    assert not add_rows_if_finite(index, rows, out)
+    assert not out.any()
+
+
+def test_scatter_add_takes_the_extreme_finite_values():
+    extremes = np.array(
+        [np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal,
+         -0.0, np.finfo(np.float32).tiny, 1.0],
+        dtype=np.float32,
+    )  # fmt: skip
+    rows = np.tile(extremes, (4, 1))
+    out = np.zeros((4, 6), np.float32)
+    assert add_rows_if_finite(np.arange(4, dtype=np.int64), rows, out)
+    np.testing.assert_array_equal(out, rows)
+
+
 def test_answers_with_bad_tables_are_protocol_errors():
     prepared, vectors = prepared_and_vectors(mixed_batch())
     answer, _ = answer_embeddings(prepared, vectors, gathered=True)

@@ -279,3 +279,22 @@ def test_gradients_body_is_checked_once_naming_the_field(body, field):
     with pytest.raises(InvalidInputError) as err:
         Gradients.from_wire({"batch_id": 1, **body})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "bits",
+    [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF],
+    ids=["+inf", "-inf", "nan", "signalling-nan", "negative-nan"],
+)
+@pytest.mark.parametrize("where", [(0, 0), (300, 7), (499, 15)], ids=["first", "middle", "last"])
+def test_the_finite_check_finds_every_non_finite_pattern_anywhere(bits, where):
+    from services.embedding_worker import kernels
+
+    rows = np.ones((500, 17), np.float32)
+    rows[:, 16] = np.nan  # a raw slot's mask column: outside the checked columns
+    assert kernels.all_finite(rows, 16)
+    rows.view(np.uint32)[where] = bits
+    assert not kernels.all_finite(rows, 16)
+    big = np.full((2, 16), np.finfo(np.float32).max, np.float32)
+    big[1] = np.finfo(np.float32).smallest_subnormal
+    assert kernels.all_finite(big, 16)

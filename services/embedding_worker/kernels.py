@@ -142,10 +142,16 @@ def scatter(grad_rows, inverse, offsets, rounds, scale, inv_loss_scale, raw, siz
 
 @njit(nogil=True, cache=True)
 def all_finite(rows, cols):
-    """No NaN and no inf in ``rows[:, :cols]`` (one compiled pass; numpy's costs more per call)."""
+    """No NaN and no inf in ``rows[:, :cols]`` (float32, C-contiguous; one compiled pass).
+
+    NaN and +-inf are the floats whose exponent bits are all ones; or-ing that test over a
+    row's bits without a branch per value lets LLVM vectorize the row (shared/scatter.py)."""
+    bits = rows.view(np.uint32)
+    exponent = np.uint32(0x7F800000)
     for i in range(rows.shape[0]):
+        bad = np.uint32(0)
         for d in range(cols):
-            v = rows[i, d]
-            if v - v != 0.0:  # NaN and +-inf are the values for which this is not 0
-                return False
+            bad |= np.uint32((bits[i, d] & exponent) == exponent)
+        if bad:
+            return False
     return True
