@@ -114,11 +114,25 @@ def test_the_flag_wins_over_the_environment(monkeypatch):
         resolve_cpu_priority(None)
 
 
+# One busy loop per core that sleeps 1 ms of every 10: the cores are never free for more
+# than a millisecond, as under a training step that uses every core between its syncs.
+_DUTY_CYCLED_HOG = (
+    "import time\n"
+    "while True:\n"
+    "    end = time.perf_counter() + 0.009\n"
+    "    while time.perf_counter() < end: pass\n"
+    "    time.sleep(0.001)\n"
+)
+
+
 @pytest.mark.slow
-def test_a_background_service_keeps_its_registration_when_the_cores_are_saturated(
+def test_a_background_service_keeps_its_registration_while_training_load_fills_the_cores(
     services, job_env
 ):
-    """SCHED_IDLE still gets a sliver of CPU: heartbeats and /health go on under a full load."""
+    """SCHED_IDLE runs in the gaps a busy-but-not-spinning load leaves: heartbeats and
+    /health go on. (Under loops that never sleep, one per core and more, an idle-class
+    process can wait for a core for 30 s and more, longer than the registration's TTL:
+    README "Scaling out" says so; that is the kernel's contract for the class.)"""
     import redis
 
     ps = services(
@@ -130,17 +144,28 @@ def test_a_background_service_keeps_its_registration_when_the_cores_are_saturate
     key = service_key(job_env["PERSIA_JOB_ID"], ROLE_EMBEDDING_PS, 0)
     client = redis.Redis.from_url(job_env["PERSIA_REDIS_URL"])
     hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range((os.cpu_count() or 1) + 1)
+        subprocess.Popen([sys.executable, "-c", _DUTY_CYCLED_HOG])
+        for _ in range(os.cpu_count() or 1)
     ]
     try:
+        time.sleep(0.5)  # the hogs are running
+        load = [cpu_seconds(h.pid) for h in hogs]
         deadline = time.monotonic() + 2.5 * REGISTRATION_TTL_S
         while time.monotonic() < deadline:
             assert client.exists(key), "the registration expired under load"
             assert ps.health()[0] == 503  # answers: registered, not configured yet
             time.sleep(0.5)
+        busy = sum(cpu_seconds(h.pid) - c for h, c in zip(hogs, load, strict=True))
+        cores = os.cpu_count() or 1
+        assert busy >= 0.7 * cores * 2.5 * REGISTRATION_TTL_S, "the load did not fill the cores"
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
         client.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
