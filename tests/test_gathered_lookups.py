@@ -24,6 +24,7 @@ from shared.errors import InvalidInputError, ProtocolError
 from shared.scatter import add_rows_if_finite
 from shared.wire.gathered import SlotEmbeddings
 from shared.wire.worker import Embeddings, Gradients
+from tests.nonfinite import NON_FINITE_FLOAT32_BITS
 from tests.test_embedding_worker_service import client, configs, setup_training, start_cluster
 
 __all__ = ["client", "configs"]  # fixtures re-used from the worker's service tests
@@ -156,11 +157,7 @@ def test_scatter_add_sums_rows_and_refuses_non_finite_or_out_of_range():
         add_rows_if_finite(index, np.zeros((3, 2), np.float32), out)
 
 
-@pytest.mark.parametrize(
-    "bits",
-    [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF],
-    ids=["+inf", "-inf", "nan", "signalling-nan", "negative-nan"],
-)
+@NON_FINITE_FLOAT32_BITS
 @pytest.mark.parametrize("where", [(0, 0), (57, 9), (99, 15)], ids=["first", "middle", "last"])
 def test_scatter_add_refuses_every_non_finite_pattern_anywhere(bits, where):
     index = np.arange(100, dtype=np.int32) % 7

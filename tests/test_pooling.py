@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.embedding_worker import kernels
 from services.embedding_worker.pooling import (
     pool_backward,
     pool_forward,
@@ -17,6 +18,7 @@ from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
 from shared.errors import InvalidInputError
 from shared.wire.batch import IDFeature
 from shared.wire.worker import Gradients
+from tests.nonfinite import NON_FINITE_FLOAT32_BITS
 
 REPLICAS = 3
 
@@ -281,15 +283,9 @@ def test_gradients_body_is_checked_once_naming_the_field(body, field):
     assert err.value.field == field
 
 
-@pytest.mark.parametrize(
-    "bits",
-    [0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF],
-    ids=["+inf", "-inf", "nan", "signalling-nan", "negative-nan"],
-)
+@NON_FINITE_FLOAT32_BITS
 @pytest.mark.parametrize("where", [(0, 0), (300, 7), (499, 15)], ids=["first", "middle", "last"])
 def test_the_finite_check_finds_every_non_finite_pattern_anywhere(bits, where):
-    from services.embedding_worker import kernels
-
     rows = np.ones((500, 17), np.float32)
     rows[:, 16] = np.nan  # a raw slot's mask column: outside the checked columns
     assert kernels.all_finite(rows, 16)
