@@ -27,6 +27,12 @@ STOP_TIMEOUT_S = 5.0
 """A service must drain and exit within this long after SIGTERM (DESIGN.md "Services")."""
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _redis_get(url: str, key: str) -> str | None:
     import redis
 

@@ -19,6 +19,7 @@ from shared.constants import (
 )
 from shared.cpu_priority import resolve_cpu_priority
 from shared.errors import UsageError
+from tests.service_procs import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "adult_income" / "config" / "embedding_config.yml"
@@ -163,9 +164,3 @@ def test_a_background_service_keeps_its_registration_while_training_load_fills_t
             hog.kill()
             hog.wait()
         client.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from tests.service_procs import ServiceProc
+from tests.service_procs import ServiceProc, cpu_seconds
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +45,6 @@ STEPS_PER_S = FACTOR * DEMO_EW_REQUESTS_PER_S / (3 + 1 / 16)
 SECONDS = float(os.environ.get("PYRSIA_LOAD_SECONDS", "60"))
 MAX_RSS_GROWTH = 0.10
 MIN_FACTOR = float(os.environ.get("PYRSIA_LOAD_MIN_FACTOR", "0"))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
