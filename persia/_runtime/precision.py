@@ -10,7 +10,9 @@ logged once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import platform
 
 import torch
 
@@ -18,6 +20,30 @@ from shared.errors import InvalidInputError
 from shared.validate import positive_int
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def cpu_computes_bf16() -> bool | None:
+    """Whether this CPU has bf16 instructions (AVX-512 BF16 or AMX); None where unknown.
+
+    Without them oneDNN emulates bf16 and autocast runs slower than fp32 (about 20x for
+    the e2e DLRM on an AVX-512 EPYC without BF16); with them the same step runs 2-3x
+    faster. Only x86 can be asked; other architectures answer None.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return None
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def warn_if_bf16_is_emulated(owner: str) -> None:
+    """Log a warning when ``owner`` turns on bf16 autocast on a CPU that emulates bf16."""
+    if cpu_computes_bf16() is False:
+        log.warning(
+            "%s runs the forward pass under bf16 autocast, but this CPU has no bf16 "
+            "instructions (AVX-512 BF16 or AMX): the step runs many times slower than fp32 "
+            "(pass mixed_precision=False / drop amp.level for full fp32)",
+            owner,
+        )
 
 
 class Precision:
@@ -39,6 +65,7 @@ class Precision:
                 "mixed_precision=True without CUDA: the forward pass runs under bf16 autocast "
                 "on the CPU, without loss scaling (pass mixed_precision=False for full fp32)"
             )
+            warn_if_bf16_is_emulated("mixed_precision=True")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast region for the model's forward pass (a no-op when disabled)."""
