@@ -42,7 +42,7 @@ def test_mixed_precision_on_the_cpu_warns_only_where_bf16_is_emulated(monkeypatc
         assert warnings == []
 
 
-def test_full_precision_never_asks_about_bf16(monkeypatch, caplog):
+def test_full_precision_logs_no_bf16_warning(monkeypatch, caplog):
     monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: False)
     with caplog.at_level(logging.INFO, logger=precision.__name__):
         p = Precision(False, None)
