@@ -113,7 +113,11 @@ class Lookahead:
       by Little's law ``ceil(WINDOW_MARGIN * (lookup latency + hold) / step interval)`` in
       ``[2, window_cap]``, where ``hold`` is the time from the loop taking a batch to its
       gradients being applied. This is the staleness the embeddings actually see: only as
-      much as the throughput needs (2 when lookups and gradient sends are fast).
+      much as the throughput needs (2 when lookups and gradient sends are fast). When the
+      embedding side is the bottleneck the averages include the queue the window makes,
+      and the window grows to the bound; the bound is then the user's knob (README, "End
+      to end on 2 cores": a window sized by the least recent latencies instead held the
+      bound off but lost more samples/s than a lower bound did).
 
     Lives on the runtime loop.
     """
