@@ -139,10 +139,26 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
         print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
 
 
+def cpu_model() -> str:
+    """The processor's name as the kernel reports it ('' where it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on."""
+    """What the numbers were measured on (bf16 decides what ``--mixed-precision`` means)."""
+    from persia._runtime.precision import cpu_computes_bf16
+
     return {
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "cpu_bf16": cpu_computes_bf16(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "load_avg": os.getloadavg(),

@@ -91,6 +91,7 @@ from e2e.procs import CpuSampler, minor_faults, scrape_histograms  # noqa: E402
 from e2e.report import print_report  # noqa: E402
 from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
+from persia._runtime.precision import cpu_computes_bf16  # noqa: E402
 from persia._runtime.step_clock import StepClock  # noqa: E402
 from shared.constants import (  # noqa: E402
     ENV_MALLOC_TUNING,
@@ -301,6 +302,11 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
+        if cpu_computes_bf16() is False:
+            print(
+                f"[{name}] note: this CPU has no bf16 instructions (AVX-512 BF16 or AMX): "
+                "bf16 autocast is emulated and runs many times slower than fp32 on both sides"
+            )
     if args.fused_adam:
         runs["baseline_fused_adam"] = []
     if args.torchrec:
