@@ -140,7 +140,7 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
 
 
 def cpu_model() -> str:
-    """The processor's name as the kernel reports it ('' where it does not)."""
+    """The processor's name as the kernel reports it (else what ``platform.processor()`` says)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
