@@ -35,8 +35,13 @@ def cpu_computes_bf16() -> bool | None:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def warn_if_bf16_is_emulated(owner: str) -> None:
-    """Log a warning when ``owner`` turns on bf16 autocast on a CPU that emulates bf16."""
+def autocast_target(cuda: bool, owner: str) -> tuple[str, torch.dtype]:
+    """Where and in what ``owner``'s autocast runs: fp16 on CUDA, bf16 on the CPU.
+
+    On a CPU that emulates bf16 a warning says so (the step runs many times slower than fp32).
+    """
+    if cuda:
+        return "cuda", torch.float16
     if cpu_computes_bf16() is False:
         log.warning(
             "%s runs the forward pass under bf16 autocast, but this CPU has no bf16 "
@@ -44,6 +49,7 @@ def warn_if_bf16_is_emulated(owner: str) -> None:
             "(pass mixed_precision=False / drop amp.level for full fp32)",
             owner,
         )
+    return "cpu", torch.bfloat16
 
 
 class Precision:
@@ -56,16 +62,14 @@ class Precision:
         if not self.enabled:
             self.device_type, self.dtype = ("cuda" if self.cuda else "cpu"), None
             return
+        self.device_type, self.dtype = autocast_target(self.cuda, "mixed_precision=True")
         if self.cuda:
-            self.device_type, self.dtype = "cuda", torch.float16
             self.scaler = torch.amp.GradScaler("cuda")
         else:
-            self.device_type, self.dtype = "cpu", torch.bfloat16
             log.info(
                 "mixed_precision=True without CUDA: the forward pass runs under bf16 autocast "
                 "on the CPU, without loss scaling (pass mixed_precision=False for full fp32)"
             )
-            warn_if_bf16_is_emulated("mixed_precision=True")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast region for the model's forward pass (a no-op when disabled)."""

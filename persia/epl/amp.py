@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from persia._runtime.precision import Precision, warn_if_bf16_is_emulated
+from persia._runtime.precision import Precision, autocast_target
 from persia.epl.config import Config
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,7 @@ class EplPrecision(Precision):
         self.enabled = True
         self.cuda = fallback.cuda
         loss_scale = config.amp.loss_scale
-        if self.cuda:
-            self.device_type, self.dtype = "cuda", torch.float16
-        else:
-            self.device_type, self.dtype = "cpu", torch.bfloat16
-            warn_if_bf16_is_emulated("amp.level O1")
+        self.device_type, self.dtype = autocast_target(self.cuda, "amp.level O1")
         if loss_scale != "dynamic":
             self.scaler = FixedLossScaler(self.device_type, loss_scale)
         elif self.cuda:
