@@ -12,11 +12,14 @@
 A map-style dataset is split by index: rank ``r`` takes every ``world_size``-th sample
 from ``r`` on, after an optional shuffle (``seed`` >= 0) that every rank draws
 identically; no sample is repeated. An ``IterableDataset`` is split round-robin by
-sample. With ``data_sync_drop_remainder`` (default true) every rank yields the same
-number of batches, so no rank waits in an all-reduce that another rank never joins:
-the map-style split drops the last ``len % world_size`` samples, and an iterable split
-stops every rank when the shortest one ends (one one-element all-reduce per batch).
-Without it (evaluation: every sample counted exactly once) the shares differ by at
+sample, across ranks and then across the ``num_workers`` DataLoader worker processes of
+each rank, so every sample is read once in all (its ``__iter__`` must yield the whole
+stream in every process: a dataset that also splits itself by
+``torch.utils.data.get_worker_info()`` would lose samples). With
+``data_sync_drop_remainder`` (default true) every rank yields the same number of
+batches, so no rank waits in an all-reduce that another rank never joins: the map-style
+split drops the last ``len % world_size`` samples, and an iterable split stops every
+rank when the shortest one ends (one one-element all-reduce per batch). Without it (evaluation: every sample counted exactly once) the shares differ by at
 most one sample.
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from persia.hb._context import context
 from shared.errors import InvalidInputError
@@ -61,13 +64,27 @@ class _ShareSampler(Sampler[int]):
 
 
 class _RankShare(IterableDataset):
-    """Samples ``rank, rank + world, rank + 2 world, ...`` of an iterable dataset."""
+    """This rank's share of an iterable dataset, split again across DataLoader workers.
+
+    Sample ``i`` of the stream goes to rank ``i % world_size``; within the rank, its
+    ``j``-th sample goes to worker ``j % num_workers``. Both splits compose into one
+    stride: worker ``w`` of rank ``r`` takes samples ``r + world_size * w`` on, every
+    ``world_size * num_workers``-th. Without the worker split, torch replicates an
+    ``IterableDataset`` in each worker process and every sample would come once per
+    worker (torch.utils.data documents that the dataset must split itself; here
+    hb.data does it, so the dataset must not).
+    """
 
     def __init__(self, dataset: IterableDataset, rank: int, world_size: int):
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.dataset), self.rank, None, self.world_size)
+        worker = get_worker_info()
+        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        stride = self.world_size * num_workers
+        return itertools.islice(
+            iter(self.dataset), self.rank + self.world_size * worker_id, None, stride
+        )
 
 
 def _batch_size(batch_size: int | None) -> int:
@@ -106,6 +123,10 @@ class InitializableIterator:
     ):
         if not isinstance(dataset, Dataset):
             raise InvalidInputError("dataset", "a torch.utils.data.Dataset", type(dataset).__name__)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise InvalidInputError(
+                "num_workers", "an integer >= 0 (DataLoader worker processes)", num_workers
+            )
         options = context.options
         self.dataset = dataset
         self.batch_size = _batch_size(batch_size)
