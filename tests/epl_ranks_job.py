@@ -14,6 +14,7 @@ import os
 import sys
 
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import persia.epl as epl
 from persia.distributed import DDPOption
@@ -86,7 +87,42 @@ def zero() -> dict:
         "zero_moved": float((params(base) - params(zero_model)).abs().max()),
         "zero_state_numel": state_numel(sharded.dense_optimizer.optim),
         "plain_state_numel": state_numel(plain.dense_optimizer),
-        "zero_type": type(sharded.dense_optimizer).__name__,
+        "zero_is_zero": isinstance(sharded.dense_optimizer, ZeroRedundancyOptimizer),
+    }
+
+
+def zero_scheduler() -> dict:
+    """A LambdaLR on the user's optimizer: lr x1, x0.5, x1 (after a state-dict round trip), then 0."""
+    factors = [1.0, 0.5, 1.0, 0.0, 0.0, 0.0]
+    base = model()
+    runs = {}
+    for name, config in (("plain", None), ("zero", {"zero.level": "v1"})):
+        m = copy.deepcopy(base)
+        user_opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        ctx = distributed(config, m, user_opt)
+        sched = torch.optim.lr_scheduler.LambdaLR(user_opt, lambda e: factors[min(e, 5)])
+        trail = [params(m)]
+        for k in range(6):
+            if k == 2:  # a checkpoint round trip of the optimizer state, as load_checkpoint does
+                opt = ctx.dense_optimizer
+                if hasattr(opt, "consolidate_state_dict"):
+                    opt.consolidate_state_dict(to=0)
+                box = [opt.state_dict() if RANK == 0 else None]
+                torch.distributed.broadcast_object_list(box, src=0)
+                opt.load_state_dict(box[0])
+            step(ctx, seed=100 * RANK + k)
+            apply(ctx)
+            sched.step()
+            trail.append(params(m))
+        runs[name] = trail
+    moved = [
+        float((b - a).abs().max()) for a, b in zip(runs["zero"], runs["zero"][1:], strict=False)
+    ]
+    return {
+        "zero_sched_moved": moved,
+        "zero_sched_vs_plain": max(
+            float((a - b).abs().max()) for a, b in zip(runs["zero"], runs["plain"], strict=True)
+        ),
     }
 
 
@@ -205,7 +241,16 @@ def sparse_as_dense() -> dict:
 
 def main() -> None:
     results: dict = {}
-    for scenario in (zero, reduce_method, fp16, buckets, clip, micro, sparse_as_dense):
+    for scenario in (
+        zero,
+        zero_scheduler,
+        reduce_method,
+        fp16,
+        buckets,
+        clip,
+        micro,
+        sparse_as_dense,
+    ):
         results.update(scenario())
     with open(os.path.join(sys.argv[1], f"rank{RANK}.json"), "w") as f:
         json.dump(results, f)
