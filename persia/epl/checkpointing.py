@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from persia.epl.buffers import buffers_kept
 from persia.epl.config import Config
 from shared.errors import ConfigError, InvalidInputError
 
@@ -81,10 +82,19 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def _checkpointed(original, *args, **kwargs):
+def _checkpointed(original, module: nn.Module, *args, **kwargs):
     if _disabled[0] or not torch.is_grad_enabled():
         return original(*args, **kwargs)
-    return checkpoint(original, *args, use_reentrant=False, **kwargs)
+    first = [True]
+
+    def run(*inner_args, **inner_kwargs):
+        if first[0]:
+            first[0] = False
+            return original(*inner_args, **inner_kwargs)
+        with buffers_kept(module):  # the recomputation in backward: BN statistics untouched
+            return original(*inner_args, **inner_kwargs)
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
 def apply_gradient_checkpoint(model: nn.Module, config: Config) -> list[nn.Module]:
@@ -112,7 +122,7 @@ def apply_gradient_checkpoint(model: nn.Module, config: Config) -> list[nn.Modul
         blocks = blocks[: end + 1]
     for block in blocks:
         if not getattr(block, _WRAPPED, False):
-            block.forward = functools.partial(_checkpointed, block.forward)
+            block.forward = functools.partial(_checkpointed, block.forward, block)
             setattr(block, _WRAPPED, True)
     log.info(
         "gradient_checkpoint %s: %d blocks checkpointed (%s)",
@@ -145,9 +155,10 @@ class GradientCheck:
             got = torch.autograd.grad(probe, wrt, allow_unused=True)
             return [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt, strict=True)]
 
-        checkpointed = grads()
-        with plain_backward():
-            plain = grads()
+        with buffers_kept(self.model):  # two extra passes: BN statistics stay untouched
+            checkpointed = grads()
+            with plain_backward():
+                plain = grads()
         self.max_diff = max(
             (
                 float((a - b).abs().max())

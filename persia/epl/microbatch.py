@@ -16,7 +16,12 @@ approximated), whatever the loss' reduction. The price is one extra forward pass
 per micro-batch (EPL's own gradient accumulation runs the loss per micro-batch
 instead). The RNG state of each micro-batch is replayed, so dropout masks match.
 Under DDP the gradients are all-reduced once, with the last micro-batch (``no_sync``).
-Layers that look across samples (BatchNorm) see micro-batches, as in EPL.
+Layers that look across samples (BatchNorm) see micro-batches, as in EPL, where each
+micro-batch is one ``session.run`` of the model (``epl/runtime/gradient_accumulation.py``):
+each micro-batch passes through the model in training mode once per step, so BatchNorm's
+running statistics and ``num_batches_tracked`` move once per micro-batch (N times per
+batch), computed on the micro-batch; the re-run in backward restores every buffer it
+writes (:func:`persia.epl.buffers.buffers_kept`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from persia.epl.buffers import buffers_kept
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -94,7 +101,9 @@ class _MicroBatches(torch.autograd.Function):
             sync = contextlib.nullcontext()
             if i < last and hasattr(runner, "no_sync"):
                 sync = runner.no_sync()  # DDP all-reduces once, with the last micro-batch
-            with sync, rng.replay(), torch.enable_grad():
+            # the re-run is the second pass of these samples: BN statistics stay as the
+            # no-autograd pass left them (each sample updates them once per step)
+            with sync, rng.replay(), torch.enable_grad(), buffers_kept(owner.module):
                 chunk = [x[lo:hi] for x in inputs]
                 with _autocast(fn_ctx.autocast):
                     out = runner(chunk[:n_non_id], chunk[n_non_id:])
