@@ -41,9 +41,10 @@ from services.embedding_ps.checkpoint_files import (
     write_entries,
     write_npy_files,
 )
-from services.embedding_ps.optimizers import state_layout
+from services.embedding_ps.checkpoint_verify import check_dims, verify_parts
+from services.embedding_ps.optimizers import state_layout, state_width
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
-from shared.embedding_spec import optimizer_from_dict, optimizer_to_dict
+from shared.embedding_spec import OptimizerSpec, optimizer_from_dict, optimizer_to_dict
 from shared.errors import ConflictError, InvalidInputError
 from shared.farmhash import replica_of
 from shared.validate import positive_int
@@ -117,7 +118,10 @@ def dump_store(
                 "ids": ids_name,
                 "rows": rows_name,
             }
-        write_npy_files(pool, files)  # every data file complete and fsynced before the manifest
+        written = iter(write_npy_files(pool, files))  # complete and fsynced before the manifest
+        for info in dims.values():  # files are in dims order: (ids, rows) per dim
+            for kind in ("ids", "rows"):
+                info[f"{kind}_bytes"], info[f"{kind}_crc32"] = next(written)
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -192,7 +196,21 @@ def read_manifests(directory: str | Path) -> list[dict]:
                     f"{FORMAT} version {FORMAT_VERSION} in {path.name}",
                     manifest.get("format_version") if isinstance(manifest, dict) else None,
                 )
-            manifests[int(m.group(1))] = manifest
+            index = int(m.group(1))
+            count = manifest.get("replica_count")
+            if (
+                manifest.get("replica_index") != index
+                or isinstance(count, bool)
+                or not isinstance(count, int)
+                or not 0 <= index < count
+            ):
+                raise InvalidInputError(
+                    "directory",
+                    f"{path.name}: replica_index {index} of an integer replica_count > {index}",
+                    {k: manifest.get(k) for k in ("replica_index", "replica_count")},
+                )
+            check_dims(manifest.get("dims"), path.name)
+            manifests[index] = manifest
     if not manifests:
         raise InvalidInputError(
             "directory", "a checkpoint (replica_<i>.manifest.json files)", str(directory)
@@ -211,22 +229,23 @@ def read_manifests(directory: str | Path) -> list[dict]:
     return [manifests[i] for i in range(count)]
 
 
-def _adopt_optimizer(store: EmbeddingStore, manifests: list[dict]) -> None:
-    specs = {json.dumps(m["optimizer"], sort_keys=True) for m in manifests}
+def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> OptimizerSpec | None:
+    """The optimizer the store will have after loading ``manifests`` (the store's own, or the
+    checkpoint's when the store has none); refuses one it cannot take. Changes nothing."""
+    specs = {json.dumps(m.get("optimizer"), sort_keys=True) for m in manifests}
     if len(specs) != 1:
         raise InvalidInputError("directory", "parts written with one optimizer", sorted(specs))
-    raw = manifests[0]["optimizer"]
+    raw = manifests[0].get("optimizer")
     saved = optimizer_from_dict(raw, "manifest.optimizer") if raw is not None else None
     if store.optimizer is None:
-        store.clear()
-        if saved is not None:
-            store.register_optimizer(saved)
-    elif state_layout(saved) != state_layout(store.optimizer):
+        return saved
+    if state_layout(saved) != state_layout(store.optimizer):
         raise ConflictError(
             f"optimizer: the checkpoint was trained with {raw}, the store has "
             f"{optimizer_to_dict(store.optimizer)} registered; register the checkpoint's optimizer "
             "(or clear and register nothing) before loading",
         )
+    return store.optimizer
 
 
 def _read_pair(directory: Path, info: dict, dim: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -260,28 +279,50 @@ def load_store(
     workers: int = 1,
 ) -> int:
     """Replace ``store``'s entries with those of the checkpoint routed to ``replica_index``,
-    reading with ``workers`` threads (the loaded store does not depend on it)."""
+    reading with ``workers`` threads (the loaded store does not depend on it).
+
+    Check first, then swap: the whole checkpoint is proven (``checkpoint_verify.py``: manifests,
+    headers, sizes, per-file CRC-32) before the store is cleared, so every refusal (a bad
+    manifest, a missing, truncated or damaged file, an optimizer or width conflict) leaves the
+    store bit-identical. The trade-off chosen over loading into a staging store and swapping:
+    peak memory stays one store (plus ``2 * workers`` pieces of at most ``CHUNK_BYTES`` in
+    flight) instead of two, at the price of reading the files twice (the CRC pass, then the
+    load, mostly from the page cache). What is not a refusal can still fail after the clear: the
+    disk failing mid-read (EIO) or memory running out leaves a partly loaded store, as it would
+    a staging store's process.
+    """
     replica_index, replica_count = _check_replica(replica_index, replica_count)
     workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     manifests = read_manifests(directory)
-    _adopt_optimizer(store, manifests)
-    for m in manifests:  # check every part before touching the store
+    optimizer = _checkpoint_optimizer(store, manifests)
+    for m in manifests:  # widths before reading any file
         for dim, info in m["dims"].items():
-            if info["width"] != store._width(int(dim)):
+            expect = int(dim) + state_width(optimizer, int(dim))
+            if info["width"] != expect:
                 raise ConflictError(
-                    f"checkpoint dim {dim} rows are {info['width']} wide, the store expects {store._width(int(dim))}",
+                    f"checkpoint dim {dim} rows are {info['width']} wide, the store expects {expect}",
                 )
-    store.clear()
     loaded = 0
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ps-checkpoint") as pool:
-        for m in manifests:
-            for dim_s, info in m["dims"].items():
-                dim = int(dim_s)
-                ids, rows = _read_pair(directory, info, dim, info["width"])
+        parts, checksummed = verify_parts(directory, manifests, pool)
+        if not checksummed:
+            log.warning(
+                "checkpoint %s was written without checksums (before they existed): its "
+                "manifests, headers and sizes are checked, its contents cannot be",
+                directory,
+            )
+        # nothing was refused: from here on the store changes
+        if store.optimizer is None:
+            store.clear()
+            if optimizer is not None:
+                store.register_optimizer(optimizer)
+        store.clear()
+        for part in parts:
+            for pair in part:
                 loaded += read_routed(
-                    pool, workers, ids, rows, replica_index, replica_count,
-                    lambda i, r, dim=dim: store.import_entries(dim, i, r, pool),
+                    pool, workers, pair.ids, pair.rows, replica_index, replica_count,
+                    lambda i, r, dim=pair.dim: store.import_entries(dim, i, r, pool),
                 )  # fmt: skip
     log.info(
         "loaded %d entries from %s as replica %d/%d",

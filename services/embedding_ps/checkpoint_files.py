@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import os
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -69,26 +70,44 @@ def _pieces(arrays: list[np.ndarray], header_len: int) -> Iterator[tuple[int, np
         offset += flat.nbytes
 
 
-def write_npy_files(pool: ThreadPoolExecutor, files: list[tuple[Path, list[np.ndarray]]]) -> None:
+def _crc32(header: bytes, arrays: list[np.ndarray]) -> int:
+    """CRC-32 (``zlib.crc32``) of the file ``header`` + ``arrays`` make, from memory; each call
+    over at most CHUNK_BYTES releases the GIL."""
+    crc = zlib.crc32(header)
+    for _, piece in _pieces(arrays, 0):
+        crc = zlib.crc32(memoryview(piece).cast("B"), crc)
+    return crc
+
+
+def write_npy_files(
+    pool: ThreadPoolExecutor, files: list[tuple[Path, list[np.ndarray]]]
+) -> list[tuple[int, int]]:
     """Write each ``(path, arrays)`` as one .npy file holding the arrays concatenated (along
-    axis 0), with the pieces spread over ``pool``; every file is fsynced before this returns."""
+    axis 0), with the pieces spread over ``pool``; every file is fsynced before this returns.
+    Returns each file's (size in bytes, CRC-32), which the manifest records so a load can
+    prove the files are the ones written (``checkpoint_verify.py``)."""
     opened: list[int] = []
     tasks: list[Future] = []
+    sizes: list[int] = []
+    crcs: list[Future] = []
     try:
         for path, arrays in files:
             rows = sum(a.shape[0] for a in arrays)
             header = npy_header(arrays[0].dtype, (rows, *arrays[0].shape[1:]))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             opened.append(fd)
-            os.ftruncate(fd, len(header) + sum(a.nbytes for a in arrays))
+            sizes.append(len(header) + sum(a.nbytes for a in arrays))
+            os.ftruncate(fd, sizes[-1])
             _pwrite_all(fd, memoryview(header), 0)
+            crcs.append(pool.submit(_crc32, header, arrays))
             for offset, piece in _pieces(arrays, len(header)):
                 tasks.append(pool.submit(_pwrite_all, fd, memoryview(piece).cast("B"), offset))
-        _wait(tasks)
+        _wait(tasks + crcs)
         tasks = [pool.submit(os.fsync, fd) for fd in opened]
         _wait(tasks)
+        return [(size, crc.result()) for size, crc in zip(sizes, crcs, strict=True)]
     finally:
-        _drain(tasks)  # no task still holds a descriptor when it is closed
+        _drain(tasks + crcs)  # no task still holds a descriptor when it is closed
         for fd in opened:
             os.close(fd)
 
