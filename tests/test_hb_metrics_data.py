@@ -114,7 +114,7 @@ def test_train_and_evaluate_calls_eval_fn_every_n_iter_and_at_the_end():
     seen = []
 
     def eval_fn():
-        metric = hb.metrics.Accuracy()
+        metric = hb.metrics.Accuracy(threshold=0.5)
         metric.update([1.0], [0.9 if len(seen) % 2 else 0.1])
         return {"accuracy": metric, "steps": len(seen)}
 
@@ -139,7 +139,7 @@ from test_hb_metrics_data import rank_data
 out = sys.argv[1]
 rank = hb.context.rank
 labels, scores = rank_data(rank)
-exact, bucketed, acc = hb.metrics.AUC(), hb.metrics.AUC(num_thresholds=1000), hb.metrics.Accuracy()
+exact, bucketed, acc = hb.metrics.AUC(), hb.metrics.AUC(num_thresholds=1000), hb.metrics.Accuracy(threshold=0.5)
 for start in range(0, len(labels), 128):
     for metric in (exact, bucketed, acc):
         metric.update(labels[start:start + 128], scores[start:start + 128])

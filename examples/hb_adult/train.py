@@ -90,7 +90,7 @@ def main() -> int:
         optimizer.step()
 
     def eval_fn() -> dict:
-        auc, accuracy = hb.metrics.AUC(), hb.metrics.Accuracy()
+        auc, accuracy = hb.metrics.AUC(), hb.metrics.Accuracy(threshold=0.5)
         model.eval()
         with torch.no_grad():
             for dense, cat_ids, education, label in hb.data.make_one_shot_iterator(

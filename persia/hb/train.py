@@ -3,7 +3,7 @@
 ::
 
     def eval_fn():
-        auc, acc = hb.metrics.AUC(), hb.metrics.Accuracy()
+        auc, acc = hb.metrics.AUC(), hb.metrics.Accuracy(threshold=0.5)
         with torch.no_grad():
             for x, y in hb.data.make_one_shot_iterator(eval_set, 1024, drop_remainder=False):
                 p = model(x)
@@ -15,7 +15,10 @@
 
 ``eval_fn`` runs on every rank after every ``eval_every_n_iter`` steps and once at the
 end (HybridBackend's ``EvaluationHook``); metric objects in its answer are turned into
-values with their ``result()``, which combines all ranks. ``history`` lists
+values with their ``result()``, which combines all ranks. With ``eval_steps=k``
+(HybridBackend's ``steps``) ``eval_fn`` evaluates one batch per call and is called ``k``
+times per evaluation; ``hb.metrics.auc``/``accuracy`` called in it accumulate over the
+``k`` batches (see ``hb.metrics.evaluate``). ``history`` lists
 ``(step, {name: value})``; rank 0 logs each evaluation.
 """
 
@@ -25,6 +28,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from persia.hb import metrics
 from persia.hb._context import context
 from persia.hb._ps import connection
 from shared.errors import InvalidInputError
@@ -47,15 +51,20 @@ def _positive(value: Any, field: str, allow_none: bool = True) -> int | None:
 
 
 class EvaluationHook:
-    """Call ``eval_fn`` every ``every_n_iter`` steps (and at the end); keep the results."""
+    """Call ``eval_fn`` every ``every_n_iter`` steps (and at the end); keep the results.
 
-    def __init__(self, eval_fn: EvalFn, every_n_iter: int | None = None):
+    ``steps``: ``None``, one call of ``eval_fn`` evaluates the whole set; ``k``, one
+    batch per call, ``k`` calls per evaluation (``hb.metrics.evaluate``).
+    """
+
+    def __init__(self, eval_fn: EvalFn, every_n_iter: int | None = None, steps: int | None = None):
         if not callable(eval_fn):
             raise InvalidInputError(
                 "eval_fn", "a callable returning {name: metric or number}", eval_fn
             )
         self.eval_fn = eval_fn
         self.every_n_iter = _positive(every_n_iter, "eval_every_n_iter")
+        self.steps = _positive(steps, "steps")
         self.history: list[tuple[int, dict[str, float]]] = []
         self._last = -1
 
@@ -67,15 +76,7 @@ class EvaluationHook:
         if step == self._last:
             return self.history[-1][1]
         connection.flush()  # evaluate the embeddings every step so far has trained
-        answer = self.eval_fn()
-        if not isinstance(answer, dict):
-            raise InvalidInputError(
-                "eval_fn()", "a dict of name -> metric or number", type(answer).__name__
-            )
-        values = {
-            str(name): float(v.result() if hasattr(v, "result") else v)
-            for name, v in answer.items()
-        }
+        values = metrics.evaluate(self.eval_fn, self.steps)
         self.history.append((step, values))
         self._last = step
         if context.is_chief:
@@ -90,19 +91,22 @@ def train_and_evaluate(
     eval_fn: EvalFn | None = None,
     eval_every_n_iter: int | None = None,
     max_steps: int | None = None,
+    eval_steps: int | None = None,
 ) -> list[tuple[int, dict[str, float]]]:
     """Run ``step_fn(batch)`` over ``data`` (at most ``max_steps``), evaluating as configured.
 
     Returns the evaluation history ``[(step, {name: value}), ...]`` (empty without
-    ``eval_fn``). Embedding gradients still in flight are flushed before each evaluation
-    and at the end.
+    ``eval_fn``). ``eval_steps``: see :class:`EvaluationHook`'s ``steps``. Embedding
+    gradients still in flight are flushed before each evaluation and at the end.
     """
     if not callable(step_fn):
         raise InvalidInputError("step_fn", "a callable taking one batch", step_fn)
     max_steps = _positive(max_steps, "max_steps")
-    hook = EvaluationHook(eval_fn, eval_every_n_iter) if eval_fn is not None else None
-    if hook is None and eval_every_n_iter is not None:
-        raise InvalidInputError("eval_fn", "a callable when eval_every_n_iter is given", None)
+    hook = EvaluationHook(eval_fn, eval_every_n_iter, eval_steps) if eval_fn is not None else None
+    if hook is None and (eval_every_n_iter is not None or eval_steps is not None):
+        raise InvalidInputError(
+            "eval_fn", "a callable when eval_every_n_iter or eval_steps is given", None
+        )
     step = 0
     for batch in data:
         if max_steps is not None and step >= max_steps:
