@@ -8,9 +8,15 @@
 - ``end_taskgraph``: EPL's last TaskGraph to checkpoint; a Pyrsia NN worker runs the
   whole dense model as one TaskGraph, so here it is the index of the last block (in
   forward order) to checkpoint; -1 = all.
-- ``check_gradients``: on the first training step, the gradients of the checkpointed
-  model are compared with a plain backward of the same inputs; the max difference is
-  logged (and kept in :attr:`GradientCheck.max_diff`).
+- ``check_gradients``: on the first training step (in ``ctx.forward``, before any
+  backward or optimizer step), the gradients of the checkpointed model are compared
+  with a plain backward of the same inputs; the max difference is logged (and kept in
+  :attr:`GradientCheck.max_diff`). A difference above the tolerance (``CHECK_ATOL`` +
+  ``CHECK_RTOL`` x the largest plain gradient) raises ``ConfigError`` naming both, so
+  no step is taken with wrong gradients: EPL refuses too (``epl/runtime/gc/
+  gradient_checkpoint.py`` asserts that the checkpointed and the plain gradients agree
+  when ``check_gradients`` is set). EPL compares the two gradient graphs (shapes, op
+  types); Pyrsia, which has no graph, compares their values on the first batch.
 
 Blocks are checkpointed in place (their ``forward`` is wrapped), so parameter names and
 checkpoints do not change; evaluation (no autograd) runs the plain forward.
@@ -32,6 +38,12 @@ from persia.epl.config import Config
 from shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
+
+CHECK_ATOL = 1e-6
+"""``check_gradients``: absolute part of the tolerance."""
+CHECK_RTOL = 1e-3
+"""``check_gradients``: relative part, times the largest plain gradient (bf16 autocast
+recomputes in the same precision, so a correct block differs by far less)."""
 
 _MARK = "_epl_gradient_checkpoint"
 _WRAPPED = "_epl_checkpointed"
@@ -137,6 +149,7 @@ class GradientCheck:
     def __init__(self, model: nn.Module):
         self.model = model
         self.max_diff: float | None = None
+        self.tolerance: float | None = None
 
     def __call__(self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]) -> None:
         def grads() -> list[torch.Tensor]:
@@ -167,7 +180,21 @@ class GradientCheck:
             ),
             default=0.0,
         )
+        scale = max((float(b.abs().max()) for b in plain if b.numel()), default=0.0)
+        self.tolerance = CHECK_ATOL + CHECK_RTOL * scale
         log.info(
-            "gradient_checkpoint.check_gradients: max |checkpointed - plain| gradient = %.3g",
-            self.max_diff,
-        )
+            "gradient_checkpoint.check_gradients: max |checkpointed - plain| gradient = %.3g "
+            "(tolerance %.3g)",
+            self.max_diff, self.tolerance,
+        )  # fmt: skip
+        if not self.max_diff <= self.tolerance:  # NaN fails too
+            raise ConfigError(
+                "gradient_checkpoint.check_gradients: the checkpointed model's gradients differ "
+                f"from a plain backward's: max difference {self.max_diff:.3g} > tolerance "
+                f"{self.tolerance:.3g} ({CHECK_ATOL:g} + {CHECK_RTOL:g} x the largest gradient "
+                f"{scale:.3g}); no step was taken. A checkpointed block is run again in backward "
+                "and must compute the same values: make its forward depend only on its inputs "
+                "and parameters (no state that changes per call; randomness through torch's "
+                "RNG), or leave it out of gradient_checkpoint (type / end_taskgraph / "
+                "persia.epl.add_to_collection)"
+            )
