@@ -62,6 +62,11 @@ class PersiaBatch:
         batch_size: defaults to the first id feature's; every part must match; 1..65535.
         requires_grad: whether the embeddings of this batch are trained.
         meta: opaque bytes handed to the training loop, or None.
+
+    The batch owns its data from construction on (each feature keeps a read-only copy), so
+    a data loader may refill the same numpy buffers for the next batch as soon as this
+    constructor returns, before or after ``DataCtx.send_data``: what was passed here is
+    what trains. PERSIA's Rust ``_PersiaBatch`` copies at construction the same way.
     """
 
     def __init__(
