@@ -10,12 +10,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import persia.hb as hb
 from shared.errors import InvalidInputError
+from tests.redis_server import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -199,3 +207,73 @@ def test_named_functional_metrics_are_told_apart():
     values = hb.train.EvaluationHook(two_heads, steps=2).evaluate(1)
     assert values["a"] == pytest.approx(rank_statistic_auc(y, p), abs=1e-12)
     assert values["b"] == pytest.approx(1 - rank_statistic_auc(y, p), abs=1e-12)
+
+
+# --- on two gloo ranks: the union of both ranks' steps, scores 1e-9 apart kept apart ----
+
+RANK_STEPS = 3
+
+
+def rank_batches(rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rank ``rank``'s 3 evaluation batches; the ranks' first scores differ by 1e-9."""
+    rng = np.random.default_rng(100 + rank)
+    batches = []
+    for _ in range(RANK_STEPS):
+        labels = (rng.random(40) < 0.4).astype(np.int64)
+        scores = np.clip(0.2 * labels + rng.normal(0.5, 0.2, 40), 0, 1)
+        scores[0], labels[0] = 0.7 + 1e-9 * rank, rank
+        batches.append((labels, scores))
+    return batches
+
+
+RANK_SCRIPT = """
+import json, sys
+from torch.utils.data import IterableDataset
+import persia.hb as hb
+sys.path.insert(0, sys.argv[2])
+from test_hb_metrics_correct import RANK_STEPS, rank_batches
+
+rank = hb.context.rank
+pending = iter(rank_batches(rank))
+
+def eval_fn():
+    y, p = next(pending)
+    return {"auc": hb.metrics.auc(y, p)}
+
+values = hb.train.EvaluationHook(eval_fn, steps=RANK_STEPS).evaluate(1)
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(41))
+
+evals = [b.tolist() for b in hb.data.make_one_shot_iterator(
+    Stream(), batch_size=4, num_workers=2, drop_remainder=False)]
+synced = [b.tolist() for b in hb.data.make_one_shot_iterator(Stream(), batch_size=4, num_workers=2)]
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump({"auc": values["auc"], "eval": evals, "synced": synced}, f)
+hb.context.destroy_process_group()
+"""
+
+
+def test_two_ranks_steps_auc_is_the_union_and_workers_share_the_stream(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "2", "--master-port",
+         str(free_port()), sys.executable, str(script), str(tmp_path), str(repo / "tests")],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    parts = rank_batches(0) + rank_batches(1)
+    labels = np.concatenate([y for y, _ in parts])
+    scores = np.concatenate([p for _, p in parts])
+    reference = rank_statistic_auc(labels, scores)  # all 2 x 3 batches, float64
+    assert [r["auc"] for r in ranks] == [pytest.approx(reference, abs=1e-12)] * 2
+    evaluated = Counter(x for r in ranks for batch in r["eval"] for x in batch)
+    assert evaluated == Counter(range(41))  # 2 ranks x 2 workers: each sample once
+    assert len(ranks[0]["synced"]) == len(ranks[1]["synced"])  # stopped together
+    synced = Counter(x for r in ranks for batch in r["synced"] for x in batch)
+    assert max(synced.values()) == 1 and set(synced) <= set(range(41))
