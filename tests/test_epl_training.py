@@ -332,15 +332,6 @@ def test_zero_restrictions_are_clear_errors(extra, message):
         make_ctx(DeepModel(), epl.Config({"zero.level": "v1", **extra}, environ={}))
 
 
-def test_pipeline_stages_on_one_rank_run_as_micro_batches(caplog):
-    with caplog.at_level(logging.INFO, logger="persia.epl.plan"):
-        ctx = make_ctx(
-            DeepModel(),
-            epl.Config({"pipeline.num_stages": 2, "pipeline.num_micro_batch": 2}, environ={}),
-        )
-    assert isinstance(ctx.model, EplModel) and "stages run in this process" in caplog.text
-
-
 def test_init_config_reaches_trainctx_and_epl_config_wins():
     config = epl.init(epl.Config({"optimizer.num_apply_group": 2}, environ={}))
     ctx = make_ctx(DeepModel())

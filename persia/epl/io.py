@@ -10,6 +10,13 @@ loader reads every file. When the files do not divide evenly:
 - neither: an error (EPL's default is balanced slicing).
 
 Fewer files than loaders is always an error under slicing (a loader would read nothing).
+
+These keys act only through :func:`slice_files` / :class:`FileListDataset`, called by
+the data loader's script: EPL slices the files of its own dataset ops, Pyrsia's data
+loaders read files themselves. So a key that nothing reads is reported: a ``TrainCtx``
+whose config sets ``io.*`` warns at construction that the NN worker does not read them,
+and a process whose ``persia.epl.init`` set them but never called ``slice_files`` warns
+at exit.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from persia.epl.config import Config
-from persia.epl.state import current_config
+from persia.epl.state import current_config, note_io_read
 from shared.errors import ConfigError, InvalidInputError
 
 
@@ -48,6 +55,7 @@ def slice_files(
             "replica_index", f"an integer in [0, {replica_size})", replica_index
         )
     config = config or current_config() or Config()
+    note_io_read()
     files = list(files)
     if not config.io.slicing:
         return files

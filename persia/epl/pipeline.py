@@ -14,7 +14,10 @@ given.
 
 Inside ``TrainCtx`` every NN-worker rank receives its own batches from the data loaders
 (data parallelism), so pipelining across ranks is offered here for custom loops: see
-:class:`PipelineRunner`. With one rank, ``TrainCtx`` runs the micro-batches in order.
+:class:`PipelineRunner`. A ``TrainCtx`` whose config sets ``pipeline.num_stages`` > 1
+refuses at construction, on one rank as on several (EPL puts each stage on its own
+device; a TrainCtx rank holds the whole model), with an error that names the key and
+these two ways out: ``pipeline.num_micro_batch`` alone, or this runner.
 """
 
 from __future__ import annotations

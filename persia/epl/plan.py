@@ -9,6 +9,12 @@
 - ``ctx.distributed_option``: an :class:`EplDistributedOption` that builds DDP with the
   ``communication.*`` settings and shards the optimizer for ``zero.level`` once the
   process group exists (WORLD_SIZE > 1).
+
+Refused at once (``ConfigError``), before the user's model is touched: ZeRO's conflicts
+(:func:`persia.epl.zero.check_zero_restrictions`) and ``pipeline.num_stages`` > 1
+(:func:`check_no_stages`). Set but not read by a TrainCtx, and warned about with what
+reads them: ``io.*`` (data loaders), ``pipeline.strategy`` and ``auto.auto_parallel``
+(:class:`persia.epl.pipeline.PipelineRunner`).
 """
 
 from __future__ import annotations
@@ -26,10 +32,46 @@ from persia.epl.amp import EplPrecision
 from persia.epl.config import KEYS, Config
 from persia.epl.microbatch import EplModel
 from persia.epl.optimizer import GroupedApplyOptimizer
-from persia.epl.state import current_clip_norm, current_config
+from persia.epl.state import current_clip_norm, current_config, note_io_reported
 from shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
+
+
+_IO_READER = (
+    "io.* are read in data_loader.py by persia.epl.slice_files / persia.epl.FileListDataset "
+    "(each data loader's share of the files)"
+)
+_PIPELINE_READER = (
+    "pipeline.strategy and auto.auto_parallel are read by persia.epl.pipeline.PipelineRunner "
+    "(stages on ranks, in a custom loop)"
+)
+NOT_READ_BY_TRAINCTX = {
+    "io.slicing": _IO_READER,
+    "io.unbalanced_io_slicing": _IO_READER,
+    "io.drop_last_files": _IO_READER,
+    "pipeline.strategy": _PIPELINE_READER,
+    "auto.auto_parallel": _PIPELINE_READER,
+}
+"""Keys a TrainCtx does not read, and what does: set in its config, they are warned about."""
+
+
+def check_no_stages(config: Config) -> None:
+    """``pipeline.num_stages`` > 1 cannot be honoured by a TrainCtx: a clear error.
+
+    EPL places each stage on its own device and streams micro-batches through them;
+    a TrainCtx rank holds the whole dense model and gets its own batches from the data
+    loaders (data parallelism), so it has no stages to place, on one rank or several.
+    """
+    stages = config.pipeline.num_stages or 1
+    if stages > 1:
+        raise ConfigError(
+            f"pipeline.num_stages={stages}: TrainCtx trains the whole dense model on each "
+            "NN-worker rank (every rank gets its own batches from the data loaders), so it "
+            'cannot split it into stages. Drop "pipeline.num_stages" (or set it to 1); for '
+            'micro-batches use "pipeline.num_micro_batch"; to run stages on ranks, use '
+            "persia.epl.pipeline.PipelineRunner in a custom training loop (one rank per stage)"
+        )
 
 
 class EplPlan:
@@ -50,6 +92,7 @@ class EplPlan:
     def install(self, ctx: Any) -> None:
         config = self.config
         zero.check_zero_restrictions(config)
+        check_no_stages(config)  # before any change to the user's model
         if config.communication.sparse_as_dense:
             communication.densify_sparse_layers(self.user_model)
         self.offloaded = offload.apply_offload(self.user_model, config, self.device_id)
@@ -62,16 +105,15 @@ class EplPlan:
             else:
                 self.gradient_check = checkpointing.GradientCheck(self.user_model)
         micro = config.pipeline.num_micro_batch
-        stages = config.pipeline.num_stages or 1
-        if stages > 1:
-            log.info(
-                "pipeline.num_stages=%d (%s): on one NN-worker rank the stages run in this process, "
-                "one micro-batch after the other (num_micro_batch=%d)", stages, config.pipeline.strategy, micro,
-            )  # fmt: skip
-        if config.auto.auto_parallel:
-            log.info(
-                "auto.auto_parallel: stage partitioning applies to persia.epl.pipeline; no effect on TrainCtx's data parallelism"
+        unread = sorted(k for k in config.non_default() if k in NOT_READ_BY_TRAINCTX)
+        if unread:
+            log.warning(
+                "%s: not read by TrainCtx (the NN worker); %s",
+                ", ".join(unread),
+                "; ".join(dict.fromkeys(NOT_READ_BY_TRAINCTX[k] for k in unread)),
             )
+            if any(k.startswith("io.") for k in unread):
+                note_io_reported()
         if micro > 1 or self.gradient_check is not None:
             ctx.model = EplModel(self.user_model, micro, self.gradient_check)
         precision = EplPrecision(config, self.device_id, ctx._precision)
@@ -116,12 +158,6 @@ class EplPlan:
         """DDP with the communication settings; ZeRO for the optimizer."""
         config = self.config
         self.world_size = world_size
-        if (config.pipeline.num_stages or 1) > 1:
-            raise ConfigError(
-                "pipeline.num_stages > 1 across NN-worker ranks is not supported inside TrainCtx "
-                "(each rank trains its own batches from the data loaders); use persia.epl.pipeline "
-                "in a custom loop, or pipeline.num_micro_batch alone"
-            )
         inner = model.runner if isinstance(model, EplModel) else model
         defer = self.clip_norm is not None and not config.communication.clip_after_allreduce
         self.reduce_state = communication.ReduceState.from_config(config, world_size, defer)

@@ -6,16 +6,22 @@ Nothing is read from the environment at import: ``init()`` without a config buil
 
 from __future__ import annotations
 
+import atexit
 import logging
 
 from persia.epl.cluster import apply_cluster_config
-from persia.epl.config import Config
+from persia.epl.config import KEYS, Config
 from shared.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 
 _current: Config | None = None
 _clip_norm: float | None = None
+_io_read = False  # slice_files / FileListDataset ran in this process
+_io_reported = False  # a TrainCtx already said that it does not read io.*
+_exit_check_registered = False
+
+IO_KEYS = ("io.slicing", "io.unbalanced_io_slicing", "io.drop_last_files")
 
 
 def init(config: Config | None = None) -> Config:
@@ -32,7 +38,44 @@ def init(config: Config | None = None) -> Config:
     apply_cluster_config(config)
     _current = config
     log.info("EPL config: %r", config)
+    _watch_io_keys(config)
     return config
+
+
+def _watch_io_keys(config: Config) -> None:
+    """io.* set in ``init``: at exit, warn if nothing in this process read them."""
+    global _exit_check_registered
+    if _exit_check_registered or not any(config.get(k) != KEYS[k].default for k in IO_KEYS):
+        return
+    _exit_check_registered = True
+    atexit.register(_warn_unread_io_keys)
+
+
+def _warn_unread_io_keys() -> None:
+    config = _current
+    if config is None or _io_read or _io_reported:
+        return
+    keys = [k for k in IO_KEYS if config.get(k) != KEYS[k].default]
+    if keys:
+        log.warning(
+            "%s set in persia.epl.init but never read in this process: io.* take effect only "
+            "where data_loader.py calls persia.epl.slice_files(files) or "
+            "persia.epl.FileListDataset(files, read), which pick each data loader's share of "
+            "the files; without them every data loader read what it read before",
+            ", ".join(keys),
+        )
+
+
+def note_io_read() -> None:
+    """Called by :func:`persia.epl.slice_files`: the io.* keys were read in this process."""
+    global _io_read
+    _io_read = True
+
+
+def note_io_reported() -> None:
+    """Called by a TrainCtx's plan after warning that it does not read io.*."""
+    global _io_reported
+    _io_reported = True
 
 
 def current_config() -> Config | None:
@@ -61,5 +104,5 @@ def current_clip_norm() -> float | None:
 
 def reset() -> None:
     """Forget the config and clip norm set by :func:`init` (tests; a job calls init once)."""
-    global _current, _clip_norm
-    _current, _clip_norm = None, None
+    global _current, _clip_norm, _io_read, _io_reported
+    _current, _clip_norm, _io_read, _io_reported = None, None, False, False
