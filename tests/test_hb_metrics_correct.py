@@ -88,6 +88,14 @@ def test_accuracy_with_a_threshold_is_binary_and_refuses_other_labels():
         hb.metrics.Accuracy(threshold=float("nan"))
 
 
+def test_functional_settings_are_keyword_only():
+    """HB's third positional argument is ``weights``: a ported call must not set a threshold."""
+    with pytest.raises(TypeError):
+        hb.metrics.accuracy([0, 1], [0, 1], 1.0)
+    with pytest.raises(TypeError):
+        hb.metrics.auc([0, 1], [0.2, 0.8], 2)
+
+
 def test_auc_refuses_labels_other_than_0_and_1():
     with pytest.raises(InvalidInputError, match=r"labels: expected 0 or 1"):
         hb.metrics.auc([0, 0.3, 1], [0.1, 0.2, 0.3])

@@ -384,14 +384,16 @@ def _functional(name: str | None, config: tuple[Any, ...], make: Callable[[], Me
 
 
 def auc(
-    labels: Any, predictions: Any, num_thresholds: int | None = None, *, name: str | None = None
+    labels: Any, predictions: Any, *, num_thresholds: int | None = None, name: str | None = None
 ) -> AUC:
     """HybridBackend's ``hb.metrics.auc``: update the evaluation's :class:`AUC` with a batch.
 
     Inside an evaluation the returned metric accumulates every call from this call site
     (or with this ``name``) since the evaluation began; outside one it is a fresh metric
     holding this batch (see :class:`Evaluation`). ``num_thresholds=None`` (exact) is
-    Pyrsia's default; HB's is 200 buckets.
+    Pyrsia's default; HB's is 200 buckets. Settings are keyword-only: HB's third
+    positional argument is ``weights``, which Pyrsia does not take, so a call ported
+    with one is refused instead of read as a setting.
     """
     metric = _functional(name, ("auc", num_thresholds), lambda: AUC(num_thresholds))
     metric.update(labels, predictions)
@@ -399,12 +401,13 @@ def auc(
 
 
 def accuracy(
-    labels: Any, predictions: Any, threshold: float | None = None, *, name: str | None = None
+    labels: Any, predictions: Any, *, threshold: float | None = None, name: str | None = None
 ) -> Accuracy:
     """HybridBackend's ``hb.metrics.accuracy``: update the evaluation's :class:`Accuracy`.
 
     Class ids compared for equality (``threshold=None``), or binary scores ``p >
-    threshold`` against 0/1 labels; accumulation as for :func:`auc`.
+    threshold`` against 0/1 labels; accumulation and keyword-only settings as for
+    :func:`auc`.
     """
     metric = _functional(name, ("accuracy", threshold), lambda: Accuracy(threshold))
     metric.update(labels, predictions)
@@ -421,7 +424,14 @@ def evaluate(eval_fn: Callable[[], Any], steps: int | None = None) -> dict[str, 
     metrics by their ``result()`` (which combines all ranks), numbers as they are (a
     number is the last step's). Refused: an ``eval_fn`` that runs out of data before
     step ``k`` (``StopIteration``), and one that answers a new metric object at each
-    step (it would hold the last batch only).
+    step (it would hold the last batch only). A metric object made outside ``eval_fn``
+    and updated in it is the user's: it keeps accumulating across evaluations until its
+    ``reset()``.
+
+    Where Pyrsia differs from HB's ``EvaluationHook(fn, steps=100, ...)``: the default
+    is ``None``, and ``None`` means one call that evaluates everything (HB: one batch per
+    call until the evaluation data ends); ``eval_fn`` answers metrics and numbers
+    rather than HB's ``(update_op, metrics, hooks)``.
     """
     with Evaluation(steps) as evaluation:
         answer: Any = None
@@ -452,8 +462,8 @@ def evaluate(eval_fn: Callable[[], Any], steps: int | None = None) -> dict[str, 
                         "eval_fn()",
                         f"the same metric object for {key!r} at each of the {steps} steps (a "
                         f"metric made inside eval_fn holds only its own step's batch: use "
-                        f"hb.metrics.auc()/accuracy(), which accumulate over the steps, or "
-                        f"make the metric once outside eval_fn)",
+                        f"hb.metrics.auc()/accuracy(), which accumulate over the steps and "
+                        f"start from zero at each evaluation)",
                         f"a new metric object at step {step + 1}",
                     )
                 held[key] = value
