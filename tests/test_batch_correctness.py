@@ -2,6 +2,8 @@
 
 - A loader that refills one numpy buffer per batch sends each batch's own ids, dense
   values and labels (``PersiaBatch`` owns copies of its arrays from construction on).
+- Non-finite labels and float dense features are refused by ``PersiaBatch`` and by the NN
+  worker's ingress (``DensePart.from_wire``), naming the field, its name and the first bad row.
 - Non-negative signed integer ids (and unsigned ids narrower than 64 bits) become uint64;
   negative, float and bool ids are refused naming the slot, the sample and the value.
 """
@@ -27,8 +29,10 @@ from persia.embedding.data import (
 )
 from persia.embedding.optim import SGD
 from shared.errors import InvalidInputError
+from shared.http_client import HttpClient, RemoteBadRequestError
 from shared.registry import Registry, RegistrySettings
-from shared.wire.batch import IDPart
+from shared.wire.batch import DenseArray, DensePart, IDPart
+from shared.wire.ingress import IngressBatch
 from tests.nn_helpers import environ, job_services
 
 SLOT_A = """\
@@ -222,3 +226,88 @@ def test_non_arrays_and_2d_ids_are_refused():
         IDTypeFeature("t", [[1, 2]])
     with pytest.raises(InvalidInputError, match=r"shape \(2, 2\)"):
         IDTypeFeatureWithSingleID("a", np.zeros((2, 2), np.int64))
+
+
+# --------------------------------------------------------------------------- item 2: finite values
+
+
+def _dense_batch(dense: np.ndarray, label: np.ndarray) -> PersiaBatch:
+    return PersiaBatch(
+        [IDTypeFeatureWithSingleID("a", np.arange(len(label), dtype=np.uint64))],
+        non_id_type_features=[
+            NonIDTypeFeature(np.zeros((len(label), 1), np.float32), name="ok"),
+            NonIDTypeFeature(dense, name="price"),
+        ],
+        labels=[Label(label)],
+    )
+
+
+def test_a_nan_label_is_refused_naming_the_label_and_row():
+    label = np.zeros((6, 1), np.float32)
+    label[3, 0] = label[5, 0] = np.nan
+    with pytest.raises(InvalidInputError, match=r"row 3 \(2 of 6 rows") as e:
+        _dense_batch(np.zeros((6, 2), np.float32), label)
+    assert e.value.field == "labels[0] ('label_anonymous')"
+    assert "nan" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_non_finite_dense_feature_is_refused_naming_it_and_row(value, dtype):
+    dense = np.ones((5, 2, 3), dtype)
+    dense[4, 1, 2] = value
+    with pytest.raises(InvalidInputError, match=r"got -?(inf|nan) in row 4 \(1 of 5 rows") as e:
+        _dense_batch(dense, np.zeros((5, 1), np.float32))
+    assert e.value.field == "non_id_type_features[1] ('price')"
+
+
+def test_integer_and_finite_float_parts_are_accepted():
+    dense = np.full((3, 2), np.finfo(np.float32).max, np.float32)  # large but finite
+    batch = _dense_batch(dense, np.zeros((3, 1), np.float32))
+    assert batch.non_id_type_features[1].data.max() == np.finfo(np.float32).max
+    PersiaBatch(
+        [IDTypeFeatureWithSingleID("a", np.arange(3, dtype=np.uint64))],
+        labels=[Label(np.array([[0], [1], [2]], np.int64))],
+    )
+
+
+def _ingress_body(label: np.ndarray, dense: np.ndarray, name: str | None) -> dict:
+    """A dense half built without PersiaBatch, as a batch that bypasses its checks arrives."""
+    part = DensePart(len(label), (DenseArray("price", dense),), (DenseArray(name, label),), None)
+    return IngressBatch(loader=0, batch_id=0, worker=0, dense=part).to_wire()
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("label", "dense.labels[0].data ('click')"),
+        ("dense", "dense.non_id_type_features[0].data ('price')"),
+    ],
+)
+async def test_ingress_answers_400_naming_a_non_finite_label_or_feature(
+    registry_settings, where, field
+):
+    queue = BatchQueue(2, rank=0, world_size=1)
+    ingress = Ingress(queue, registry_settings=registry_settings)
+    address = await ingress.start()
+    client = HttpClient(retries=0)
+    try:
+        label, dense = np.zeros((4, 1), np.float32), np.zeros((4, 2), np.float64)
+        (label if where == "label" else dense)[2, 0] = np.inf
+        with pytest.raises(RemoteBadRequestError, match=r"row 2") as info:
+            await client.call(f"http://{address}/ingress", _ingress_body(label, dense, "click"))
+        assert info.value.peer_status == 400
+        assert info.value.field == field
+        assert len(queue) == 0  # nothing reached the training loop
+    finally:
+        await client.close()
+        await ingress.stop()
+
+
+def test_wire_check_names_an_unnamed_label_by_index():
+    label = np.zeros((2, 1), np.float32)
+    label[1] = np.nan
+    with pytest.raises(InvalidInputError) as e:
+        IngressBatch.from_wire(_ingress_body(label, np.zeros((2, 2)), None))
+    assert e.value.field == "dense.labels[0].data"
+    assert "row 1" in str(e.value)

@@ -12,8 +12,8 @@ Every feature owns its arrays from construction on: the caller's arrays are copi
 (read-only copies), so refilling one buffer per batch after ``PersiaBatch(...)`` returns
 changes nothing already built or sent. This is PERSIA's contract too: its ``PersiaBatch``
 hands each array to the Rust ``_PersiaBatch`` (``persia/embedding/data.py``), which copies
-it into buffers of its own at construction. The copy costs about 0.2 us per kB (a
-Census-sized batch, 1,024 rows and 33 single-id slots: see ``tests/test_batch_correctness.py``).
+it into buffers of its own at construction. The copies cost about 40 us for a
+Census-sized batch (1,024 rows, 33 single-id slots, 13 float32 dense columns, a label).
 
 Ids may come as uint64 (PERSIA's only dtype), as any signed integer dtype (int8 .. int64)
 or as an unsigned one narrower than 64 bits; they are checked non-negative with one

@@ -36,7 +36,7 @@ from persia.embedding._features import (
 )
 from shared import codec
 from shared.errors import InvalidInputError
-from shared.wire.batch import DensePart, IDPart, check_batch_size, check_unique
+from shared.wire.batch import DensePart, IDPart, check_batch_size, check_finite, check_unique
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -59,6 +59,10 @@ class PersiaBatch:
         id_type_features: at least one :class:`IDTypeFeature` / :class:`IDTypeFeatureWithSingleID`.
         non_id_type_features: dense inputs, optional.
         labels: targets; required when ``requires_grad`` (PERSIA raises RuntimeError too).
+            Float labels and float dense features must be finite: a NaN or an infinity is
+            refused here (:class:`~shared.errors.InvalidInputError` naming the feature, its
+            index and name, and the first bad row), since one such batch makes every dense
+            parameter NaN. PERSIA does not check this; Pyrsia refuses rather than train on it.
         batch_size: defaults to the first id feature's; every part must match; 1..65535.
         requires_grad: whether the embeddings of this batch are trained.
         meta: opaque bytes handed to the training loop, or None.
@@ -105,6 +109,9 @@ class PersiaBatch:
                     raise InvalidInputError(
                         f"{field}[{i}] ({item.name})", f"batch size {size}", item.batch_size
                     )
+        for field, items in (("non_id_type_features", dense), ("labels", label_list)):
+            for i, item in enumerate(items):  # one vectorized pass per feature
+                check_finite(item.data, f"{field}[{i}] ({item.name!r})")
         check_unique([f.name for f in id_features], "id_type_features")
         check_unique([f._name for f in dense], "non_id_type_features")
         check_unique([f._name for f in label_list], "labels")

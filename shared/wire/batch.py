@@ -14,6 +14,9 @@ they are (read-only views of the request body: no copy)::
                "non_id_type_features": [{"name": str | None, "data": ndarray (batch_size, ...)}],
                "labels": [{"name": str | None, "data": ndarray (batch_size, ...)}]}
 
+Float dense features and labels must be finite (:func:`check_finite`): a NaN or an
+infinity is refused with the field, the feature's name and the first bad row.
+
 Keys other than these are ignored (a whole ``PersiaBatch.to_wire()`` carries both halves).
 """
 
@@ -65,6 +68,36 @@ def bad_array(field: str, expected: str, value: Any) -> InvalidInputError:
     """The error for a value that is not the array expected (dtype and shape in the message)."""
     return InvalidInputError(
         field, expected, message=f"{field}: expected {expected}, got {describe(value)}"
+    )
+
+
+def check_finite(data: np.ndarray, field: str) -> None:
+    """Refuse a float array holding NaN or infinity, naming ``field`` and the first bad row.
+
+    One batch with a NaN label or an infinite dense value turns every dense parameter NaN
+    at its first optimizer step, and training then goes on printing NaN losses; so the
+    batch is refused where it is built (``PersiaBatch``) and again where an NN worker
+    receives it (:meth:`DensePart.from_wire`, a 400). Integer and bool arrays cannot hold
+    either. One ``np.isfinite`` pass over the array (about 4 us for a Census-sized batch's
+    (1024, 13) float32 features and its labels); the row search runs only on a bad batch.
+    """
+    if data.dtype.kind != "f":
+        return
+    finite = np.isfinite(data)
+    if finite.all():
+        return
+    rows_ok = finite.reshape(len(data), -1).all(axis=1)
+    row = int(np.argmax(~rows_ok))
+    values = data.reshape(len(data), -1)[row]
+    value = values[~np.isfinite(values)][0]
+    raise InvalidInputError(
+        field,
+        "finite numbers",
+        float(value),
+        message=f"{field}: expected finite numbers, got {value} in row {row} "
+        f"({int(np.count_nonzero(~rows_ok))} of {len(data)} rows hold NaN or infinity); "
+        "one such batch turns every dense parameter NaN: drop or impute those rows "
+        "in the data loader",
     )
 
 
@@ -159,6 +192,7 @@ class DenseArray:
             raise InvalidInputError(
                 f"{field}.data", f"{batch_size} rows (the batch size)", data.shape[0]
             )
+        check_finite(data, f"{field}.data" if name is None else f"{field}.data ({name!r})")
         return cls(name, data)
 
     def to_wire(self) -> dict[str, Any]:
