@@ -216,6 +216,14 @@ def test_named_functional_metrics_are_told_apart():
     assert values["a"] == pytest.approx(rank_statistic_auc(y, p), abs=1e-12)
     assert values["b"] == pytest.approx(1 - rank_statistic_auc(y, p), abs=1e-12)
 
+    def one_name_two_kinds():
+        return {"a": hb.metrics.auc(y, p, name="a"), "b": hb.metrics.accuracy(y, y, name="a")}
+
+    with pytest.raises(InvalidInputError, match="name: expected one kind and setting"):
+        hb.train.EvaluationHook(one_name_two_kinds, steps=1).evaluate(1)
+    with pytest.raises(InvalidInputError, match="name: expected a non-empty string"):
+        hb.metrics.auc(y, p, name="")
+
 
 # --- on two gloo ranks: the union of both ranks' steps, scores 1e-9 apart kept apart ----
 
