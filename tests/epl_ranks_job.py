@@ -183,16 +183,16 @@ def clip() -> dict:
     out = {}
     for after in (True, False):
         m = model()
-        epl.clip_by_global_norm(0.05)
         ctx = distributed(
             {"communication.clip_after_allreduce": after},
             m,
             torch.optim.SGD(m.parameters(), lr=1.0),
         )
-        state.reset()
+        epl.clip_by_global_norm(0.05)  # registered after the TrainCtx is built
         before = params(m)
         step(ctx, seed=RANK, scale_loss=10.0 * (RANK + 1))  # rank 1's gradients are twice rank 0's
         apply(ctx)
+        state.reset()
         out[after] = before - params(m)
         # local, unclipped gradients of this rank, for the expected values
         ref = model()

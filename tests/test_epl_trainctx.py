@@ -14,6 +14,7 @@ from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import SGD
 from persia.epl import state
 from persia.epl.microbatch import EplModel
+from shared.errors import ConfigError
 from tests.nn_helpers import PooledModel, SmallModel, environ, job_services, make_batch
 
 
@@ -108,3 +109,13 @@ def test_epl_init_job_trains_and_checkpoints_the_plain_model(job, tmp_path):
     assert saved.keys() == start.keys()  # the user's model, not the EPL wrapper
     assert any(not torch.equal(saved[k], start[k]) for k in start)
     assert all(np.isfinite(losses))
+
+
+def test_clip_by_global_norm_inside_a_trainctx_without_epl_is_refused(job):
+    model = PooledModel()
+    with TrainCtx(SGD(lr=0.5), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                  mixed_precision=False) as ctx:  # fmt: skip
+        assert ctx.epl_plan is None  # no EPL config, no norm: no clipping step
+        with pytest.raises(ConfigError, match=r"clip_by_global_norm.*before TrainCtx"):
+            epl.clip_by_global_norm(1.0)
+    assert state.current_clip_norm() is None

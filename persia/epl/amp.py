@@ -41,6 +41,7 @@ class EplPrecision(Precision):
     def __init__(self, config: Config, device_id: int | None, fallback: Precision):
         self.debug = bool(config.amp.debug_log)
         self.clip = None  # set by the plan: a callable(optimizer) run on unscaled gradients
+        self.clip_active = lambda: self.clip is not None  # the plan's: clip this step?
         self.steps = 0
         if config.amp.level != "O1":
             # amp off: keep TrainCtx's own mixed_precision behaviour
@@ -62,15 +63,16 @@ class EplPrecision(Precision):
     def step(self, optimizer: torch.optim.Optimizer, finite: bool, shrink_factor: float) -> None:
         """Unscale, clip (``communication.clip_after_allreduce``), step, update the scale."""
         self.steps += 1
+        clip = self.clip is not None and self.clip_active()
         if self.scaler is None:
-            if self.clip is not None:
+            if clip:
                 self.clip(optimizer)
             optimizer.step()
             if self.debug:
                 log.info("amp debug: step %d, no loss scaling (%s)", self.steps, self.dtype)
             return
         scale = float(self.scaler.get_scale())
-        if self.clip is not None:
+        if clip:
             self.scaler.unscale_(optimizer)
             self.clip(optimizer)
         self.scaler.step(optimizer)

@@ -14,11 +14,14 @@
 - ``clip_after_allreduce``: where :func:`persia.epl.clip_by_global_norm` clips. True: the
   all-reduced gradients; False (EPL's default): each rank's local gradients, then the
   reduction runs at the optimizer step (the DDP hook hands back the local bucket).
+  The hook asks at every bucket whether a norm is registered, so a norm registered (or
+  removed) after the TrainCtx was built applies from the next backward.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,17 +62,20 @@ class ReduceState:
     mean: bool
     fp16: bool
     fp16_scale: float
-    defer: bool = False  # local clipping first: reduce at the optimizer step instead
+    should_defer: Callable[[], bool] = lambda: False  # asked per bucket: clip locally first?
+    deferred: bool = False  # this step's buckets were handed back unreduced (reduce_now owes them)
     buckets_seen: int = 0
     groups_used: set = field(default_factory=set)
 
     @classmethod
-    def from_config(cls, config: Config, world_size: int, defer: bool) -> ReduceState:
+    def from_config(
+        cls, config: Config, world_size: int, should_defer: Callable[[], bool]
+    ) -> ReduceState:
         comm = config.communication
         everyone = list(range(world_size))
         groups = [dist.new_group(ranks=everyone) for _ in range(comm.num_communicators)]
         return cls(groups, world_size, comm.gradients_reduce_method == "mean", comm.fp16,
-                   float(comm.fp16_scale), defer)  # fmt: skip
+                   float(comm.fp16_scale), should_defer)  # fmt: skip
 
     def reduce_async(self, tensor: torch.Tensor, index: int) -> torch.futures.Future:
         """All-reduce ``tensor`` in place on communicator ``index mod n``."""
@@ -91,6 +97,7 @@ class ReduceState:
 
     def reduce_now(self, params: list[torch.Tensor]) -> None:
         """Deferred mode: all-reduce the (clipped) local gradients before the step."""
+        self.deferred = False
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return
@@ -105,7 +112,8 @@ class ReduceState:
 def reduce_hook(state: ReduceState, bucket: dist.GradBucket) -> torch.futures.Future:
     """DDP communication hook: mean/sum, fp16, communicator pool; or hand back local grads."""
     state.buckets_seen += 1
-    if state.defer:
+    if state.should_defer():
+        state.deferred = True
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut

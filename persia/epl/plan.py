@@ -84,7 +84,6 @@ class EplPlan:
         self.checkpointed: list[nn.Module] = []
         self.offloaded = False
         self.gradient_check: checkpointing.GradientCheck | None = None
-        self.clip_norm = current_clip_norm()
         self.reduce_state: communication.ReduceState | None = None
         self.world_size = 1
 
@@ -117,11 +116,11 @@ class EplPlan:
         if micro > 1 or self.gradient_check is not None:
             ctx.model = EplModel(self.user_model, micro, self.gradient_check)
         precision = EplPrecision(config, self.device_id, ctx._precision)
-        if self.clip_norm is not None:
-            precision.clip = self._clip
-        elif config.communication.clip_after_allreduce:
+        precision.clip, precision.clip_active = self._clip, self._clip_active
+        if config.communication.clip_after_allreduce and current_clip_norm() is None:
             log.warning(
-                "communication.clip_after_allreduce: no clipping set (persia.epl.clip_by_global_norm), no effect"
+                "communication.clip_after_allreduce has no effect until a norm is registered "
+                "with persia.epl.clip_by_global_norm(max_norm) (it then applies from the next step)"
             )
         ctx._precision, ctx.grad_scaler = precision, precision.scaler
         if config.optimizer.num_apply_group > 1:
@@ -143,14 +142,20 @@ class EplPlan:
             )
         log.info("EPL plan installed: %r", config)
 
+    def _clip_active(self) -> bool:
+        """Whether this step's gradients need :meth:`_clip` (a norm, or a reduction owed)."""
+        state = self.reduce_state
+        return current_clip_norm() is not None or (state is not None and state.deferred)
+
     def _clip(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip to the norm registered now (read at every step, so a later call applies)."""
+        norm = current_clip_norm()
         params = [p for g in optimizer.param_groups for p in g["params"]]
         state = self.reduce_state
-        if state is not None and state.defer:
-            communication.clip_by_norm(params, self.clip_norm)  # local gradients first
+        if norm is not None:
+            communication.clip_by_norm(params, norm)  # local gradients first when deferred
+        if state is not None and state.deferred:
             state.reduce_now(params)
-        else:
-            communication.clip_by_norm(params, self.clip_norm)
 
     # --- data parallel (TrainCtx._enter, WORLD_SIZE > 1) ----------------------------------
     def distribute(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, world_size: int,
@@ -159,8 +164,10 @@ class EplPlan:
         config = self.config
         self.world_size = world_size
         inner = model.runner if isinstance(model, EplModel) else model
-        defer = self.clip_norm is not None and not config.communication.clip_after_allreduce
-        self.reduce_state = communication.ReduceState.from_config(config, world_size, defer)
+        after = config.communication.clip_after_allreduce
+        self.reduce_state = communication.ReduceState.from_config(
+            config, world_size, lambda: not after and current_clip_norm() is not None
+        )
         device_ids = None if (device_id is None or self.offloaded) else [device_id]
         parallel = torch.nn.parallel.DistributedDataParallel(
             inner, device_ids=device_ids, output_device=None if device_ids is None else device_id,
@@ -208,6 +215,9 @@ def install_plan(ctx: Any, epl_config: Config | None) -> EplPlan | None:
     if epl_config is not None and not isinstance(epl_config, Config):
         raise InvalidInputError("epl_config", "a persia.epl.Config (or None)", epl_config)
     config = epl_config or current_config()
+    if config is None and current_clip_norm() is not None:
+        config = Config(environ={})  # clipping alone: EPL's defaults for everything else
+        log.info("persia.epl.clip_by_global_norm without an EPL config: EPL defaults + clipping")
     if config is None:
         return None
     if epl_config is not None:

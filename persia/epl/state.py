@@ -11,7 +11,7 @@ import logging
 
 from persia.epl.cluster import apply_cluster_config
 from persia.epl.config import KEYS, Config
-from shared.errors import InvalidInputError
+from shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +89,33 @@ def clip_by_global_norm(max_norm: float | None) -> None:
     EPL users clip in their graph (``tf.clip_by_global_norm``); in Pyrsia the step runs
     inside ``ctx.backward``, so the norm is registered here. Whether the local or the
     all-reduced gradients are clipped is ``communication.clip_after_allreduce``.
+
+    The norm is read at every step, so calling this before or after the ``TrainCtx`` is
+    built (or inside its ``with`` block) applies from the next step; ``None`` stops
+    clipping. A ``TrainCtx`` built with no EPL config while a norm is registered gets
+    EPL's defaults plus the clipping. Only a ``TrainCtx`` that was built with no EPL
+    config and no norm cannot clip: calling this inside its ``with`` block raises
+    ``ConfigError`` (register the norm before building the context).
     """
     global _clip_norm
     if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
                                  or not max_norm > 0):  # fmt: skip
         raise InvalidInputError("max_norm", "a number > 0 (or None to stop clipping)", max_norm)
+    if max_norm is not None:
+        _refuse_inside_plain_trainctx()
     _clip_norm = None if max_norm is None else float(max_norm)
+
+
+def _refuse_inside_plain_trainctx() -> None:
+    from persia.ctx import TrainCtx, cnt_ctx  # persia.ctx imports EPL: at call time
+
+    ctx = cnt_ctx()
+    if isinstance(ctx, TrainCtx) and ctx.epl_plan is None:
+        raise ConfigError(
+            "persia.epl.clip_by_global_norm: the running TrainCtx was built without EPL "
+            "options, so it has no clipping step; call clip_by_global_norm(max_norm) before "
+            "TrainCtx(...) is built (or pass epl_config=persia.epl.Config(...) to it)"
+        )
 
 
 def current_clip_norm() -> float | None:
