@@ -26,7 +26,7 @@ from persia import env
 from persia._runtime import job_checkpoint
 from persia._runtime.backward import BackwardEngine
 from persia._runtime.checkpointer import PeriodicCheckpointer
-from persia._runtime.features import gradient_payload, gradients_finite
+from persia._runtime.features import gradient_payload, nonfinite_slots
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.precision import Precision
 from persia._runtime.step_clock import StepClock
@@ -274,15 +274,19 @@ class TrainCtx(EmbeddingCtx):
         scaled.backward()
         clock.lap("autograd")
         tensors = self._current_embeddings
-        finite = True
+        finite, bad = True, []
         if self.update_times % frequency == 0:  # PERSIA checked only on the first step
-            finite = self._agree(gradients_finite(tensors))
+            bad = nonfinite_slots(tensors)
+            finite = self._agree(not bad)
         self.update_times += 1
         grads = partial(gradient_payload, tensors, batch.tables)  # the sender runs it, off here
         if not finite:
             _logger.warning(
-                "non-finite embedding gradients (loss scale %g): embedding update skipped", scale
-            )
+                "NaN or inf in the embedding gradient of slot(s) %s (loss scale %g): embedding "
+                "update of this batch skipped (labels and dense features were checked finite "
+                "on arrival: look at the model's output and the loss)",
+                bad or "none on this rank, another rank's", scale,
+            )  # fmt: skip
             grads = list  # no gradients: the worker still releases the batch
         if not self._shadowing:  # a shadow step (even_steps.py) updates no embedding
             self._backward.submit(

@@ -14,11 +14,14 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 
 from persia._data_ctx import DataCtx
 from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia._runtime.ingress import BatchQueue, Ingress
 from persia._runtime.runtime import get_runtime
+from persia.ctx import TrainCtx
+from persia.data import DataLoader, IterableDataset
 from persia.embedding import EmbeddingConfig
 from persia.embedding.data import (
     IDTypeFeature,
@@ -33,7 +36,7 @@ from shared.http_client import HttpClient, RemoteBadRequestError
 from shared.registry import Registry, RegistrySettings
 from shared.wire.batch import DenseArray, DensePart, IDPart
 from shared.wire.ingress import IngressBatch
-from tests.nn_helpers import environ, job_services
+from tests.nn_helpers import PooledModel, environ, job_services
 
 SLOT_A = """\
 slots_config:
@@ -311,3 +314,45 @@ def test_wire_check_names_an_unnamed_label_by_index():
         IngressBatch.from_wire(_ingress_body(label, np.zeros((2, 2)), None))
     assert e.value.field == "dense.labels[0].data"
     assert "row 1" in str(e.value)
+
+
+# --------------------------------------------------------------------------- warnings name the cause
+
+
+class _ListDataset(IterableDataset):
+    def __init__(self, batches: list[PersiaBatch]):
+        super().__init__(buffer_size=4)
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+
+
+@pytest.fixture
+def train_job(redis_server, tmp_path):
+    env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"bct-{uuid.uuid4().hex[:8]}"}
+    with (
+        environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None),
+        job_services(env, tmp_path, embedding_config=SLOT_A),
+    ):
+        yield env
+
+
+def test_a_non_finite_embedding_gradient_warning_names_the_slot(train_job, caplog):
+    """Labels and dense features cannot be NaN any more, so a NaN left in training comes from
+    the model or the loss: the warning names the embedding slot whose gradient holds it."""
+    model = PooledModel()
+    batch = PersiaBatch(
+        [IDTypeFeatureWithSingleID("a", np.arange(3, dtype=np.uint64))],
+        labels=[Label(np.zeros((3, 1), np.float32))],
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with (
+        caplog.at_level("WARNING", logger="persia.ctx"),
+        TrainCtx(SGD(lr=0.1), optimizer, model=model, mixed_precision=False) as ctx,
+    ):
+        for training_batch in DataLoader(_ListDataset([batch]), embedding_staleness=1):
+            output, _ = ctx.forward(training_batch)
+            ctx.backward((output * float("nan")).sum())
+    messages = [r.getMessage() for r in caplog.records if "embedding gradient" in r.getMessage()]
+    assert messages and "slot(s) ['a']" in messages[0], messages

@@ -197,13 +197,22 @@ def gradient_payload(
         payload.tables.append((table.dim, summed))
     if skipped:
         log.warning(
-            "gathered slots left out of this batch's embedding update: %s (non-finite: %s)",
+            "embedding slots left out of this batch's embedding update: %s "
+            "(NaN or inf in the embedding gradient of: %s; the others got no gradient)",
             skipped, nonfinite,
         )  # fmt: skip
     payload.skipped_slots = tuple(skipped)
     return payload
 
 
+def nonfinite_slots(tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Names of the slots whose embedding gradient holds a NaN or an inf (one reduction per
+    slot), so a warning can say which embedding went wrong."""
+    return [
+        name for name, t in tensors if t.grad is not None and not bool(torch.isfinite(t.grad).all())
+    ]
+
+
 def gradients_finite(tensors: list[tuple[str, torch.Tensor]]) -> bool:
     """Whether every embedding gradient element is finite (one reduction per slot)."""
-    return all(bool(torch.isfinite(t.grad).all()) for _, t in tensors if t.grad is not None)
+    return not nonfinite_slots(tensors)
