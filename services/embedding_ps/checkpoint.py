@@ -8,9 +8,13 @@ Layout of a checkpoint directory (every replica of a job writes into the same on
 
 A dump writes its data files (with ``checkpointing_config.num_workers`` threads:
 ``checkpoint_files.py``) under a fresh token, then atomically replaces the manifest
-(``os.replace``), then deletes the files of the previous dump. A crash before the replace leaves
-the previous manifest and its files untouched (still loadable); a crash after it leaves only
-stray files. Only ``.npy`` files written and read with ``allow_pickle=False`` and JSON: no pickle.
+(``os.replace``), then deletes the files of the previous dump. The manifest records each data
+file's size and CRC-32 (``dims.<d>.{ids,rows}_{bytes,crc32}``), which every load checks before
+it touches the store (``checkpoint_verify.py``). A dump that fails (disk full, I/O error) before
+the replace removes its own files and leaves the previous manifest and its files untouched
+(still loadable), so it does not keep the disk full; files a killed dump left behind are
+removed by the next dump of that replica before it writes. Only ``.npy`` files written and read
+with ``allow_pickle=False`` and JSON: no pickle.
 
 A checkpoint written by N replicas loads into M: every replica reads every part and keeps the ids
 with ``replica_of(id, M) == its index`` (vectorized).
@@ -81,12 +85,53 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); a failure removes
+    the temporary file."""
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:  # already gone, or the disk refuses: nothing more to do here
+        pass
+
+
+_DUMPING = threading.Lock()
+"""Dumps of one process run one at a time, so a dump never mistakes another's files in progress
+for a killed dump's leftovers (``_remove_leftovers``); they share one disk anyway."""
+
+
+def _remove_leftovers(directory: Path, replica_index: int) -> None:
+    """Remove the files of this replica that its committed manifest does not name: those of a
+    dump killed before its manifest (kill -9, power loss) and temporary manifests. Left alone
+    when the manifest exists but cannot be read (a person should look at it first)."""
+    manifest_path = directory / f"replica_{replica_index}.manifest.json"
+    token = None
+    if manifest_path.exists():
+        try:
+            token = json.loads(manifest_path.read_text()).get("token")
+        except (OSError, ValueError, AttributeError):
+            return
+        if not isinstance(token, str) or not token:
+            return
+    for path in directory.iterdir():
+        name = path.name
+        if name.startswith(f".replica_{replica_index}.manifest.json.tmp-") or (
+            name.startswith(f"replica_{replica_index}.")
+            and name.endswith(".npy")
+            and (token is None or f".{token}." not in name)
+        ):
+            _unlink_quietly(path)
 
 
 def dump_store(
@@ -103,8 +148,41 @@ def dump_store(
     workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    started_ms = int(time.time() * 1000)  # incremental packets stamped later are newer
-    token = f"{started_ms:x}{secrets.token_hex(4)}"
+    with _DUMPING:
+        _remove_leftovers(directory, replica_index)
+        started_ms = int(time.time() * 1000)  # incremental packets stamped later are newer
+        token = f"{started_ms:x}{secrets.token_hex(4)}"
+        prefix = f"replica_{replica_index}.{token}."
+        committed = False
+        try:
+            manifest = _write_part(store, directory, replica_index, replica_count, workers, token, started_ms)  # fmt: skip
+            committed = True
+        finally:
+            if not committed:  # a failed dump (disk full, I/O error) takes its files with it
+                for path in directory.glob(f"{prefix}*"):
+                    _unlink_quietly(path)
+        _fsync_dir(directory)
+        _remove_stale(directory, replica_index, replica_count, token)
+    log.info(
+        "dumped %d entries to %s as replica %d/%d",
+        manifest["entries"],
+        directory,
+        replica_index,
+        replica_count,
+    )
+    return manifest
+
+
+def _write_part(
+    store: EmbeddingStore,
+    directory: Path,
+    replica_index: int,
+    replica_count: int,
+    workers: int,
+    token: str,
+    started_ms: int,
+) -> dict:
+    """Write the data files under ``token``, then commit them with the manifest (atomic)."""
     prefix = f"replica_{replica_index}.{token}."
     dims: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ps-checkpoint") as pool:
@@ -137,15 +215,6 @@ def dump_store(
     }
     _fsync_dir(directory)
     _write_json(directory / f"replica_{replica_index}.manifest.json", manifest)
-    _fsync_dir(directory)
-    _remove_stale(directory, replica_index, replica_count, token)
-    log.info(
-        "dumped %d entries to %s as replica %d/%d",
-        manifest["entries"],
-        directory,
-        replica_index,
-        replica_count,
-    )
     return manifest
 
 
