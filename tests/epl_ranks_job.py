@@ -126,6 +126,25 @@ def zero_scheduler() -> dict:
     }
 
 
+def zero_existing_state() -> dict:
+    """Adam state from a step taken before TrainCtx (a restored checkpoint): ZeRO keeps it."""
+    base = model()
+    out = {}
+    for name, config in (("plain", None), ("zero", {"zero.level": "v1"})):
+        m = copy.deepcopy(base)
+        user_opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        non_id, emb, labels = inputs(12, seed=7)  # the same local step on both ranks
+        bce(m(non_id, emb), labels).backward()
+        user_opt.step()
+        user_opt.zero_grad()
+        ctx = distributed(config, m, user_opt)
+        for k in range(2):
+            step(ctx, seed=100 * RANK + k)
+            apply(ctx)
+        out[name] = params(m)
+    return {"zero_kept_state_diff": float((out["plain"] - out["zero"]).abs().max())}
+
+
 def reduce_method() -> dict:
     out = {}
     for method in ("mean", "sum"):
@@ -244,6 +263,7 @@ def main() -> None:
     for scenario in (
         zero,
         zero_scheduler,
+        zero_existing_state,
         reduce_method,
         fp16,
         buckets,

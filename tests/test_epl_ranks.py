@@ -39,6 +39,11 @@ def test_zero_v1_follows_a_scheduler_on_the_users_optimizer(ranks):
         assert r["zero_sched_vs_plain"] < 1e-6  # same schedule, same parameters as plain DDP
 
 
+def test_zero_v1_keeps_optimizer_state_the_users_optimizer_already_has(ranks):
+    for r in ranks:
+        assert r["zero_kept_state_diff"] < 1e-6
+
+
 def test_gradients_reduce_method_sum_is_twice_mean(ranks):
     for r in ranks:
         assert r["sum_minus_2mean"] < 1e-6 and r["mean_norm"] > 1e-3

@@ -13,6 +13,8 @@ to ``ctx.dense_optimizer``, changes the lr (and any other group hyperparameter) 
 the next step applies, on every rank; ZeRO copies them into its shard's optimizer at
 each step (``ZeroRedundancyOptimizer.step`` syncs ``param_groups``). Loading a state
 dict keeps that link (the loaded hyperparameters are written into the user's groups).
+State the user's optimizer already has (a checkpoint loaded before the TrainCtx was
+entered) is handed to ZeRO, each rank keeping its shard, instead of being dropped.
 Only the user's optimizer's ``step`` is never called: torch's scheduler then warns once
 "lr_scheduler.step() before optimizer.step()", which is harmless here.
 
@@ -98,11 +100,12 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, world_size: int) -> torch.
     if world_size <= 1:
         log.info('zero.level "v1" with one NN-worker rank: nothing to shard, plain optimizer kept')
         return optimizer
-    if optimizer.state:
-        log.warning(
-            "zero.level v1: the dense optimizer already has state; ZeRO starts from fresh state"
-        )
     sharded = _user_linked_zero(optimizer)
+    if (
+        optimizer.state
+    ):  # e.g. restored from a checkpoint before TrainCtx: each rank keeps its shard
+        sharded.load_state_dict(optimizer.state_dict())
+        log.info("zero.level v1: the dense optimizer's existing state was sharded, not dropped")
     log.info(
         "zero.level v1: %s state sharded over %d ranks (this rank steps %d of %d parameters)",
         type(optimizer).__name__, world_size,
