@@ -179,7 +179,13 @@ class DataCtx:
 
     # --- sending -----------------------------------------------------------------------
     def send_data(self, persia_batch: PersiaBatch) -> None:
-        """Send one batch (blocking only while ``max_inflight`` sends are under way)."""
+        """Send one batch (blocking only while ``max_inflight`` sends are under way).
+
+        The send itself runs later, on the runtime's event-loop thread; that is safe with
+        a data loader that refills the same numpy buffers for every batch, because a
+        ``PersiaBatch`` copies its arrays when it is built: the batch sent is the one the
+        caller built, whatever happens to the caller's arrays afterwards.
+        """
         if not self._entered:
             raise DataCtxError("send_data() called outside `with DataCtx() as ctx:`")
         if not isinstance(persia_batch, PersiaBatch):

@@ -140,10 +140,12 @@ class _IDFeature:
 
 
 class IDTypeFeature(_IDFeature):
-    """Categorical ids, any number per sample (empty samples allowed), as a list of uint64 arrays.
+    """Categorical ids, any number per sample (empty samples allowed), as a list of 1-D arrays.
 
     ``IDTypeFeature("user_tags", [np.array([3, 7], np.uint64), np.array([], np.uint64)])``;
-    ``IDTypeFeature(data, name)`` is accepted too.
+    ``IDTypeFeature(data, name)`` is accepted too. Samples may be uint64 or any other
+    integer dtype but uint64 mixed with signed ones (see the module docstring); the
+    feature keeps its own read-only uint64 copy.
     """
 
     def __init__(self, name: str, data: Sequence[np.ndarray]):
@@ -152,7 +154,8 @@ class IDTypeFeature(_IDFeature):
             raise InvalidInputError("IDTypeFeature.name", "a non-empty string", name)
         if not isinstance(data, (list, tuple)):
             raise TypeError(
-                f"IDTypeFeature {name!r}: expected a list of uint64 arrays, got {_describe(data)}"
+                f"IDTypeFeature {name!r}: expected a list of 1-D integer id arrays (one per "
+                f"sample), got {_describe(data)}"
             )
         _check_samples(name, data)
         lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
@@ -185,7 +188,11 @@ class IDTypeFeature(_IDFeature):
 
 
 class IDTypeFeatureWithSingleID(_IDFeature):
-    """Exactly one id per sample, as one 1-D uint64 array: the cheap form of :class:`IDTypeFeature`."""
+    """Exactly one id per sample, as one 1-D array: the cheap form of :class:`IDTypeFeature`.
+
+    uint64, or any integer dtype the module docstring lists (non-negative); the feature
+    keeps its own read-only uint64 copy, so the caller may refill ``data`` right away.
+    """
 
     def __init__(self, name: str, data: np.ndarray):
         name, data = _name_and_data("IDTypeFeatureWithSingleID", name, data)
