@@ -183,6 +183,21 @@ def test_io_keys_in_trainctx_are_reported_as_read_by_data_loaders_only(caplog):
     assert "io." not in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "switch"),
+    [
+        ("amp.loss_scale", 128, "amp.level"),
+        ("gradient_checkpoint.end_taskgraph", 1, "gradient_checkpoint.type"),
+        ("communication.fp16_scale", 1024, "communication.fp16"),
+    ],
+)
+def test_a_key_whose_switch_is_off_is_reported(caplog, key, value, switch):
+    with caplog.at_level(logging.WARNING, logger="persia.epl"):
+        make_ctx(DeepModel(), _config({key: value}))
+    assert f"{key}=" in caplog.text
+    assert f"has no effect: it applies only when {switch}" in caplog.text
+
+
 def _exit_log(code: str) -> str:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip

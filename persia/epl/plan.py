@@ -14,7 +14,9 @@ Refused at once (``ConfigError``), before the user's model is touched: ZeRO's co
 (:func:`persia.epl.zero.check_zero_restrictions`) and ``pipeline.num_stages`` > 1
 (:func:`check_no_stages`). Set but not read by a TrainCtx, and warned about with what
 reads them: ``io.*`` (data loaders), ``pipeline.strategy`` and ``auto.auto_parallel``
-(:class:`persia.epl.pipeline.PipelineRunner`).
+(:class:`persia.epl.pipeline.PipelineRunner`); and keys whose switch is off
+(:data:`NEEDS_SWITCH`: ``amp.loss_scale`` without ``amp.level``, ``end_taskgraph``
+without ``gradient_checkpoint.type``, ``fp16_scale`` without ``communication.fp16``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ NOT_READ_BY_TRAINCTX = {
     "auto.auto_parallel": _PIPELINE_READER,
 }
 """Keys a TrainCtx does not read, and what does: set in its config, they are warned about."""
+
+NEEDS_SWITCH = {
+    "amp.loss_scale": ("amp.level", '"O1"'),
+    "gradient_checkpoint.end_taskgraph": ("gradient_checkpoint.type", '"auto" or "collection"'),
+    "communication.fp16_scale": ("communication.fp16", "True"),
+}
+"""Keys that act only when another key is on: set with that key off, they are warned about."""
 
 
 def check_no_stages(config: Config) -> None:
@@ -113,6 +122,12 @@ class EplPlan:
             )
             if any(k.startswith("io.") for k in unread):
                 note_io_reported()
+        for key, (switch, on) in NEEDS_SWITCH.items():
+            if config.get(key) != KEYS[key].default and config.get(switch) == KEYS[switch].default:
+                log.warning(
+                    "%s=%r has no effect: it applies only when %s is %s (set %s, or drop %s)",
+                    key, config.get(key), switch, on, switch, key,
+                )  # fmt: skip
         if micro > 1 or self.gradient_check is not None:
             ctx.model = EplModel(self.user_model, micro, self.gradient_check)
         precision = EplPrecision(config, self.device_id, ctx._precision)
