@@ -9,7 +9,10 @@
 
 Modules, one per feature: ``config`` (the key table), ``microbatch``, ``pipeline``,
 ``checkpointing``, ``zero``, ``offload``, ``amp``, ``optimizer``, ``communication``,
-``io``, ``cluster``; ``plan`` applies them to a ``TrainCtx``.
+``io``, ``cluster``; ``plan`` applies them to a ``TrainCtx`` (refusing at once, with
+the key and the fix, what a TrainCtx cannot honour, and warning about keys it does not
+read); ``buffers`` keeps BatchNorm statistics to one update per sample when a pass is
+recomputed (micro-batches, gradient checkpoint).
 """
 
 from persia.epl.checkpointing import add_to_collection
