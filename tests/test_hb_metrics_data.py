@@ -162,6 +162,7 @@ history = hb.train.train_and_evaluate(lambda batch: None, range(5), eval_fn=eval
 json.dump({"exact": exact.result(), "bucketed": bucketed.result(), "accuracy": acc.result(),
            "one_shot": one_shot, "eval": evals, "stream": stream, "history": history},
           open(f"{out}/rank{rank}.json", "w"))
+hb.context.destroy_process_group()  # gloo's threads torn down before exit, not during it
 """
 
 
