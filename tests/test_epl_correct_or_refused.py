@@ -168,6 +168,10 @@ def test_check_gradients_passes_on_a_deterministic_model():
 def test_num_stages_inside_trainctx_on_one_rank_is_refused():
     with pytest.raises(ConfigError, match=r"pipeline\.num_stages=2.*PipelineRunner"):
         make_ctx(DeepModel(), _config({"pipeline.num_stages": 2, "pipeline.num_micro_batch": 2}))
+    with pytest.raises(
+        ConfigError, match=r"pipeline\.num_stages=3 \(from EPL_PIPELINE_NUM_STAGES\)"
+    ):
+        make_ctx(DeepModel(), epl.Config(environ={"EPL_PIPELINE_NUM_STAGES": "3"}))
     assert make_ctx(DeepModel(), _config({"pipeline.num_stages": 1})).epl_plan is not None
 
 

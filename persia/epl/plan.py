@@ -74,8 +74,11 @@ def check_no_stages(config: Config) -> None:
     """
     stages = config.pipeline.num_stages or 1
     if stages > 1:
+        source = (
+            " (from EPL_PIPELINE_NUM_STAGES)" if "pipeline.num_stages" in config.from_env else ""
+        )
         raise ConfigError(
-            f"pipeline.num_stages={stages}: TrainCtx trains the whole dense model on each "
+            f"pipeline.num_stages={stages}{source}: TrainCtx trains the whole dense model on each "
             "NN-worker rank (every rank gets its own batches from the data loaders), so it "
             'cannot split it into stages. Drop "pipeline.num_stages" (or set it to 1); for '
             'micro-batches use "pipeline.num_micro_batch"; to run stages on ranks, use '
