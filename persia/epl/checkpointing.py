@@ -19,7 +19,10 @@
   types); Pyrsia, which has no graph, compares their values on the first batch.
 
 Blocks are checkpointed in place (their ``forward`` is wrapped), so parameter names and
-checkpoints do not change; evaluation (no autograd) runs the plain forward.
+checkpoints do not change; evaluation (no autograd) runs the plain forward. The
+recomputation in backward, and the check's two extra passes, put back the buffers they
+write (:func:`persia.epl.buffers.buffers_kept`), so BatchNorm statistics move once per
+step, as without checkpointing (torch's ``checkpoint`` alone would move them twice).
 """
 
 from __future__ import annotations
