@@ -139,9 +139,11 @@ def test_bucket_partition_cuts_contiguous_runs_of_near_equal_bytes(sizes, n, run
 
 
 def test_bucket_caps_close_each_ddp_bucket_on_its_last_parameter():
-    params = [torch.zeros(10), torch.zeros(5), torch.zeros(5)]  # reversed: 20, 20, 40 bytes
+    params = [torch.zeros(10), torch.zeros(5), torch.zeros(5)]  # 40, 20, 20 bytes
     caps = bucket_caps_mb(params, 2)
-    assert [round(c * 1024 * 1024 + 0.5) for c in caps] == [40, 40]
+    # first bucket: 40 bytes both ways ([40] | [20, 20], reversed [20, 20] | [40]); the
+    # last cap is the total, so the remainder stays one bucket
+    assert [c * 1024 * 1024 for c in caps] == [40, 80]
 
 
 @pytest.mark.slow

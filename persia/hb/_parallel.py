@@ -1,31 +1,59 @@
-"""Data parallelism of the dense model with ``grad_nbuckets`` all-reduce buckets.
+"""Data parallelism of the dense model: rank 0's start, averaged gradients, ``grad_nbuckets``.
 
-Two ways to all-reduce the dense gradients, both bucketed the same way:
+HybridBackend makes every dense variable made under ``hb.scope`` data parallel: its
+initial value is rank 0's (``HybridBackendOptimizerHook`` broadcasts the replicated
+variables' initializers) and its gradient is the mean over the ranks
+(``GradientAggregation``: a sum all-reduce times ``1 / world_size``), in
+``grad_nbuckets`` buckets (hybridbackend/tensorflow/training/optimizer.py and
+optimizer_lib.py). Here, for torch:
 
-- during backward (default): :func:`data_parallel` wraps the model in torch's
-  ``DistributedDataParallel`` with a bucket layout of exactly ``grad_nbuckets``
-  buckets (``bucket_cap_mb_list``, see :func:`bucket_caps_mb`), so each bucket's
-  all-reduce overlaps the rest of backward;
-- in ``optimizer.step()`` (``grad_lazy_sync=True``, or any parameter an ``hb.wraps``
-  optimizer steps that no ``data_parallel`` model covers): :func:`allreduce_gradients`
-  averages the gradients in ``grad_nbuckets`` flat buckets.
+- **rank 0's start**: :func:`broadcast_from_rank0` copies rank 0's parameters and
+  buffers to every rank (after checking that every rank has the same tensors), when
+  the outermost ``hb.scope`` made them, when :func:`data_parallel` returns a model
+  without DDP (``grad_lazy_sync``), and when ``hb.wraps`` makes an optimizer (its
+  parameters that no DDP model covers). DDP does the same for the models it wraps.
+- **mean gradients**, in one of two places, both cut into ``grad_nbuckets`` buckets:
+  during backward (default): :func:`data_parallel` wraps the model in torch's
+  ``DistributedDataParallel`` with ``bucket_cap_mb_list`` from :func:`bucket_caps_mb`,
+  so each bucket's all-reduce overlaps the rest of backward; or in
+  ``optimizer.step()`` (``grad_lazy_sync=True``, a parameter made under ``hb.scope``
+  that no DDP model covers, or one an ``hb.wraps`` optimizer steps):
+  :func:`allreduce_gradients` averages the gradients in flat buckets. A parameter made
+  under ``hb.scope`` is averaged before ``step()`` of *any* torch optimizer (a global
+  step pre-hook), so ``torch.optim.SGD`` made in the scope trains correctly as it
+  does in HybridBackend, where ``hb.scope`` rewrites the optimizers made in it.
 
-Buckets follow DDP's order (parameters in reverse registration order, roughly the
-order backward produces them) and split it into contiguous runs of nearly equal
-bytes; with fewer parameters than buckets there is one bucket per parameter.
+``grad_nbuckets=n`` gives ``n`` all-reduces per step (``min(n, parameters)``) in both
+places. With DDP that holds at the first step (DDP's buckets in registration order) and
+after DDP's one rebuild (in the order backward produced the gradients, without
+``find_unused_parameters``) when that order is the reverse of registration, i.e. when
+``forward`` uses the layers in the order ``__init__`` declares them; a model that
+declares them in another order may get another count after the first step (the
+gradients are averaged all the same). Parameters of several dtypes are cut per dtype,
+as DDP does.
+
+A model wrapped in the user's own ``DistributedDataParallel`` (not ``hb.wraps``) and
+made under ``hb.scope`` has its gradients averaged twice: the ranks' gradients are
+already equal, so only time is lost (and, with a world size that is not a power of
+two, a rounding); use ``hb.wraps(model)`` instead.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
+import zlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from persia.hb._context import context
+from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,37 +84,155 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def bucket_caps_mb(params: list[torch.Tensor], nbuckets: int) -> list[float]:
-    """``bucket_cap_mb_list`` that makes DDP cut ``params`` into ``nbuckets`` buckets.
-
-    DDP closes a bucket as soon as its bytes reach the cap; each cap is its run's bytes
-    minus half a byte, so the bucket closes exactly on the run's last parameter.
-    """
-    sizes = [p.numel() * p.element_size() for p in reversed(params)]
-    caps, start = [], 0
+def _run_sums(sizes: list[int], nbuckets: int) -> list[int]:
+    sums, start = [], 0
     for length in bucket_partition(sizes, nbuckets):
-        caps.append((sum(sizes[start : start + length]) - 0.5) / _MB)
+        sums.append(sum(sizes[start : start + length]))
         start += length
-    return caps
+    return sums
+
+
+def bucket_caps_mb(params: list[torch.Tensor], nbuckets: int) -> list[float]:
+    """``bucket_cap_mb_list`` that makes DDP cut ``params`` into ``min(nbuckets, len)`` buckets.
+
+    DDP cuts twice with the same caps: at construction it walks the parameters in
+    registration order; after the first step (without ``find_unused_parameters``) it
+    rebuilds the buckets once, walking them in the order backward produced their
+    gradients, about the reverse. A bucket closes as soon as its bytes reach its cap,
+    and the last cap serves every later bucket.
+
+    Cap ``k < n - 1`` is the smaller of bucket ``k``'s bytes in the near-equal cut of the
+    registration order and of the reverse order: with a cap at most the designed run's
+    bytes, each bucket closes at or before its designed last parameter in both walks,
+    so ``n - 1`` buckets close before the last parameter. The last cap is the total bytes,
+    so the remainder is one bucket. Exact in both walks; sizes near-equal when the two
+    cuts agree (the balance, not the count, is what a lopsided model gives up).
+    """
+    sizes = [p.numel() * p.element_size() for p in params]
+    if not sizes:
+        return []
+    forward, backward = _run_sums(sizes, nbuckets), _run_sums(sizes[::-1], nbuckets)
+    caps = [min(f, b) for f, b in zip(forward[:-1], backward[:-1], strict=True)]
+    caps.append(sum(sizes))
+    return [c / _MB for c in caps]  # c / 2**20 * 2**20 is exact: DDP's int() gives c back
+
+
+# --- rank 0's start --------------------------------------------------------------------
+
+
+def _layout_signature(tensors: list[torch.Tensor]) -> int:
+    text = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+    return zlib.crc32(text.encode())
+
+
+def _check_same_layout(tensors: list[torch.Tensor], what: str) -> None:
+    """Every rank holds the same number, shapes and dtypes of tensors, or all raise."""
+    mine = torch.tensor([len(tensors), _layout_signature(tensors)], dtype=torch.int64)
+    mine = mine.to(tensors[0].device if tensors else "cpu")
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    if any(not torch.equal(every[0], other) for other in every[1:]):
+        counts = [int(t[0]) for t in every]
+        raise ConfigError(
+            f"{what}: the ranks hold different tensors (counts per rank {counts}, or "
+            "different shapes / dtypes), so rank 0's values cannot be broadcast; build the "
+            "same model on every rank (only the seed and the data may differ)"
+        )
+
+
+def broadcast_from_rank0(tensors: list[torch.Tensor], what: str) -> int:
+    """Copy rank 0's values of ``tensors`` into every rank's (one broadcast per dtype).
+
+    ``what`` names the tensors in the error raised on every rank when the ranks' tensors
+    differ in number, shape or dtype. Returns the number of broadcasts (0 with one rank).
+    """
+    tensors = [t for t in tensors if t is not None and not t.is_meta]
+    if not dist.is_initialized() or dist.get_world_size() <= 1:
+        return 0
+    _check_same_layout(tensors, what)
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for group in groups.values():
+            flat = _flatten_dense_tensors([t.detach() for t in group])
+            dist.broadcast(flat, src=0)
+            for t, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+                t.copy_(value)
+    return len(groups)
+
+
+# --- mean gradients --------------------------------------------------------------------
+
+_REPLICATED: dict[int, tuple[weakref.ref, int]] = {}
+"""id -> (weak parameter, grad_nbuckets), for the parameters made data parallel without DDP
+(made under hb.scope, or in a model data_parallel left unwrapped); the entry leaves with the
+parameter."""
+_STEP_HOOK: list = []
+
+
+def _forget(key: int) -> Callable[[weakref.ref], None]:
+    def forget(ref: weakref.ref) -> None:
+        entry = _REPLICATED.get(key)
+        if entry is not None and entry[0] is ref:
+            del _REPLICATED[key]
+
+    return forget
+
+
+def mark_replicated(params: list[torch.Tensor], nbuckets: int) -> None:
+    """Average these parameters' gradients before any optimizer's ``step()`` (unless DDP does)."""
+    for p in params:
+        if isinstance(p, torch.nn.Parameter) and not p.is_meta:
+            _REPLICATED[id(p)] = (weakref.ref(p, _forget(id(p))), nbuckets)
+    if not _STEP_HOOK:
+        _STEP_HOOK.append(register_optimizer_step_pre_hook(_average_replicated))
+
+
+def _replicated_nbuckets(p: torch.Tensor) -> int | None:
+    entry = _REPLICATED.get(id(p))
+    return entry[1] if entry is not None and entry[0]() is p else None
+
+
+def _average_replicated(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Global step pre-hook: average the replicated parameters' gradients this step uses."""
+    if not _REPLICATED or getattr(optimizer, "reduces_its_gradients", False):
+        return
+    if not dist.is_initialized() or dist.get_world_size() <= 1:
+        return
+    params, nbuckets = [], 1
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            n = _replicated_nbuckets(p)
+            if n is not None and _REDUCED_BY_DDP.get(id(p)) is not p:
+                params.append(p)
+                nbuckets = max(nbuckets, n)
+    if params:
+        allreduce_gradients(params, nbuckets)
 
 
 def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` as DDP over the job's ranks with ``grad_nbuckets`` buckets.
 
-    Returns the model itself when there is one rank, or with ``grad_lazy_sync`` (an
-    ``hb.wraps`` optimizer then all-reduces in ``step()``).
+    With ``grad_lazy_sync`` the model itself comes back, with rank 0's parameters and
+    buffers, and its gradients are averaged before every optimizer ``step()`` instead
+    (in ``grad_nbuckets`` buckets). With one rank, the model itself, untouched.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"data_parallel: expected a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model
     options = context.options
-    if not context.init_process_group() or options.grad_lazy_sync:
+    if not context.init_process_group():
         return model
     device = context.device
     model = model.to(device)
     params = _trainable(model)
-    if not params:
+    if options.grad_lazy_sync or not params:
+        broadcast_from_rank0(
+            list(model.parameters()) + list(model.buffers()), f"{type(model).__name__}'s state"
+        )
+        mark_replicated(params, options.grad_nbuckets)
         return model
     ddp = torch.nn.parallel.DistributedDataParallel(
         model,
@@ -100,6 +246,11 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
         context.rank, context.world_size, min(options.grad_nbuckets, len(params)),
     )  # fmt: skip
     return ddp
+
+
+def reduced_by_ddp(p: torch.Tensor) -> bool:
+    """Whether a DDP model made by :func:`data_parallel` averages ``p``'s gradient."""
+    return _REDUCED_BY_DDP.get(id(p)) is p
 
 
 def needs_step_allreduce(params: list[torch.Tensor]) -> list[torch.Tensor]:
