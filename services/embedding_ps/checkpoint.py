@@ -45,7 +45,7 @@ from services.embedding_ps.checkpoint_files import (
     write_entries,
     write_npy_files,
 )
-from services.embedding_ps.checkpoint_verify import check_dims, verify_parts
+from services.embedding_ps.checkpoint_verify import NPY_HEADER_LOCK, check_dims, verify_parts
 from services.embedding_ps.optimizers import state_layout, state_width
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from shared.embedding_spec import OptimizerSpec, optimizer_from_dict, optimizer_to_dict
@@ -319,8 +319,9 @@ def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> Optim
 
 def _read_pair(directory: Path, info: dict, dim: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     try:
-        ids = np.load(directory / info["ids"], allow_pickle=False)
-        rows = np.load(directory / info["rows"], allow_pickle=False, mmap_mode="r")
+        with NPY_HEADER_LOCK:  # numpy parses the headers with ast (checkpoint_verify.py)
+            ids = np.load(directory / info["ids"], allow_pickle=False)
+            rows = np.load(directory / info["rows"], allow_pickle=False, mmap_mode="r")
     except (OSError, ValueError, KeyError) as exc:
         raise InvalidInputError(
             "directory", f"readable data files for dim {dim}", str(exc)

@@ -25,9 +25,11 @@ cache), about 10 times the load's own rate, so the pass adds a few percent to a 
 from __future__ import annotations
 
 import mmap
+import os
 import re
+import threading
 import zlib
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,11 @@ from shared.errors import InvalidInputError
 
 CRC_CHUNK = 16 << 20
 """Bytes hashed per ``zlib.crc32`` call (each call releases the GIL for its duration)."""
+
+NPY_HEADER_LOCK = threading.Lock()
+"""Held while numpy parses a .npy header (``ast.literal_eval``): CPython 3.11's compiler can
+fail with "AST constructor recursion depth mismatch" (a SystemError) when two threads parse at
+once, and a PS reads headers from a /load and an incremental scan on different threads."""
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.npy$")
 
@@ -105,16 +112,11 @@ def _crc32(buf: mmap.mmap) -> int:
     return crc
 
 
-def _open_checked(
-    label: str,
-    path: Path,
-    dtype: np.dtype,
-    shape: tuple[int, ...],
-    size: int | None,
-    crc: int | None,
-) -> np.ndarray:
-    """The array in ``path`` (memory-mapped), after its header, size and CRC-32 are checked;
-    errors name ``label`` (which dim and file)."""
+def _map_checked(
+    label: str, path: Path, dtype: np.dtype, shape: tuple[int, ...], size: int | None
+) -> tuple[str, mmap.mmap, int]:
+    """``path`` memory-mapped, after its header and size are checked: (name for errors, map,
+    data offset). Headers are parsed under ``NPY_HEADER_LOCK``."""
     name = f"{label} file {path.name}"
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; the map outlives it
@@ -122,13 +124,14 @@ def _open_checked(
         raise _bad(f"a readable data file {name}", exc.strerror or str(exc)) from exc
     with f:
         try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"npy format version {version}")
+            with NPY_HEADER_LOCK:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"npy format version {version}")
         except (OSError, ValueError) as exc:
             raise _bad(f"a .npy header in {name}", str(exc)) from exc
         if got_dtype != dtype or tuple(got_shape) != shape or fortran:
@@ -138,7 +141,7 @@ def _open_checked(
             )
         offset = f.tell()
         want = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        actual = path.stat().st_size
+        actual = os.fstat(f.fileno()).st_size
         if actual != want or (size is not None and size != actual):
             raise _bad(
                 f"{name}: {want} bytes (header and data"
@@ -146,14 +149,21 @@ def _open_checked(
                 + ")",
                 f"{actual} bytes (truncated or damaged)",
             )
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return name, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), offset
+
+
+def _checked_array(
+    name: str, buf: mmap.mmap, offset: int, dtype: np.dtype, shape: tuple[int, ...], crc: int | None
+) -> np.ndarray:
+    """The array in ``buf`` after ``offset``, once the whole file's CRC-32 matches ``crc``
+    (None: a checkpoint from before checksums). One task per file on the pool."""
     if crc is not None:
         got = _crc32(buf)
         if got != crc:
             raise _bad(
                 f"{name}: CRC-32 {crc:08x} as recorded by the dump", f"{got:08x} (contents damaged)"
             )
-    if want == offset:  # no entries: nothing to map
+    if len(buf) == offset:  # no entries: nothing to view
         return np.zeros(shape, dtype=dtype)
     return np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
 
@@ -164,36 +174,30 @@ def verify_parts(
     """Every data file of ``manifests`` (checked by ``check_dims`` already) checked against its
     manifest, one task per file on ``pool``, as memory-mapped pairs per part. Returns the pairs
     and whether every file had a recorded checksum. Raises InvalidInputError naming the file."""
-    jobs = []
     all_checksummed = True
+    parts: list[list[tuple[int, list[Future]]]] = []  # per part: (dim, [ids task, rows task])
     for m in manifests:
+        files = []
         for dim_s, info in m["dims"].items():
             dim, n, width = int(dim_s), info["entries"], info["width"]
+            pair = []
             for kind, dtype, shape in (
                 ("ids", np.dtype(np.uint64), (n,)),
                 ("rows", np.dtype(np.float32), (n, width)),
             ):
                 crc = info.get(f"{kind}_crc32")
                 all_checksummed &= crc is not None
-                jobs.append(
-                    (
-                        m,
-                        dim,
-                        f"dim {dim} {kind}",
-                        directory / info[kind],
-                        dtype,
-                        shape,
-                        info.get(f"{kind}_bytes"),
-                        crc,
-                    )  # fmt: skip
-                )
-    tasks = [pool.submit(_open_checked, *job[2:]) for job in jobs]
+                # headers and sizes on this thread, the CRCs on the pool
+                name, buf, offset = _map_checked(
+                    f"dim {dim} {kind}", directory / info[kind], dtype, shape, info.get(f"{kind}_bytes")
+                )  # fmt: skip
+                pair.append(pool.submit(_checked_array, name, buf, offset, dtype, shape, crc))
+            files.append((dim, pair))
+        parts.append(files)
+    tasks = [task for files in parts for _, pair in files for task in pair]
     for task in tasks:  # every task finished before the first failure is raised
         task.exception()
-    arrays = [task.result() for task in tasks]
-    parts: list[list[VerifiedPair]] = [[] for _ in manifests]
-    index = {id(m): i for i, m in enumerate(manifests)}
-    for k in range(0, len(jobs), 2):
-        m, dim = jobs[k][0], jobs[k][1]
-        parts[index[id(m)]].append(VerifiedPair(dim, arrays[k], arrays[k + 1]))
-    return parts, all_checksummed
+    return [
+        [VerifiedPair(dim, ids.result(), rows.result()) for dim, (ids, rows) in files]
+        for files in parts
+    ], all_checksummed
