@@ -15,6 +15,9 @@ route                  body                                                 answ
 /checksum              {} / none                                            {"entries", "checksum"}
 =====================  ===================================================  ==========================
 
+An Infer PS (``job_type: Infer``) serves reads only: ``/update``, ``/clear``,
+``/register_optimizer`` and train ``/lookup`` answer 409 naming its role (``INFER_READ_ONLY``).
+
 Lookups and updates run in a thread pool (the compiled kernels release the GIL),
 so ``/health`` answers while a large batch is being processed.
 """
@@ -82,12 +85,29 @@ class _Status:
 
 STATUS = web.AppKey("ps_status", _Status)
 
-INFER_REFUSES_UPDATE = (
-    "/update refused (409 Conflict): this PS runs job_type Infer, a read-only replica serving a "
-    "loaded checkpoint, so it applies no gradients. 409 and not 403: the refusal comes from the "
-    "server's mode, not from who is asking (no token or permission would change it). Send "
-    "gradients to the PS replicas of a Train job."
-)
+INFER_READ_ONLY = {
+    "/update": "it applies no gradients; send them to the PS replicas of a Train job",
+    "/clear": "clearing would drop every entry it serves",
+    "/register_optimizer": "registering one would rewrite its entries' optimizer state",
+    "/lookup": "a train lookup would insert (and evict) entries; send train=False",
+}
+"""Routes an Infer PS refuses, and why. It keeps what serves: eval lookups, /load of its served
+checkpoint, incremental packets (applied by its loader, not over HTTP), /dump, /stats,
+/checksum, and /configure (its settings are used only by train lookups and updates, both
+refused here, so it changes nothing served; an InferCtx built with an embedding_config sends
+it)."""
+
+
+def _refuse_on_infer(request: web.Request, route: str) -> None:
+    """409 naming the role when an Infer PS is asked to change what it serves. 409 and not 403:
+    the refusal comes from the server's mode, not from who is asking."""
+    if request.app[STATUS].infer:
+        raise ConflictError(
+            f"{route} refused (409 Conflict): this PS runs job_type Infer, a read-only replica "
+            f"serving a loaded checkpoint; {INFER_READ_ONLY[route]}. 409 and not 403: the refusal "
+            "comes from the server's mode, not from who is asking (no token or permission would "
+            "change it)."
+        )
 
 
 async def _in_thread(request: web.Request, fn, *args):
@@ -109,6 +129,7 @@ async def configure(request: web.Request, body: Any) -> dict:
 @msgpack_handler
 async def register_optimizer(request: web.Request, body: Any) -> dict:
     """Register the embedding optimizer (same one again is a no-op; another one needs /clear)."""
+    _refuse_on_infer(request, "/register_optimizer")
     spec = RegisterOptimizer.from_wire(body).optimizer
     request.app[STORE].register_optimizer(spec)
     request.app[STATUS].refresh(request.app)
@@ -122,6 +143,8 @@ async def lookup(request: web.Request, body: Any) -> dict:
     require_ready(request)
     msg = PSLookup.from_wire(body)
     train = msg.train
+    if train:
+        _refuse_on_infer(request, "/lookup")
     store, metrics = request.app[STORE], request.app[PS_METRICS]
     started = time.perf_counter()
 
@@ -139,8 +162,7 @@ async def lookup(request: web.Request, body: Any) -> dict:
 @msgpack_handler
 async def update(request: web.Request, body: Any) -> dict:
     """Apply per-id gradients with the registered optimizer (an Infer replica refuses: 409)."""
-    if request.app[STATUS].infer:
-        raise ConflictError(INFER_REFUSES_UPDATE)
+    _refuse_on_infer(request, "/update")
     require_ready(request)
     groups = PSUpdate.from_wire(body).groups
     store, metrics = request.app[STORE], request.app[PS_METRICS]
@@ -212,7 +234,8 @@ async def load(request: web.Request, body: Any) -> dict:
 
 @msgpack_handler
 async def clear(request: web.Request, body: Any) -> dict:
-    """Drop every entry (the optimizer and hyperparameters stay)."""
+    """Drop every entry (the optimizer and hyperparameters stay); an Infer PS refuses (409)."""
+    _refuse_on_infer(request, "/clear")
     Empty.from_wire(body)
     await _in_thread(request, request.app[STORE].clear)
     return request.app[STORE].stats()
