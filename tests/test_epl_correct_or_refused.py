@@ -224,7 +224,14 @@ def _update_norm(ctx, model, seed: int) -> float:
     return float((_flat(model) - before).norm())
 
 
-@pytest.mark.parametrize("config", [{}, {"communication.clip_after_allreduce": True}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"communication.clip_after_allreduce": True},
+        {"amp.level": "O1", "amp.loss_scale": 128},  # unscaled before clipping
+    ],
+)
 def test_clip_by_global_norm_after_trainctx_is_built_applies_from_the_next_step(config):
     torch.manual_seed(0)
     model = DeepModel()
