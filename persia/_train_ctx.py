@@ -3,8 +3,10 @@
 One training step, as ``ctx.backward(loss)`` runs it::
 
     loss ──scale (GradScaler, CUDA fp16 only)──> backward()
-         ├─ dense grads: all-reduced by DDP when WORLD_SIZE > 1
-         └─ embedding grads, per slot, same layout as the embeddings
+         ├─ dense grads: averaged over the ranks by DDP when WORLD_SIZE > 1
+         └─ embedding grads, per slot, same layout as the embeddings; each rank's are
+            applied by the PS: summed over the ranks (embedding_grad_reduction="sum",
+            PERSIA's) or each divided by WORLD_SIZE first ("mean")
               every `embedding_gradient_check_frequency` steps: all finite?
                  no  -> skip this embedding update, shrink the loss scale
               -> BackwardEngine (<= backward_buffer_size in flight) -> embedding worker
@@ -49,6 +51,9 @@ _logger = logging.getLogger("persia.ctx")
 _GRAD_UPDATE_BUFFER_SIZE = 60
 """PERSIA's default ``grad_update_buffer_size``, the one value TrainCtx accepts."""
 
+EMBEDDING_GRAD_REDUCTIONS = ("sum", "mean")
+"""Accepted ``TrainCtx(embedding_grad_reduction=...)`` values (see TrainCtx)."""
+
 
 class TrainCtx(EmbeddingCtx):
     """Trains the dense model (synchronously, data parallel) and the embeddings (asynchronously).
@@ -70,6 +75,18 @@ class TrainCtx(EmbeddingCtx):
             nccl on GPU, gloo on CPU).
         epl_config: a ``persia.epl.Config`` of EPL training options (default: the one given
             to ``persia.epl.init``, if any); see the README's EPL section.
+        embedding_grad_reduction: how the ranks' embedding gradients combine on the PS.
+            ``"sum"`` (default, PERSIA's behaviour: every rank sends its own batch's
+            gradients and the PS applies each of them, rust/persia-core/src/backward.rs),
+            so with N ranks an id seen by every rank moves N times as far as with one,
+            while the dense gradients are averaged by DDP. ``"mean"`` divides each rank's
+            embedding gradients by the world size before they are applied (through the
+            loss scale the worker divides by), so embeddings and dense layers both follow
+            the mean over the ranks, as HybridBackend does for its sharded embeddings
+            (``GradientAggregation._reduce``, hybridbackend/tensorflow/training/
+            optimizer_lib.py). With SGD without weight decay, ``"mean"`` is ``"sum"``
+            with the embedding learning rate divided by N; with weight decay, Adagrad or
+            Adam the two differ by more than a rate. Refused unless "sum" or "mean".
         model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
     """
 
@@ -77,7 +94,7 @@ class TrainCtx(EmbeddingCtx):
                  grad_scalar_update_factor: float = 4, backward_buffer_size: int = 10, backward_workers_size: int = 8,
                  grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
                  distributed_option: DistributedBaseOption | None = None, *args, epl_config: Config | None = None,
-                 **kwargs):  # fmt: skip
+                 embedding_grad_reduction: str = "sum", **kwargs):  # fmt: skip
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
         if not isinstance(embedding_optimizer, Optimizer):
             raise TypeError(
@@ -96,6 +113,11 @@ class TrainCtx(EmbeddingCtx):
             raise InvalidInputError(
                 "grad_scalar_update_factor", "a number > 0", grad_scalar_update_factor
             )
+        if embedding_grad_reduction not in EMBEDDING_GRAD_REDUCTIONS:
+            raise InvalidInputError(
+                "embedding_grad_reduction", " or ".join(map(repr, EMBEDDING_GRAD_REDUCTIONS)),
+                embedding_grad_reduction,
+            )  # fmt: skip
         if distributed_option is not None and not isinstance(
             distributed_option, DistributedBaseOption
         ):
@@ -103,6 +125,7 @@ class TrainCtx(EmbeddingCtx):
         self.embedding_optimizer = embedding_optimizer
         self.dense_optimizer = dense_optimizer
         self.grad_scalar_update_factor = float(grad_scalar_update_factor)
+        self.embedding_grad_reduction = embedding_grad_reduction
         self.inflight = InflightLimits(  # the bounds on work in flight (inflight.py)
             backward_buffer=backward_buffer_size, backward_workers=backward_workers_size
         )
@@ -290,8 +313,9 @@ class TrainCtx(EmbeddingCtx):
             grads = list  # no gradients: the worker still releases the batch
         if not self._shadowing:  # a shadow step (even_steps.py) updates no embedding
             self._backward.submit(
-                batch.worker, batch.batch_id, scale, grads, on_done=batch.take_release()
-            )
+                batch.worker, batch.batch_id, scale * self.embedding_grad_divisor, grads,
+                on_done=batch.take_release(),
+            )  # fmt: skip
         self.current_batch, self._current_embeddings = None, []
         clock.lap("gradient_send")
         self._precision.step(self.dense_optimizer, finite, self.grad_scalar_update_factor)
@@ -303,6 +327,12 @@ class TrainCtx(EmbeddingCtx):
             self._checkpointer.after_step(self)  # a step boundary: periodic checkpoint if due
         self.session.report_step(self.update_times)
         return scaled
+
+    @property
+    def embedding_grad_divisor(self) -> float:
+        """What the embedding worker divides this rank's embedding gradients by, besides the
+        loss scale: the world size with ``embedding_grad_reduction="mean"``, else 1."""
+        return float(self.world_size) if self.embedding_grad_reduction == "mean" else 1.0
 
     def _agree(self, finite: bool) -> bool:
         """All ranks take the same decision, so their loss scales stay equal."""
