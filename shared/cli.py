@@ -22,6 +22,7 @@ from shared.constants import (
 )
 from shared.errors import ConfigError, UsageError
 from shared.http_server import max_message_bytes
+from shared.redaction import redact
 
 EXIT_USAGE = 2
 
@@ -140,6 +141,6 @@ def global_config_from_flags(args: argparse.Namespace) -> GlobalConfig:
 
 
 def fail(message: str) -> int:
-    """Print one line to stderr and return the usage exit code."""
-    print(f"error: {message}", file=sys.stderr)
+    """Print one line to stderr (secrets as ``***``) and return the usage exit code."""
+    print(f"error: {redact(message)}", file=sys.stderr)
     return EXIT_USAGE

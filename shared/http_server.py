@@ -38,6 +38,7 @@ from shared.errors import (
     PersiaError,
     ServiceUnavailableError,
 )
+from shared.redaction import redact_value
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,8 @@ async def _health(request: web.Request) -> web.Response:
         **state.details,
     }
     status = 200 if body["ready"] else 503
-    return web.json_response(body, status=status)
+    # /health answers without a token: a reason quoting the Redis URL must not show its password
+    return web.json_response(redact_value(body), status=status)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -6,6 +6,7 @@ import logging
 import os
 
 from shared.constants import ENV_LOG_LEVEL
+from shared.redaction import redacting_formatter
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
 
@@ -14,7 +15,8 @@ def configure_logging(service: str, replica_index: int | None = None) -> None:
     """Log to stderr with the service name and replica index on every line.
 
     The level comes from ``LOG_LEVEL`` (default INFO); an unknown level is reported
-    and INFO is used.
+    and INFO is used. Every line (arguments and tracebacks included) goes through
+    ``shared.redaction``: the Redis password and ``PERSIA_AUTH_TOKEN`` come out as ``***``.
     """
     tag = service if replica_index is None else f"{service}/{replica_index}"
     raw = (os.environ.get(ENV_LOG_LEVEL) or "INFO").upper()
@@ -25,6 +27,9 @@ def configure_logging(service: str, replica_index: int | None = None) -> None:
         format=_FORMAT.format(tag=tag),
         force=True,
     )
+    formatter = redacting_formatter(_FORMAT.format(tag=tag))
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     if bad_level:
         logging.getLogger(__name__).warning(
             "%s=%r is not a log level (DEBUG, INFO, WARNING, ERROR); using INFO", ENV_LOG_LEVEL, raw

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from shared.constants import (
     DEFAULT_JOB_ID,
@@ -38,16 +38,29 @@ from shared.constants import (
     service_pattern,
 )
 from shared.errors import ConfigError, RegistryError
+from shared.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RegistrySettings:
-    """Where the registry lives and which job's keys to use."""
+    """Where the registry lives and which job's keys to use.
+
+    ``redis_url`` may hold Redis's password; every message and ``repr`` shows
+    :attr:`display_url` instead (the password as ``***``, ``shared.redaction``).
+    """
 
     redis_url: str = DEFAULT_REDIS_URL
     job_id: str = DEFAULT_JOB_ID
+
+    @property
+    def display_url(self) -> str:
+        """``redis_url`` with its password replaced by ``***``: the form messages show."""
+        return redact_url(self.redis_url)
+
+    def __repr__(self) -> str:
+        return f"RegistrySettings(redis_url={self.display_url!r}, job_id={self.job_id!r})"
 
     @classmethod
     def from_env(cls) -> RegistrySettings:
@@ -127,7 +140,8 @@ class Registry:
             )
         except ValueError as exc:
             raise ConfigError(
-                f"{ENV_REDIS_URL}: expected a redis:// URL, got {self.settings.redis_url!r} ({exc})"
+                f"{ENV_REDIS_URL}: expected a redis:// URL, got {self.settings.display_url!r} "
+                f"({redact_url(str(exc))})"
             ) from exc
         self._known: dict[str, dict[int, ServiceRecord]] = {}
         self._heartbeats: list[asyncio.Task] = []
@@ -137,6 +151,7 @@ class Registry:
         """Raise RegistryError naming the URL when Redis cannot be reached within ``wait_s``.
 
         Services wait a little at start-up: under a Procfile, Redis starts alongside them.
+        A refused password is not waited for: it will not become right.
         """
         deadline = time.monotonic() + wait_s
         while True:
@@ -144,7 +159,8 @@ class Registry:
                 await self._redis.ping()
                 return
             except (RedisError, OSError) as exc:
-                if time.monotonic() < deadline:
+                refused = isinstance(exc, (AuthenticationError, ResponseError))
+                if not refused and time.monotonic() < deadline:
                     await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 2)
                     continue
                 error = exc
@@ -155,7 +171,7 @@ class Registry:
             else f"the default; set {ENV_REDIS_URL}"
         )
         raise RegistryError(
-            f"cannot reach Redis at {self.settings.redis_url} ({source}): {error}"
+            f"cannot reach Redis at {self.settings.display_url} ({source}): {error}"
         ) from error
 
     # --- registration -----------------------------------------------------------------
@@ -222,7 +238,7 @@ class Registry:
 
     def _unreachable(self, exc: BaseException, doing: str = "") -> RegistryError:
         """The RegistryError for a failed Redis call (every RedisError is translated)."""
-        return RegistryError(f"cannot reach Redis at {self.settings.redis_url}{doing}: {exc}")
+        return RegistryError(f"cannot reach Redis at {self.settings.display_url}{doing}: {exc}")
 
     # --- discovery --------------------------------------------------------------------
     async def discover(self, role: str) -> dict[int, ServiceRecord]:
@@ -277,7 +293,7 @@ class Registry:
                     missing = f"missing replica(s) {idx} of {expected}"
                 raise RegistryError(
                     f"timed out after {timeout_s:.0f}s waiting for {role} in job "
-                    f"'{self.settings.job_id}' at {self.settings.redis_url}: {missing}"
+                    f"'{self.settings.job_id}' at {self.settings.display_url}: {missing}"
                 )
             await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
 
@@ -293,7 +309,7 @@ class Registry:
             if time.monotonic() >= deadline:
                 raise RegistryError(
                     f"timed out after {timeout_s:.0f}s waiting for any {role} in job "
-                    f"'{self.settings.job_id}' at {self.settings.redis_url}"
+                    f"'{self.settings.job_id}' at {self.settings.display_url}"
                 )
             await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
 

@@ -9,7 +9,9 @@ import socket
 
 from aiohttp import web
 
+from shared.cli import fail
 from shared.constants import ENV_ADVERTISE_HOST, REDIS_STARTUP_WAIT_S
+from shared.errors import ConfigError
 from shared.http_server import STATE, install_uvloop, serve
 from shared.process_exit import exit_now
 from shared.registry import Registry, RegistrySettings, ServiceRecord
@@ -79,7 +81,13 @@ def run(main_coro_factory) -> None:
     to exit past the 5 s after which honcho sends SIGKILL. Nothing is
     lost: every resource has been released by its cleanup context by then, and the log
     handlers and standard streams are flushed first.
+
+    A ConfigError on the way (an unusable ``PERSIA_REDIS_URL``) is one line on stderr and
+    exit code 2, like the flags' errors.
     """
     install_uvloop()
-    asyncio.run(main_coro_factory())
+    try:
+        asyncio.run(main_coro_factory())
+    except ConfigError as exc:
+        exit_now(fail(str(exc)))
     exit_now(0)

@@ -19,8 +19,9 @@ def free_port() -> int:
 class RedisServer:
     """A throwaway redis-server on loopback; ``restart()`` keeps the same port."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, extra_args: list[str] | None = None):
         self.port = port or free_port()
+        self.extra_args = list(extra_args or [])  # e.g. ["--requirepass", pw]
         self.dir = tempfile.mkdtemp(prefix="pyrsia-redis-")
         self.proc: subprocess.Popen | None = None
 
@@ -42,6 +43,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -51,7 +53,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 time.sleep(0.02)
