@@ -6,7 +6,8 @@ HybridBackend                                  here
 ``python -m hybridbackend.run python main.py``  ``python -m persia.hb.run python train.py``
 ``hb.context.rank / world_size / local_rank``  the same (from torch's launcher environment)
 ``hb.context.options.<name>`` / ``HB_<NAME>``  the same; typed, validated, typos refused
-``hb.scope(**options)`` / ``hb.function(...)``  the same; ``grad_nbuckets`` -> DDP buckets
+``hb.scope(**options)`` / ``hb.function(...)``  the same; dense parameters made there are
+                                               data parallel; ``grad_nbuckets`` -> buckets
 ``hb.scope(sharding=True)`` (embedding_scope)  torch Embedding/EmbeddingBag on the embedding PS
 ``hb.wraps(Optimizer)``                        the same for torch optimizers (and modules: DDP)
 ``hb.data.make_one_shot_iterator`` etc.        over a torch Dataset, each rank its share
@@ -14,6 +15,21 @@ HybridBackend                                  here
 ``hb.train.EvaluationHook(eval_fn, every_n)``  ``hb.train.train_and_evaluate(eval_every_n_iter=)``
 ``hb.train.export(dir, checkpoint, ...)``      the Pyrsia serving artifact (persia.serving)
 =============================================  ==================================================
+
+Data parallel, with several ranks, means what it means in HybridBackend: a dense
+parameter made under ``hb.scope`` (or ``hb.function``), wrapped by ``hb.wraps(module)``,
+or stepped by an ``hb.wraps`` optimizer starts from rank 0's value (buffers too, where
+the module is known) and is trained with the mean of the ranks' gradients, all-reduced
+in ``grad_nbuckets`` buckets: during backward by DDP, or in ``optimizer.step()`` with
+``grad_lazy_sync`` or for a plain torch optimizer stepping parameters made in the scope
+(see :mod:`persia.hb._parallel`).
+
+Where Pyrsia differs: the gradients of ``hb.scope(sharding=True)`` tables are applied
+on the PS as each rank sends them, so they are summed over the ranks (PERSIA's rule,
+see ``TrainCtx(embedding_grad_reduction=)``), where HybridBackend averages sharded
+gradients (``GradientAggregation._reduce`` scales them by ``1 / world_size``). With SGD
+without weight decay, an embedding learning rate divided by the world size gives
+HybridBackend's update.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ in a shell) an environment variable ``HB_<NAME>`` that supplies the default::
     HB_GRAD_NBUCKETS=2 python train.py          # or from the environment
 
     name                  type   default  env                    meaning
-    grad_nbuckets         int    1        HB_GRAD_NBUCKETS       all-reduce buckets of the dense gradients
+    grad_nbuckets         int    1        HB_GRAD_NBUCKETS       all-reduces per step of the dense gradients
     grad_lazy_sync        bool   False    HB_GRAD_LAZY_SYNC      all-reduce in optimizer.step(), not during backward
     find_unused_parameters bool  False    HB_FIND_UNUSED_PARAMETERS  DDP's flag of the same name
     comm_default          str    auto     HB_COMM_DEFAULT        process-group backend: auto, nccl or gloo
@@ -18,6 +18,10 @@ in a shell) an environment variable ``HB_<NAME>`` that supplies the default::
     seed                  int    -1       HB_SEED                seed of hb.data shuffling (-1: no shuffle)
     embedding_optimizer   persia.embedding.optim.Optimizer | None   (no env)
     embedding_config      persia.embedding.EmbeddingConfig | None   (no env)
+
+``grad_nbuckets`` and ``grad_lazy_sync`` take the value in effect where the model or
+optimizer is made or wrapped (inside ``hb.scope(grad_nbuckets=2)``: 2, also for steps
+taken after the block), as HybridBackend reads them when it wraps an optimizer.
 
 An unknown name is refused with the closest known one (``grad_nbucket`` ->
 ``did you mean 'grad_nbuckets'?``); a wrong type or value names the option and
