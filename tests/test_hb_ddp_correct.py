@@ -156,8 +156,8 @@ result["wraps"] = params(model)
 )
 
 
-def _run_ranks(tmp_path: Path, script: str) -> list[dict]:
-    """Run ``script`` on two gloo ranks; returns what each rank wrote."""
+def _start_ranks(tmp_path: Path, script: str) -> list[tuple[int, str]]:
+    """Run ``script`` on two gloo ranks; (exit code, stderr) of each."""
     path = tmp_path / "rank_script.py"
     path.write_text(script)
     port = str(free_port())
@@ -183,8 +183,13 @@ def _run_ranks(tmp_path: Path, script: str) -> list[dict]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err[-4000:]
+    return [(proc.returncode, err) for proc, (_, err) in zip(procs, outputs, strict=True)]
+
+
+def _run_ranks(tmp_path: Path, script: str) -> list[dict]:
+    """Run ``script`` on two gloo ranks; returns what each rank wrote."""
+    for code, err in _start_ranks(tmp_path, script):
+        assert code == 0, err[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -248,6 +253,30 @@ def test_lazy_sync_and_a_wrapped_optimizer_start_from_rank_0s_parameters(tmp_pat
     _assert_same(rank1["wraps_start"], {k: v.tolist() for k, v in wraps_start.named_parameters()})
     _assert_params_close(rank0["lazy"], _reference(0))
     _assert_params_close(rank0["wraps"], _reference(10))
+
+
+MISMATCH_SCRIPT = (
+    HEADER
+    + """
+from shared.errors import ConfigError
+try:
+    with hb.scope():
+        model = torch.nn.Linear(4, 4 + rank)  # not the same model on both ranks
+except ConfigError as exc:
+    print(f"refused: {exc}", file=sys.stderr)
+    sys.exit(3)
+"""
+    + FOOTER
+)
+
+
+def test_ranks_that_made_different_parameters_in_a_scope_are_refused_on_every_rank(tmp_path):
+    for code, err in _start_ranks(tmp_path, MISMATCH_SCRIPT):
+        assert code == 3, err[-4000:]
+        assert (
+            "refused: the parameters and buffers made in hb.scope: the ranks hold different" in err
+        )
+        assert "build the same model on every rank" in err
 
 
 def _ddp_bucket_count(sizes: list[int], caps_mb: list[float]) -> int:
