@@ -77,9 +77,11 @@ class ServiceProc:
         timeout_s: float = 60.0,
         log_dir: Path | None = None,
         address: str | None = None,
+        cwd: Path | None = None,
     ) -> ServiceProc:
         """``address``: a service that does not register (inference without Redis) listens
-        there; readiness is then read from its /health alone."""
+        there; readiness is then read from its /health alone. ``cwd``: its working directory
+        (default: the repository)."""
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         log_path = None
         out = subprocess.DEVNULL
@@ -93,7 +95,7 @@ class ServiceProc:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 env=full_env,
-                cwd=REPO,
+                cwd=cwd or REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

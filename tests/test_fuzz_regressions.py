@@ -18,12 +18,13 @@ from tests.test_embedding_worker_service import (  # noqa: F401 - fixtures
 )
 
 
-async def test_worker_answers_400_when_the_ps_refuses_a_forwarded_body(services, configs, client):  # noqa: F811
+async def test_worker_answers_400_when_the_ps_refuses_a_forwarded_body(services, configs, client, tmp_path):  # noqa: F811  # fmt: skip
     """Fuzz finding 1: /load of a missing directory through the worker was a 502
-    ("upstream_error"): the PS's 400 naming the field became a server error."""
+    ("upstream_error"): the PS's 400 naming the field became a server error. (The directory
+    lies inside the PS's checkpoint roots, so the refusal is the missing checkpoint's.)"""
     _, (w,) = start_cluster(services, configs(), n_ps=1)
     with pytest.raises(RemoteBadRequestError) as info:
-        await client.call(f"{w.url}/load", {"dir": "/nonexistent/checkpoint"})
+        await client.call(f"{w.url}/load", {"dir": str(tmp_path / "nonexistent" / "checkpoint")})
     assert info.value.peer_status == 400  # the worker's own answer (not 502)
     assert info.value.body["field"] == "directory"
     assert "expected" in info.value.body

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from services.embedding_ps.checkpoint import IncrementalWriter, read_manifests
-from services.embedding_ps.checkpoint_root import checkpoint_root
+from services.embedding_ps.checkpoint_root import checkpoint_roots
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
 from services.embedding_ps.server import create_app
@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-root",
         default=None,
         metavar="DIR",
-        help=f"refuse /dump and /load paths outside DIR (symlinks and .. resolved); "
-        f"default ${ENV_CHECKPOINT_ROOT}, else any path",
+        help=f"refuse /dump and /load paths outside DIR (symlinks and .. resolved; '/' allows "
+        f"any path); default ${ENV_CHECKPOINT_ROOT}, else the PS's working directory and "
+        "checkpointing_config.checkpoint_dir",
     )
     return parser
 
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
         )
         config = global_config_from_flags(args)
-        root = checkpoint_root(args.checkpoint_root)
+        roots = checkpoint_roots(
+            args.checkpoint_root, config.common_config.checkpointing_config.checkpoint_dir
+        )
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     infer = config.common_config.job_type == JobType.Infer
@@ -112,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
     workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
-    if root is not None:
-        log.info("checkpoint root %s: /dump and /load paths outside it are refused", root)
+    log.info(
+        "checkpoint roots %s: /dump and /load paths outside them are refused",
+        ", ".join(map(str, roots)),
+    )
     infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
     since_ms = 0
     if infer and infer_checkpoint:
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         scan_interval_s=float(ps.incremental_scan_interval_seconds),
         max_request_bytes=args.max_request_bytes,
         checkpoint_workers=workers,
-        checkpoint_root=root,
+        checkpoint_root=roots,
     )
     install_metrics_push(
         app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index

@@ -10,7 +10,7 @@ route                  body                                                 answ
 /register_optimizer    {"optimizer": {"type": "adagrad", "lr": ...}}         {"optimizer": {...}}
 /lookup                {"train": bool, "groups": [{"dim", "ids"}]}          {"groups": [float32 (n, dim)]}
 /update                {"groups": [{"dim", "ids", "grads"}]}                {"applied", "skipped_..."}
-/dump, /load           {"dir": str} (inside --checkpoint-root when set)       manifest / {"entries"}
+/dump, /load           {"dir": str} (inside the PS checkpoint roots)          manifest / {"entries"}
 /clear, /stats         {} / none                                            stats
 /checksum              {} / none                                            {"entries", "checksum"}
 =====================  ===================================================  ==========================
@@ -60,7 +60,7 @@ OFFLOAD = web.AppKey("ps_offload", Offloader)
 PS_METRICS = web.AppKey("ps_metrics", dict)
 LOADER = web.AppKey("ps_incremental_loader", IncrementalLoader)
 CHECKPOINT_WORKERS = web.AppKey("ps_checkpoint_workers", int)
-CHECKPOINT_ROOT = web.AppKey("ps_checkpoint_root", Path)  # set only with --checkpoint-root
+CHECKPOINT_ROOT = web.AppKey("ps_checkpoint_root", tuple)  # the roots (checkpoint_root.py)
 
 
 class _Status:
@@ -298,18 +298,20 @@ def create_app(
     scan_interval_s: float = 10.0,
     max_request_bytes: int | None = None,
     checkpoint_workers: int = 1,
-    checkpoint_root: Path | None = None,
+    checkpoint_root: tuple[Path, ...] | Path | None = None,
 ) -> web.Application:
     """The PS app for one replica. ``ready_without_configure``: an Infer replica (serves eval
     lookups without /configure or an optimizer); ``incremental_loader`` scans for packets;
     ``max_request_bytes`` caps request bodies (413 beyond); ``checkpoint_workers`` threads
-    write and read /dump and /load files (``checkpointing_config.num_workers``); with a
-    ``checkpoint_root`` those paths must lie in it (``checkpoint_root.py``)."""
+    write and read /dump and /load files (``checkpointing_config.num_workers``); with
+    ``checkpoint_root`` (one root or several) those paths must lie in one
+    (``checkpoint_root.py``; the launcher always passes the roots, None is for in-process apps)."""
     app = make_app(f"embedding_parameter_server/{replica_index}", client_max_size=max_request_bytes)
     app[STORE] = store
     app[CHECKPOINT_WORKERS] = checkpoint_workers
     if checkpoint_root is not None:
-        app[CHECKPOINT_ROOT] = checkpoint_root
+        roots = (checkpoint_root,) if isinstance(checkpoint_root, Path) else tuple(checkpoint_root)
+        app[CHECKPOINT_ROOT] = roots
     app[STATUS] = _Status()
     app[STATUS].configured = ready_without_configure
     app[STATUS].infer = ready_without_configure
