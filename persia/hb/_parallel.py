@@ -127,8 +127,10 @@ def _layout_signature(tensors: list[torch.Tensor]) -> int:
 
 def _check_same_layout(tensors: list[torch.Tensor], what: str) -> None:
     """Every rank holds the same number, shapes and dtypes of tensors, or all raise."""
-    mine = torch.tensor([len(tensors), _layout_signature(tensors)], dtype=torch.int64)
-    mine = mine.to(tensors[0].device if tensors else "cpu")
+    device = context.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.tensor(
+        [len(tensors), _layout_signature(tensors)], dtype=torch.int64, device=device
+    )
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     if any(not torch.equal(every[0], other) for other in every[1:]):
