@@ -173,3 +173,27 @@ async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_
         assert ps.health()[0] == 200
     finally:
         await client.close()
+
+
+def test_an_incremental_packet_with_flipped_bytes_is_skipped_and_changes_nothing(tmp_path, caplog):
+    """Packets carry the same per-file size and CRC-32: a damaged one is never applied."""
+    from services.embedding_ps.checkpoint import IncrementalWriter
+    from services.embedding_ps.incremental import IncrementalLoader
+
+    ids = np.arange(1, 2001, dtype=np.uint64)
+    train = _store(ids, seed=2)
+    writer = IncrementalWriter(tmp_path / "inc" / "replica_0", buffer_size=100_000)
+    train.update(ids, np.ones((ids.shape[0], 8), np.float32))
+    writer.notify(train, ids)
+    packet = writer.flush(train)
+    manifest = json.loads((packet / "manifest.json").read_text())
+    assert manifest["dims"]["8"]["rows_crc32"] == zlib.crc32((packet / "dim8.rows.npy").read_bytes())  # fmt: skip
+    _flip_middle(packet / "dim8.rows.npy")
+    serving = _store(np.arange(50_000, 50_100, dtype=np.uint64), seed=3)
+    before = store_checksum(serving)
+    loader = IncrementalLoader(serving, tmp_path / "inc", 0, 1)
+    with caplog.at_level(logging.ERROR):
+        assert loader.scan() == 0
+    assert loader.stats.packets_skipped_torn == 1
+    assert any("CRC-32" in r.getMessage() for r in caplog.records)
+    assert store_checksum(serving) == before

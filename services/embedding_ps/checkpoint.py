@@ -45,7 +45,7 @@ from services.embedding_ps.checkpoint_files import (
     write_entries,
     write_npy_files,
 )
-from services.embedding_ps.checkpoint_verify import NPY_HEADER_LOCK, check_dims, verify_parts
+from services.embedding_ps.checkpoint_verify import check_dims, read_checked, verify_parts
 from services.embedding_ps.optimizers import state_layout, state_width
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from shared.embedding_spec import OptimizerSpec, optimizer_from_dict, optimizer_to_dict
@@ -317,26 +317,12 @@ def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> Optim
     return store.optimizer
 
 
-def _read_pair(directory: Path, info: dict, dim: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with NPY_HEADER_LOCK:  # numpy parses the headers with ast (checkpoint_verify.py)
-            ids = np.load(directory / info["ids"], allow_pickle=False)
-            rows = np.load(directory / info["rows"], allow_pickle=False, mmap_mode="r")
-    except (OSError, ValueError, KeyError) as exc:
-        raise InvalidInputError(
-            "directory", f"readable data files for dim {dim}", str(exc)
-        ) from exc
-    if (
-        ids.dtype != np.uint64
-        or ids.ndim != 1
-        or rows.dtype != np.float32
-        or rows.shape != (ids.shape[0], width)
-    ):
-        raise InvalidInputError(
-            "directory",
-            f"ids uint64 (n,) and rows float32 (n, {width}) for dim {dim}",
-            f"{ids.dtype}{ids.shape}, {rows.dtype}{rows.shape}",
-        )
+def _read_pair(directory: Path, info: dict, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A packet's (ids, rows) for ``dim`` (``info`` checked by ``check_dims``), each file's
+    header, size and CRC-32 (when recorded) checked first."""
+    n, width = info["entries"], info["width"]
+    ids = read_checked(f"dim {dim} ids", directory, info, "ids", (n,))
+    rows = read_checked(f"dim {dim} rows", directory, info, "rows", (n, width))
     return ids, rows
 
 
@@ -483,15 +469,20 @@ def apply_packet(
         raise InvalidInputError(
             "packet", "a finished packet directory (with a done marker)", str(packet)
         )
-    manifest = json.loads((packet / "manifest.json").read_text())
-    applied = 0
-    for dim_s, info in manifest["dims"].items():
-        dim = int(dim_s)
+    try:
+        manifest = json.loads((packet / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError("packet", "a readable manifest.json", str(exc)) from exc
+    dims = check_dims(manifest.get("dims") if isinstance(manifest, dict) else None, packet.name)
+    pairs = []
+    for dim, info in dims.items():  # every file checked before the store changes
         if info["width"] != store._width(dim):
             raise ConflictError(
                 f"packet dim {dim} rows are {info['width']} wide, the store expects {store._width(dim)}",
             )
-        ids, rows = _read_pair(packet, info, dim, info["width"])
+        pairs.append((dim, *_read_pair(packet, info, dim)))
+    applied = 0
+    for dim, ids, rows in pairs:
         mask = replica_of(ids, replica_count) == replica_index
         store.import_entries(dim, ids[mask], np.asarray(rows[mask]))
         applied += int(mask.sum())

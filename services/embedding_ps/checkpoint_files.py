@@ -193,28 +193,38 @@ def read_routed(
     return loaded
 
 
-def save_npy(path: Path, array: np.ndarray) -> None:
-    """Write one .npy file completely (flushed to disk) without pickle."""
+def save_npy(path: Path, array: np.ndarray) -> tuple[int, int]:
+    """Write one .npy file completely (flushed to disk) without pickle, byte-identical to
+    ``np.save``; returns its (size in bytes, CRC-32)."""
+    array = np.ascontiguousarray(array)
+    header = npy_header(array.dtype, array.shape)
     with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        f.write(header)
+        for _, piece in _pieces([array], 0):
+            f.write(memoryview(piece).cast("B"))
         f.flush()
         os.fsync(f.fileno())
+    return len(header) + array.nbytes, _crc32(header, [array])
 
 
 def write_entries(
     directory: Path, prefix: str, entries: dict[int, tuple[np.ndarray, np.ndarray]]
 ) -> dict:
     """Write ``{dim: (ids, rows)}`` one file after another (incremental packets: small);
-    returns the manifest's ``dims`` part."""
+    returns the manifest's ``dims`` part, with each file's size and CRC-32 as a dump's."""
     dims = {}
     for dim, (ids, rows) in entries.items():
         ids_name, rows_name = f"{prefix}dim{dim}.ids.npy", f"{prefix}dim{dim}.rows.npy"
-        save_npy(directory / ids_name, ids)
-        save_npy(directory / rows_name, rows)
+        ids_bytes, ids_crc = save_npy(directory / ids_name, ids)
+        rows_bytes, rows_crc = save_npy(directory / rows_name, rows)
         dims[str(dim)] = {
             "entries": int(ids.shape[0]),
             "width": int(rows.shape[1]),
             "ids": ids_name,
             "rows": rows_name,
+            "ids_bytes": ids_bytes,
+            "ids_crc32": ids_crc,
+            "rows_bytes": rows_bytes,
+            "rows_crc32": rows_crc,
         }
     return dims

@@ -168,6 +168,15 @@ def _checked_array(
     return np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
 
 
+def read_checked(label: str, directory: Path, info: dict, kind: str, shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    """One file of a ``check_dims``-checked ``info`` (``kind`` "ids" or "rows"), memory-mapped
+    after its header, size and CRC-32 (when recorded) are checked, on this thread: incremental
+    packets, which are small."""
+    dtype = np.dtype(np.uint64 if kind == "ids" else np.float32)
+    name, buf, offset = _map_checked(label, directory / info[kind], dtype, shape, info.get(f"{kind}_bytes"))  # fmt: skip
+    return _checked_array(name, buf, offset, dtype, shape, info.get(f"{kind}_crc32"))
+
+
 def verify_parts(
     directory: Path, manifests: list[dict], pool: Executor
 ) -> tuple[list[list[VerifiedPair]], bool]:

@@ -7,7 +7,8 @@ scans every ``replica_*`` directory each ``incremental_scan_interval_seconds`` (
 every 10 s, hard-coded) and applies each new packet, per writer in sequence order, keeping the
 ids routed to itself (any writer replica count)::
 
-    packet with its done marker, readable       -> applied whole (every file checked first)
+    packet with its done marker, readable       -> applied whole (every file checked first:
+                                                   header, size, CRC-32 when recorded)
     packet without done, a later one finished   -> torn: skipped with a warning, never applied
     packet without done, the newest             -> not finished yet: looked at again next scan
     packet with done but unreadable/inconsistent-> torn: skipped with an error line
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from services.embedding_ps.checkpoint import FORMAT, FORMAT_VERSION, _read_pair
+from services.embedding_ps.checkpoint_verify import check_dims
 from services.embedding_ps.optimizers import state_layout
 from shared.embedding_spec import optimizer_from_dict
 from shared.errors import InvalidInputError
@@ -80,11 +82,8 @@ def read_packet(store: EmbeddingStore, packet: Path) -> tuple[dict | None, dict[
         raise InvalidInputError("packet", f"a {PACKET_FORMAT} version {FORMAT_VERSION} manifest", packet.name)  # fmt: skip
     raw = manifest.get("optimizer")
     entries = {}
-    for dim_s, info in manifest["dims"].items():
-        if not isinstance(info, dict) or not str(dim_s).isdigit():
-            raise InvalidInputError("packet", "dims entries {dim: {ids, rows, width}}", dim_s)
-        dim = int(dim_s)
-        entries[dim] = _read_pair(packet, info, dim, int(info.get("width", -1)))
+    for dim, info in check_dims(manifest["dims"], f"{packet.name}/manifest.json").items():
+        entries[dim] = _read_pair(packet, info, dim)  # header, size and CRC-32 checked
     return raw, entries
 
 
