@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv warm redis-check test test-slow test-faults test-load test-all lint format bench demo demo-multi clean
+.PHONY: venv warm redis-check test test-slow test-faults test-load test-all lint format bench demo demo-multi docs clean
 
 venv: $(STAMP)
 
@@ -66,6 +66,16 @@ demo: $(STAMP) redis-check warm
 demo-multi: $(STAMP) redis-check warm
 	$(PY) examples/adult_income/data_prep.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile.multi start
+
+## the documentation site (docs/, mkdocs.yml) into site/; the reference pages are generated from the code
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
