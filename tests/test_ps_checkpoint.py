@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from services.embedding_ps import checkpoint_files
-from services.embedding_ps.checkpoint import IncrementalWriter, apply_packet, read_manifests
+from services.embedding_ps.checkpoint import read_manifests
 from services.embedding_ps.engine import EmbeddingStore
+from services.embedding_ps.packets import IncrementalWriter, apply_packet
 from shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,

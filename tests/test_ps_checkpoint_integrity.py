@@ -177,8 +177,8 @@ async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_
 
 def test_an_incremental_packet_with_flipped_bytes_is_skipped_and_changes_nothing(tmp_path, caplog):
     """Packets carry the same per-file size and CRC-32: a damaged one is never applied."""
-    from services.embedding_ps.checkpoint import IncrementalWriter
     from services.embedding_ps.incremental import IncrementalLoader
+    from services.embedding_ps.packets import IncrementalWriter
 
     ids = np.arange(1, 2001, dtype=np.uint64)
     train = _store(ids, seed=2)

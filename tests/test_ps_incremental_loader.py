@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from services.embedding_ps.checkpoint import IncrementalWriter
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
+from services.embedding_ps.packets import IncrementalWriter
 from shared.embedding_spec import AdagradSpec, SGDSpec
 from shared.farmhash import replica_of
 

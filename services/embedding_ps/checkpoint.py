@@ -1,4 +1,4 @@
-"""Embedding checkpoints: full dumps per replica, resharding loads, incremental packets.
+"""Embedding checkpoints: full dumps per replica, resharding loads.
 
 Layout of a checkpoint directory (every replica of a job writes into the same one)::
 
@@ -19,16 +19,13 @@ with ``allow_pickle=False`` and JSON: no pickle.
 A checkpoint written by N replicas loads into M: every replica reads every part and keeps the ids
 with ``replica_of(id, M) == its index`` (vectorized).
 
-Incremental packets (:class:`IncrementalWriter`) are directories ``packet_<seq>_<ms>`` holding the
-same ``dim<d>.ids.npy``/``dim<d>.rows.npy`` pairs, a ``manifest.json`` and a ``done`` marker;
-they appear atomically (written under a temporary name, then renamed).
+Incremental packets (the entries updates changed, in the same file format) are ``packets.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import secrets
 import threading
@@ -37,20 +34,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from services.embedding_ps.checkpoint_files import (
     export_parallel,
+    fsync_dir,
     read_routed,
-    write_entries,
+    unlink_quietly,
+    write_json,
     write_npy_files,
 )
-from services.embedding_ps.checkpoint_verify import check_dims, read_checked, verify_parts
+from services.embedding_ps.checkpoint_verify import check_dims, check_replica, verify_parts
 from services.embedding_ps.optimizers import state_layout, state_width
 from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from shared.embedding_spec import OptimizerSpec, optimizer_from_dict, optimizer_to_dict
 from shared.errors import ConflictError, InvalidInputError
-from shared.farmhash import replica_of
 from shared.validate import positive_int
 
 if TYPE_CHECKING:
@@ -61,49 +57,6 @@ log = logging.getLogger(__name__)
 FORMAT = EMBEDDING_CHECKPOINT_FORMAT
 FORMAT_VERSION = EMBEDDING_CHECKPOINT_VERSION
 _MANIFEST = re.compile(r"^replica_(\d+)\.manifest\.json$")
-
-
-def _check_replica(replica_index: object, replica_count: object) -> tuple[int, int]:
-    replica_count = positive_int(replica_count, "replica_count")
-    if (
-        isinstance(replica_index, bool)
-        or not isinstance(replica_index, (int, np.integer))
-        or not 0 <= replica_index < replica_count
-    ):
-        raise InvalidInputError(
-            "replica_index", f"an integer in [0, {replica_count})", replica_index
-        )
-    return int(replica_index), int(replica_count)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); a failure removes
-    the temporary file."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:  # already gone, or the disk refuses: nothing more to do here
-        pass
 
 
 _DUMPING = threading.Lock()
@@ -131,7 +84,7 @@ def _remove_leftovers(directory: Path, replica_index: int) -> None:
             and name.endswith(".npy")
             and (token is None or f".{token}." not in name)
         ):
-            _unlink_quietly(path)
+            unlink_quietly(path)
 
 
 def dump_store(
@@ -144,7 +97,7 @@ def dump_store(
 ) -> dict:
     """Write ``store`` as replica ``replica_index`` of ``replica_count`` with ``workers`` threads
     (``checkpointing_config.num_workers``; the files do not depend on it); returns the manifest."""
-    replica_index, replica_count = _check_replica(replica_index, replica_count)
+    replica_index, replica_count = check_replica(replica_index, replica_count)
     workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -160,8 +113,8 @@ def dump_store(
         finally:
             if not committed:  # a failed dump (disk full, I/O error) takes its files with it
                 for path in directory.glob(f"{prefix}*"):
-                    _unlink_quietly(path)
-        _fsync_dir(directory)
+                    unlink_quietly(path)
+        fsync_dir(directory)
         _remove_stale(directory, replica_index, replica_count, token)
     log.info(
         "dumped %d entries to %s as replica %d/%d",
@@ -213,8 +166,8 @@ def _write_part(
         "entries": sum(d["entries"] for d in dims.values()),
         "dims": dims,
     }
-    _fsync_dir(directory)
-    _write_json(directory / f"replica_{replica_index}.manifest.json", manifest)
+    fsync_dir(directory)
+    write_json(directory / f"replica_{replica_index}.manifest.json", manifest)
     return manifest
 
 
@@ -317,15 +270,6 @@ def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> Optim
     return store.optimizer
 
 
-def _read_pair(directory: Path, info: dict, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """A packet's (ids, rows) for ``dim`` (``info`` checked by ``check_dims``), each file's
-    header, size and CRC-32 (when recorded) checked first."""
-    n, width = info["entries"], info["width"]
-    ids = read_checked(f"dim {dim} ids", directory, info, "ids", (n,))
-    rows = read_checked(f"dim {dim} rows", directory, info, "rows", (n, width))
-    return ids, rows
-
-
 def load_store(
     store: EmbeddingStore,
     directory: str | Path,
@@ -347,7 +291,7 @@ def load_store(
     disk failing mid-read (EIO) or memory running out leaves a partly loaded store, as it would
     a staging store's process.
     """
-    replica_index, replica_count = _check_replica(replica_index, replica_count)
+    replica_index, replica_count = check_replica(replica_index, replica_count)
     workers = positive_int(workers, "num_workers")
     directory = Path(directory)
     manifests = read_manifests(directory)
@@ -388,102 +332,3 @@ def load_store(
         replica_count,
     )
     return loaded
-
-
-class IncrementalWriter:
-    """Writes the entries changed by updates as packets, every ``buffer_size`` distinct ids.
-
-    The store calls :meth:`notify` with the ids it applied gradients to; :meth:`flush` writes
-    whatever is pending (e.g. at shutdown). Thread-safe.
-    """
-
-    def __init__(self, directory: str | Path, buffer_size: int):
-        buffer_size = positive_int(buffer_size, "incremental_buffer_size")
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.buffer_size = int(buffer_size)
-        self._lock = threading.Lock()
-        self._pending: list[np.ndarray] = []
-        self._pending_n = 0
-        seqs = [
-            int(p.name.split("_")[1])
-            for p in self.directory.glob("packet_*_*")
-            if p.name.split("_")[1].isdigit()
-        ]
-        self._seq = max(seqs, default=-1) + 1
-        self.packets_written = 0
-
-    def notify(self, store: EmbeddingStore, ids: np.ndarray) -> None:
-        """Record updated ids; write a packet once ``buffer_size`` distinct ids are pending."""
-        with self._lock:
-            self._pending.append(ids)
-            self._pending_n += ids.shape[0]
-            if self._pending_n < self.buffer_size:
-                return
-            unique = np.unique(np.concatenate(self._pending))
-            self._pending, self._pending_n = [unique], unique.shape[0]
-            if unique.shape[0] >= self.buffer_size:
-                self._write(store, unique)
-
-    def flush(self, store: EmbeddingStore) -> Path | None:
-        """Write the pending ids now (if any); returns the packet directory."""
-        with self._lock:
-            if not self._pending_n:
-                return None
-            return self._write(store, np.unique(np.concatenate(self._pending)))
-
-    def _write(self, store: EmbeddingStore, ids: np.ndarray) -> Path:
-        self._pending, self._pending_n = [], 0
-        name = f"packet_{self._seq:08d}_{int(time.time() * 1000)}"
-        self._seq += 1
-        tmp = self.directory / f".{name}.tmp"
-        tmp.mkdir()
-        entries = store.export_entries(ids)
-        dims = write_entries(tmp, "", entries)
-        manifest = {
-            "format": FORMAT + "-packet",
-            "format_version": FORMAT_VERSION,
-            "optimizer": optimizer_to_dict(store.optimizer)
-            if store.optimizer is not None
-            else None,
-            "entries": sum(d["entries"] for d in dims.values()),
-            "dims": dims,
-        }
-        _write_json(tmp / "manifest.json", manifest)
-        (tmp / "done").write_text("")
-        _fsync_dir(tmp)
-        final = self.directory / name
-        os.replace(tmp, final)
-        _fsync_dir(self.directory)
-        self.packets_written += 1
-        return final
-
-
-def apply_packet(
-    store: EmbeddingStore, packet: str | Path, replica_index: int = 0, replica_count: int = 1
-) -> int:
-    """Load one finished packet (``done`` present) into ``store``, keeping this replica's ids."""
-    replica_index, replica_count = _check_replica(replica_index, replica_count)
-    packet = Path(packet)
-    if not (packet / "done").exists():
-        raise InvalidInputError(
-            "packet", "a finished packet directory (with a done marker)", str(packet)
-        )
-    try:
-        manifest = json.loads((packet / "manifest.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidInputError("packet", "a readable manifest.json", str(exc)) from exc
-    dims = check_dims(manifest.get("dims") if isinstance(manifest, dict) else None, packet.name)
-    pairs = []
-    for dim, info in dims.items():  # every file checked before the store changes
-        if info["width"] != store._width(dim):
-            raise ConflictError(
-                f"packet dim {dim} rows are {info['width']} wide, the store expects {store._width(dim)}",
-            )
-        pairs.append((dim, *_read_pair(packet, info, dim)))
-    applied = 0
-    for dim, ids, rows in pairs:
-        mask = replica_of(ids, replica_count) == replica_index
-        store.import_entries(dim, ids[mask], np.asarray(rows[mask]))
-        applied += int(mask.sum())
-    return applied

@@ -22,7 +22,9 @@ numpy's file and copy loops and the numba kernels release the GIL, so the thread
 from __future__ import annotations
 
 import io
+import json
 import os
+import secrets
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -228,3 +230,34 @@ def write_entries(
             "rows_crc32": rows_crc,
         }
     return dims
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new, renamed, removed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); a failure removes
+    the temporary file."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:  # already gone, or the disk refuses: nothing more to do here
+        pass

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.errors import InvalidInputError
+from shared.validate import positive_int
 
 CRC_CHUNK = 16 << 20
 """Bytes hashed per ``zlib.crc32`` call (each call releases the GIL for its duration)."""
@@ -210,3 +211,26 @@ def verify_parts(
         [VerifiedPair(dim, ids.result(), rows.result()) for dim, (ids, rows) in files]
         for files in parts
     ], all_checksummed
+
+
+def check_replica(replica_index: object, replica_count: object) -> tuple[int, int]:
+    """``(replica_index, replica_count)`` as ints, ``0 <= index < count``, or InvalidInputError."""
+    replica_count = positive_int(replica_count, "replica_count")
+    if (
+        isinstance(replica_index, bool)
+        or not isinstance(replica_index, (int, np.integer))
+        or not 0 <= replica_index < replica_count
+    ):
+        raise InvalidInputError(
+            "replica_index", f"an integer in [0, {replica_count})", replica_index
+        )
+    return int(replica_index), int(replica_count)
+
+
+def read_pair(directory: Path, info: dict, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A packet's (ids, rows) for ``dim`` (``info`` checked by ``check_dims``), each file's
+    header, size and CRC-32 (when recorded) checked first."""
+    n, width = info["entries"], info["width"]
+    ids = read_checked(f"dim {dim} ids", directory, info, "ids", (n,))
+    rows = read_checked(f"dim {dim} rows", directory, info, "rows", (n, width))
+    return ids, rows

@@ -1,7 +1,7 @@
 """Incremental update, serving side: an Infer PS applies the packets training PS replicas write.
 
 Training replica ``i`` (``enable_incremental_update: true``) writes finished packets as
-``<incremental_dir>/replica_<i>/packet_<seq>_<unix ms>/`` (``checkpoint.IncrementalWriter``:
+``<incremental_dir>/replica_<i>/packet_<seq>_<unix ms>/`` (``packets.IncrementalWriter``:
 written under a hidden temporary name, ``done`` marker last, then renamed). An Infer replica
 scans every ``replica_*`` directory each ``incremental_scan_interval_seconds`` (PERSIA scans
 every 10 s, hard-coded) and applies each new packet, per writer in sequence order, keeping the
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.embedding_ps.checkpoint import FORMAT, FORMAT_VERSION, _read_pair
-from services.embedding_ps.checkpoint_verify import check_dims
+from services.embedding_ps.checkpoint_verify import check_dims, read_pair
 from services.embedding_ps.optimizers import state_layout
+from services.embedding_ps.packets import FORMAT_VERSION, PACKET_FORMAT
 from shared.embedding_spec import optimizer_from_dict
 from shared.errors import InvalidInputError
 from shared.farmhash import replica_of
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PACKET_FORMAT = FORMAT + "-packet"
 _PACKET = re.compile(r"^packet_(\d+)_(\d+)$")
 
 
@@ -83,7 +82,7 @@ def read_packet(store: EmbeddingStore, packet: Path) -> tuple[dict | None, dict[
     raw = manifest.get("optimizer")
     entries = {}
     for dim, info in check_dims(manifest["dims"], f"{packet.name}/manifest.json").items():
-        entries[dim] = _read_pair(packet, info, dim)  # header, size and CRC-32 checked
+        entries[dim] = read_pair(packet, info, dim)  # header, size and CRC-32 checked
     return raw, entries
 
 

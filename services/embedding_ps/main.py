@@ -6,10 +6,11 @@ import argparse
 import logging
 from pathlib import Path
 
-from services.embedding_ps.checkpoint import IncrementalWriter, read_manifests
+from services.embedding_ps.checkpoint import read_manifests
 from services.embedding_ps.checkpoint_root import checkpoint_roots
 from services.embedding_ps.engine import EmbeddingStore
 from services.embedding_ps.incremental import IncrementalLoader
+from services.embedding_ps.packets import IncrementalWriter
 from services.embedding_ps.server import create_app
 from services.warmup import warm_ps
 from shared.allocator import keep_freed_memory
