@@ -117,6 +117,13 @@ def bucket_caps_mb(params: list[torch.Tensor], nbuckets: int) -> list[float]:
     return [c / _MB for c in caps]  # c / 2**20 * 2**20 is exact: DDP's int() gives c back
 
 
+def _comm_device(device: torch.device) -> torch.device:
+    """Where a collective on tensors from ``device`` runs: nccl needs CUDA, gloo takes both."""
+    if device.type != "cuda" and dist.get_backend() == "nccl":
+        return context.device
+    return device
+
+
 # --- rank 0's start --------------------------------------------------------------------
 
 
@@ -156,9 +163,10 @@ def broadcast_from_rank0(tensors: list[torch.Tensor], what: str) -> int:
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
     with torch.no_grad():
-        for group in groups.values():
-            flat = _flatten_dense_tensors([t.detach() for t in group])
+        for (_, device), group in groups.items():
+            flat = _flatten_dense_tensors([t.detach() for t in group]).to(_comm_device(device))
             dist.broadcast(flat, src=0)
+            flat = flat.to(device)
             for t, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
                 t.copy_(value)
     return len(groups)
@@ -271,21 +279,22 @@ def allreduce_gradients(params: list[torch.Tensor], nbuckets: int) -> int:
         return 0
     world = dist.get_world_size()
     ordered = list(reversed(params))
-    present = torch.tensor(
-        [0.0 if p.grad is None else 1.0 for p in ordered], device=ordered[0].device
-    )
+    home = ordered[0].device
+    comm = _comm_device(home)
+    present = torch.tensor([0.0 if p.grad is None else 1.0 for p in ordered], device=comm)
     grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in ordered]
     calls, start = 0, 0
     runs = bucket_partition([g.numel() * g.element_size() for g in grads], nbuckets)
     for i, length in enumerate(runs):
         chunk = grads[start : start + length]
-        flat = _flatten_dense_tensors([g.to(torch.float32) for g in chunk])
+        flat = _flatten_dense_tensors([g.to(torch.float32) for g in chunk]).to(comm)
         if i == len(runs) - 1:
             flat = torch.cat([flat, present])
         dist.all_reduce(flat)
         calls += 1
         if i == len(runs) - 1:
             flat, present = flat[: -len(ordered)], flat[-len(ordered) :]
+        flat = flat.to(home)
         for g, reduced in zip(chunk, _unflatten_dense_tensors(flat, chunk), strict=True):
             g.copy_(reduced / world)
         start += length
