@@ -55,6 +55,17 @@ def test_readme_is_a_front_page():
     assert "make demo" in text and "make test" in text
 
 
+def test_readme_links_resolve():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 def test_every_nav_page_exists(pages):
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
     paths = _nav_paths(nav)
