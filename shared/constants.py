@@ -90,6 +90,21 @@ MAX_MESSAGE_BYTES = 1 << 30
 """Largest request or response body a service accepts (1 GiB; ``PYRSIA_MAX_MESSAGE_BYTES``)."""
 ENV_MAX_MESSAGE_BYTES = "PYRSIA_MAX_MESSAGE_BYTES"
 MAX_ARRAY_DIMS = 8
+ENV_MAX_INFLIGHT_REQUEST_BYTES = "PYRSIA_MAX_INFLIGHT_REQUEST_BYTES"
+"""Request-body bytes a service holds at once (default: see ``INFLIGHT_BYTES_CAPS``)."""
+INFLIGHT_BYTES_CAPS = 2
+"""Default in-flight bound: this many per-request caps (two largest bodies, or any mix) ..."""
+INFLIGHT_BYTES_MEMORY_SHARE = 8
+"""... but at most 1/this of physical memory, and never less than one per-request cap."""
+INFLIGHT_BYTES_WAIT_S = 1.0
+"""How long a request waits for room under the in-flight bound before its 503."""
+INFLIGHT_BYTES_RETRY_AFTER_S = 1
+"""``Retry-After`` (seconds) of that 503."""
+ENV_BODY_TIMEOUT_S = "PYRSIA_BODY_TIMEOUT_S"
+BODY_TIMEOUT_S = 30.0
+"""Longest gap in a request body, and the grace before ``BODY_MIN_RATE`` applies."""
+BODY_MIN_RATE = 1 << 20
+"""Least average rate (bytes/s) of a request body once its first ``BODY_TIMEOUT_S`` are over."""
 
 # --- HTTP --------------------------------------------------------------------------------
 DEFAULT_BIND_HOST = "127.0.0.1"

@@ -33,7 +33,7 @@ from shared.codec import packb, unpackb
 from shared.constants import MSGPACK_CONTENT_TYPE
 from shared.errors import BackPressureError, PersiaError, ProtocolError
 from shared.http_client import HttpClient
-from shared.http_server import METRICS, STATE, make_app, require_ready
+from shared.http_server import METRICS, STATE, make_app, read_body, require_ready
 from shared.wire.serve import PredictAnswer, PredictRequest
 from shared.wire.worker import WorkerSchema
 
@@ -104,7 +104,7 @@ async def predict(request: web.Request) -> web.Response:
             raise BackPressureError(f"{state.max_inflight} predictions already running; retry shortly")  # fmt: skip
         state.inflight += 1
         try:
-            parsed = PredictRequest.from_wire(_decode(request, await request.read()), state.inputs)
+            parsed = PredictRequest.from_wire(_decode(request, await read_body(request)), state.inputs)  # fmt: skip
             looked_up = time.perf_counter()
             looked, _ = await state.client.lookup_direct(parsed.id_part, False)
             embeddings = looked.embeddings
