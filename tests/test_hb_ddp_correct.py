@@ -255,6 +255,36 @@ def test_lazy_sync_and_a_wrapped_optimizer_start_from_rank_0s_parameters(tmp_pat
     _assert_params_close(rank0["wraps"], _reference(10))
 
 
+REBUILD_SCRIPT = (
+    HEADER
+    + """
+class Shuffled(Net):
+    "Net with the layer forward uses first declared last: backward's order is not the reverse."
+    def __init__(self):
+        super().__init__()
+        del self.norm
+        self.norm = torch.nn.BatchNorm1d(4)
+
+for cls in (Net, Shuffled):
+    print(f"model {cls.__name__}", file=sys.stderr, flush=True)
+    with hb.scope(grad_nbuckets=4):
+        model = hb.wraps(cls())
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    train(model, optimizer, rank, 4)  # the check reads DDP before the 4th forward
+"""
+    + FOOTER
+)
+
+
+def test_a_bucket_count_changed_by_ddps_rebuild_is_reported(tmp_path):
+    for code, err in _start_ranks(tmp_path, REBUILD_SCRIPT):
+        assert code == 0, err[-4000:]
+        declared_in_order, shuffled = err.split("model Shuffled")
+        assert "after its one rebuild DDP makes" not in declared_in_order
+        assert "grad_nbuckets=4: after its one rebuild DDP makes 3 all-reduces per step" in shuffled
+        assert "declare them in the order forward uses them" in shuffled
+
+
 MISMATCH_SCRIPT = (
     HEADER
     + """

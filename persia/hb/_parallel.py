@@ -251,6 +251,8 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
         find_unused_parameters=options.find_unused_parameters,
     )
     _REDUCED_BY_DDP.update({id(p): p for p in params})
+    if not options.find_unused_parameters:  # DDP rebuilds its buckets once, after step 1
+        _check_rebuilt_buckets(ddp, min(options.grad_nbuckets, len(params)))
     log.info(
         "rank %d/%d: DDP with %d gradient buckets",
         context.rank, context.world_size, min(options.grad_nbuckets, len(params)),
@@ -258,9 +260,43 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     return ddp
 
 
-def reduced_by_ddp(p: torch.Tensor) -> bool:
-    """Whether a DDP model made by :func:`data_parallel` averages ``p``'s gradient."""
-    return _REDUCED_BY_DDP.get(id(p)) is p
+_CHECK_AT_FORWARD = 4
+"""DDP's logging data shows the rebuilt buckets' count one step late: read it before the
+4th forward (3 backwards done, the rebuild at the 2nd)."""
+
+
+def _check_rebuilt_buckets(ddp: torch.nn.parallel.DistributedDataParallel, expected: int) -> None:
+    """Warn once when DDP's rebuild gave another count of all-reduces than ``grad_nbuckets``.
+
+    The rebuild follows the order backward produced the gradients; :func:`bucket_caps_mb`
+    is exact when that order is the reverse of registration. A model whose ``forward``
+    uses its layers in another order than ``__init__`` declares them may get another
+    count: training is unchanged (every gradient is averaged), only the overlap is.
+    Reads DDP's own logging data (``_get_ddp_logging_data``); skipped if it is missing.
+    """
+    calls = [0]
+
+    def before_forward(module: torch.nn.Module, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] < _CHECK_AT_FORWARD:
+            return
+        handle.remove()
+        try:
+            data = ddp._get_ddp_logging_data()
+        except Exception:  # noqa: BLE001 - a torch without it: nothing to check
+            return
+        got = data.get("num_buckets_reduced")
+        if data.get("has_rebuilt_buckets") and isinstance(got, int) and got != expected:
+            log.warning(
+                "grad_nbuckets=%d: after its one rebuild DDP makes %d all-reduces per step, "
+                "because backward produces the gradients in another order than the reverse "
+                "of the parameters' registration (forward uses the layers in another order "
+                "than __init__ declares them); declare them in the order forward uses them "
+                "to get exactly %d. The gradients are averaged all the same.",
+                expected, got, expected,
+            )  # fmt: skip
+
+    handle = ddp.register_forward_pre_hook(before_forward)
 
 
 def needs_step_allreduce(params: list[torch.Tensor]) -> list[torch.Tensor]:
