@@ -28,8 +28,8 @@ places. With DDP that holds at the first step (DDP's buckets in registration ord
 after DDP's one rebuild (in the order backward produced the gradients, without
 ``find_unused_parameters``) when that order is the reverse of registration, i.e. when
 ``forward`` uses the layers in the order ``__init__`` declares them; a model that
-declares them in another order may get another count after the first step (the
-gradients are averaged all the same). Parameters of several dtypes are cut per dtype,
+declares them in another order may get another count after the first step (a warning
+names it; the gradients are averaged all the same). Parameters of several dtypes are cut per dtype,
 as DDP does.
 
 A model wrapped in the user's own ``DistributedDataParallel`` (not ``hb.wraps``) and
