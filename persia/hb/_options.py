@@ -13,6 +13,8 @@ in a shell) an environment variable ``HB_<NAME>`` that supplies the default::
     comm_default          str    auto     HB_COMM_DEFAULT        process-group backend: auto, nccl or gloo
     data_sync_drop_remainder bool True    HB_DATA_SYNC_DROP_REMAINDER  every rank gets the same number of batches
     sharding              bool   False    HB_SHARDING            place torch embeddings on the embedding PS
+                                                                 (their gradients: summed over the ranks,
+                                                                 where HybridBackend averages; see persia.hb)
     emb_staleness         int    10       HB_EMB_STALENESS       embedding-gradient sends in flight (0: wait for each)
     batch_size            int    -1       HB_BATCH_SIZE          default batch size of hb.data iterators
     seed                  int    -1       HB_SEED                seed of hb.data shuffling (-1: no shuffle)
