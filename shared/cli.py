@@ -15,12 +15,15 @@ from shared.auth import auth_token_from_env, check_bind, insecure_from_env
 from shared.config import GlobalConfig, default_global_config, load_global_config
 from shared.constants import (
     ENV_AUTH_TOKEN,
+    ENV_BODY_TIMEOUT_S,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     ENV_INSECURE,
+    ENV_MAX_INFLIGHT_REQUEST_BYTES,
     ENV_MAX_MESSAGE_BYTES,
 )
 from shared.errors import ConfigError, UsageError
+from shared.http_body import body_timeout_s, max_inflight_request_bytes
 from shared.http_server import max_message_bytes
 from shared.redaction import redact
 
@@ -68,8 +71,25 @@ def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0)
     add_server_security_flags(parser)
 
 
+class _ToEnvironment(argparse.Action):
+    """Store a positive number and export it as ``env``, where every app of this process
+    (``shared.http_server.make_app``, also in child processes such as NN-worker ranks) reads
+    it: the flag wins over the variable, with no plumbing through each service."""
+
+    def __init__(self, *args, env: str, **kwargs):
+        self.env = env
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if not values > 0:  # type: ignore[operator]
+            parser.error(f"{option_string} must be positive, got {values}")
+        setattr(namespace, self.dest, values)
+        os.environ[self.env] = str(values)
+
+
 def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
-    """``--insecure`` and ``--max-request-bytes``, the flags every server takes."""
+    """``--insecure``, ``--max-request-bytes``, ``--max-inflight-request-bytes`` and
+    ``--body-timeout-s``: the flags every server takes."""
     parser.add_argument(
         "--insecure",
         action="store_true",
@@ -83,6 +103,25 @@ def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"largest request body accepted, larger ones get 413 "
         f"(default ${ENV_MAX_MESSAGE_BYTES}, else 1 GiB)",
+    )
+    parser.add_argument(
+        "--max-inflight-request-bytes",
+        type=int,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_MAX_INFLIGHT_REQUEST_BYTES,
+        help=f"request-body bytes held at once; a body that does not fit waits up to 1 s, then "
+        f"gets 503 + Retry-After (default ${ENV_MAX_INFLIGHT_REQUEST_BYTES}, else twice "
+        "--max-request-bytes, at most 1/8 of memory, never under --max-request-bytes)",
+    )
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_BODY_TIMEOUT_S,
+        help=f"a request body with a gap this long, or under 1 MiB/s after this long, is "
+        f"dropped and its client disconnected (default ${ENV_BODY_TIMEOUT_S}, else 30)",
     )
 
 
@@ -102,6 +141,11 @@ def check_server_security_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--max-request-bytes must be a positive number of bytes, got {args.max_request_bytes}"
         )
+    try:  # checked here, so that a bad value is one line and exit 2, not a traceback
+        max_inflight_request_bytes(args.max_request_bytes)
+        body_timeout_s()
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (--max-inflight-request-bytes, --body-timeout-s)") from exc
 
 
 def check_replica_flags(args: argparse.Namespace) -> None:

@@ -346,3 +346,44 @@ async def test_a_healthy_body_slower_than_the_timeout_in_total_is_read(start_ps)
         assert time.monotonic() - started > 1.5
         assert _read_answer(sock)[0] == 400
     _no_errors_in(ps)
+
+
+# --- settings --------------------------------------------------------------------------
+
+
+def test_bad_body_settings_end_the_service_with_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    from tests.service_procs import REPO
+
+    cases = [
+        (["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(4 * MiB)], {},
+         "under the per-request cap"),
+        ([], {"PYRSIA_BODY_TIMEOUT_S": "soon"}, "PYRSIA_BODY_TIMEOUT_S"),
+        ([], {"PYRSIA_MAX_INFLIGHT_REQUEST_BYTES": "-5"}, "PYRSIA_MAX_INFLIGHT_REQUEST_BYTES"),
+    ]  # fmt: skip
+    for args, env, expected in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.embedding_ps", *args],
+            cwd=REPO, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], (args, env, lines)
+
+
+async def test_flags_set_the_bound_and_the_body_timeout(services, monkeypatch):
+    monkeypatch.delenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", raising=False)
+    monkeypatch.delenv("PYRSIA_BODY_TIMEOUT_S", raising=False)
+    flags = ["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(24 * MiB),
+             "--body-timeout-s", "1"]  # fmt: skip
+    ps = services(
+        "services.embedding_ps", ["--port", "0", *flags], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
+    assert _metrics(ps.url)["pyrsia_request_bytes_held_limit"] == 24 * MiB
+    await _configure(ps.url)
+    with _connect(ps.url) as sock:
+        sock.sendall(_head("/lookup", 100_000) + b"\0" * 10)
+        assert _closed_by_server(sock, within_s=10)
+    assert len(_log_lines(ps, r"/lookup.*timed out")) == 1
