@@ -5,12 +5,16 @@ its operator. Pyrsia needs no operator: it reads the PersiaJob YAML a PERSIA use
 has (``k8s/example/*.yml`` shape) and writes the plain objects (StatefulSets, Jobs,
 Deployments, Services, Redis included) that ``kubectl apply -f`` runs::
 
+    persia-k8s-utils gencrd adult-income.train.yml | kubectl apply -f -
     persia-k8s-utils gencrd --job adult-income.train.yml --output manifests.yml
-    kubectl apply -f manifests.yml
 
 ``manifests`` is the same command under its own name. Other documents in the file
 (PERSIA's NatsCluster) are skipped with a note: Pyrsia's registry is the generated Redis.
 A bad file is one line on stderr naming the key, and exit code 2.
+
+PERSIA's ``operator`` (a controller watching PersiaJob objects) and ``server`` (an HTTP
+front for apply/delete/list) need a controller Pyrsia does not ship: both exit 2 and print
+the kubectl commands that do the same with the generated manifests (:data:`INSTEAD`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,41 @@ from pathlib import Path
 
 import yaml
 
-from persia._k8s.manifests import DEFAULT_IMAGE, build_manifests
+from persia._k8s.manifests import DEFAULT_IMAGE, JOB_LABEL, build_manifests
 from persia._k8s.spec import PersiaJobSpec, RoleSpec, parse_persia_job
 from shared.cli import fail
 from shared.errors import ConfigError
 
 __all__ = ["generate", "main"]
+
+_APPLY = "persia-k8s-utils gencrd job.yml | kubectl apply -f -"
+_LABEL = f"{JOB_LABEL}=<job name>"
+INSTEAD = {
+    "gencrd": (
+        "no CustomResourceDefinition to write: Pyrsia needs no operator or CRD. Pass the PersiaJob "
+        f"YAML and apply the objects it becomes: {_APPLY}"
+    ),
+    "operator": (
+        "Pyrsia needs no operator: nothing has to watch PersiaJob objects. Instead:\n"
+        f"  start:   {_APPLY}\n"
+        f"  watch:   kubectl get pods -l {_LABEL} -n <namespace>\n"
+        f"  end:     kubectl delete all,secret -l {_LABEL} -n <namespace>\n"
+        "(the manifests are plain StatefulSets, Indexed Jobs, Deployments and Services; see "
+        "docs/guides/scaling.md, Kubernetes)"
+    ),
+    "server": (
+        "Pyrsia needs no operator, and so no job server in front of one. Each of its routes is "
+        "one kubectl command:\n"
+        f"  /apply      {_APPLY}\n"
+        f"  /delete     kubectl delete all,secret -l {_LABEL} -n <namespace>\n"
+        f"  /listpods   kubectl get pods -l {_LABEL} -n <namespace>\n"
+        "  /podstatus  kubectl get pod <pod name> -n <namespace> -o yaml\n"
+        f"  /listjobs   kubectl get statefulsets,jobs -l {JOB_LABEL} -n <namespace> "
+        f"-L {JOB_LABEL}\n"
+        "(see docs/guides/scaling.md, Kubernetes)"
+    ),
+}
+"""What to run instead of PERSIA's commands that need its operator."""
 
 
 def _with_image(job: PersiaJobSpec, image: str) -> PersiaJobSpec:
@@ -79,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("gencrd", "manifests"):
         sub = commands.add_parser(name, help="PersiaJob YAML -> Kubernetes manifests")
-        sub.add_argument(
-            "--job", required=True, help="the PersiaJob YAML (PERSIA's k8s example shape)"
-        )
+        sub.add_argument("job_file", nargs="?", metavar="JOB",
+                         help="the PersiaJob YAML (PERSIA's k8s example shape; or --job)")  # fmt: skip
+        sub.add_argument("--job", default=None, help="the PersiaJob YAML (same as JOB)")
         sub.add_argument(
             "--output", default="-", help="where to write the manifests (default stdout)"
         )
@@ -90,12 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
                          "default a Secret <job>-auth with a random token is written")  # fmt: skip
         sub.add_argument("--image", default=None,
                          help=f"image for roles that name none (default {DEFAULT_IMAGE})")  # fmt: skip
+    for name, help_ in (("operator", "PERSIA's operator: not needed; prints what to run instead"),
+                        ("server", "PERSIA's job server: not needed; prints the kubectl commands")):  # fmt: skip
+        commands.add_parser(name, help=help_, add_help=False)  # PERSIA's flags are ignored
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    path = Path(args.job)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command in ("operator", "server"):
+        print(f"persia-k8s-utils {args.command}: {INSTEAD[args.command]}", file=sys.stderr)
+        return 2
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.job and args.job_file and args.job != args.job_file:
+        return fail(f"two job files given ({args.job_file} and --job {args.job}); pass one")
+    if not (args.job or args.job_file):
+        return fail(f"persia-k8s-utils {args.command}: {INSTEAD['gencrd']}")
+    path = Path(args.job or args.job_file)
     if not path.is_file():
         return fail(f"{path}: no such file (set by --job)")
     try:

@@ -1,13 +1,15 @@
 """A PersiaJob (PERSIA's Kubernetes custom resource) read and validated into dataclasses.
 
-The shape is PERSIA's ``k8s/example/*.yml``: ``apiVersion: persia.com/v1``,
-``kind: PersiaJob``, ``metadata.{name, namespace}`` and a ``spec`` with
-``globalConfigPath``, ``embeddingConfigPath``, ``nnWorkerPyEntryPath``,
-``dataLoaderPyEntryPath``, ``enableMetrics``, ``volumes``, ``env``, ``logLevel``,
+The shape is PERSIA's ``k8s/example/*.yml`` and ``k8s/src/crd.rs``: ``apiVersion:
+persia.com/v1``, ``kind: PersiaJob``, ``metadata.{name, namespace}`` and a ``spec`` with
+``persiaEnv`` (``PERSIA_GLOBAL_CONFIG``, ``PERSIA_EMBEDDING_CONFIG``,
+``PERSIA_NN_WORKER_ENTRY``, ``PERSIA_DATALOADER_ENTRY``: PERSIA's current format), ``enableMetrics``, ``volumes``, ``env``, ``logLevel``,
 ``restartPolicy``, ``imagePullPolicy`` and one block per role
 (``embeddingParameterServer``, ``embeddingWorker``, ``nnWorker`` with ``nprocPerNode``,
 ``dataloader``), each with ``replicas``, ``resources``, ``volumeMounts``, ``env``,
-``image``. PERSIA's older role names (``embeddingServer``, ``middlewareServer``,
+``image``. PERSIA's older formats are read too: the paths at spec level
+(``globalConfigPath``, ``embeddingConfigPath``, ``nnWorkerPyEntryPath``,
+``dataLoaderPyEntryPath``; one format or the other, not both) and the older role names (``embeddingServer``, ``middlewareServer``,
 ``trainer``, ``trainerPyEntryPath``) are read as the new ones.
 
 Every wrong value is a :class:`~shared.errors.ConfigError` naming the file and key path.
@@ -31,8 +33,15 @@ OLD_NAMES = {
     "trainerPyEntryPath": "nnWorkerPyEntryPath",
 }
 ROLE_FIELDS = ("replicas", "resources", "volumeMounts", "env", "image", "nprocPerNode")
+PERSIA_ENV = {  # spec.persiaEnv key -> the older spec-level key
+    "PERSIA_GLOBAL_CONFIG": "globalConfigPath",
+    "PERSIA_EMBEDDING_CONFIG": "embeddingConfigPath",
+    "PERSIA_NN_WORKER_ENTRY": "nnWorkerPyEntryPath",
+    "PERSIA_DATALOADER_ENTRY": "dataLoaderPyEntryPath",
+}
 SPEC_FIELDS = (
-    "globalConfigPath", "embeddingConfigPath", "nnWorkerPyEntryPath", "dataLoaderPyEntryPath",
+    "persiaEnv", "globalConfigPath", "embeddingConfigPath", "nnWorkerPyEntryPath",
+    "dataLoaderPyEntryPath",
     "enableMetrics", "volumes", "env", "logLevel", "restartPolicy", "imagePullPolicy", *ROLE_KEYS,
 )  # fmt: skip
 LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "critical")
@@ -140,6 +149,10 @@ def _env_list(reader: _Reader, key: str, dropped: list[str]) -> tuple[dict[str, 
     for i, item in enumerate(items):
         if not ENV_NAME.match(item["name"]):
             raise reader.fail(f"{key}[{i}].name", "an environment variable name", item["name"])
+        unknown = sorted(set(item) - {"name", "value", "valueFrom"})
+        if unknown:
+            raise ConfigError(f"{reader.source}: {reader.where(f'{key}[{i}].{unknown[0]}')}: "
+                              "unknown key (known: name, value, valueFrom)")  # fmt: skip
         if ("value" in item) == ("valueFrom" in item):
             raise reader.fail(f"{key}[{i}]", "exactly one of value / valueFrom", item)
         if "value" in item and not isinstance(item["value"], str):
@@ -167,6 +180,23 @@ def _role(reader: _Reader, key: str, dropped: list[str]) -> RoleSpec | None:
     )
 
 
+def _paths(spec: _Reader) -> tuple[_Reader, dict[str, str]]:
+    """The reader the four config/entry paths come from and, per spec-level key, the key it
+    has in that reader: ``spec.persiaEnv`` (PERSIA's current format) or ``spec`` itself."""
+    if "persiaEnv" not in spec.data:
+        return spec, {old: old for old in PERSIA_ENV.values()}
+    for old in PERSIA_ENV.values():
+        if old in spec.data:
+            raise ConfigError(
+                f"{spec.source}: {spec.where(old)}: given with spec.persiaEnv; keep one format "
+                f"(spec.persiaEnv.{next(k for k, v in PERSIA_ENV.items() if v == old)}, "
+                "PERSIA's current one)"
+            )
+    env = _Reader(spec.mapping("persiaEnv") or {}, spec.where("persiaEnv"), spec.source)
+    env.check_known(tuple(PERSIA_ENV))
+    return env, {old: new for new, old in PERSIA_ENV.items()}
+
+
 def parse_persia_job(document: Any, *, source: str = "job.yml") -> PersiaJobSpec:
     """Validate one PersiaJob document (a parsed YAML mapping)."""
     top = _Reader(document, "", source)
@@ -191,13 +221,14 @@ def parse_persia_job(document: Any, *, source: str = "job.yml") -> PersiaJobSpec
     roles = {key: role for key in ROLE_KEYS if (role := _role(spec, key, dropped)) is not None}
     if not roles:
         raise ConfigError(f"{source}: spec: no role given (any of {', '.join(ROLE_KEYS)})")
+    paths, key = _paths(spec)
     job = PersiaJobSpec(
         name=name,
         namespace=namespace,
-        global_config_path=spec.string("globalConfigPath", required=True),
-        embedding_config_path=spec.string("embeddingConfigPath", required=True),
-        nn_worker_entry=spec.string("nnWorkerPyEntryPath"),
-        data_loader_entry=spec.string("dataLoaderPyEntryPath"),
+        global_config_path=paths.string(key["globalConfigPath"], required=True),
+        embedding_config_path=paths.string(key["embeddingConfigPath"], required=True),
+        nn_worker_entry=paths.string(key["nnWorkerPyEntryPath"]),
+        data_loader_entry=paths.string(key["dataLoaderPyEntryPath"]),
         enable_metrics=spec.boolean("enableMetrics", True),
         volumes=spec.mapping_list("volumes", "name"),
         env=_env_list(spec, "env", dropped),
@@ -210,7 +241,7 @@ def parse_persia_job(document: Any, *, source: str = "job.yml") -> PersiaJobSpec
         dropped_env=tuple(dropped),
     )
     if "nnWorker" in roles and not job.nn_worker_entry:
-        raise spec.fail("nnWorkerPyEntryPath", "the train.py path (nnWorker is given)", None)
+        raise paths.fail(key["nnWorkerPyEntryPath"], "the train.py path (nnWorker is given)", None)
     if "dataloader" in roles and not job.data_loader_entry:
-        raise spec.fail("dataLoaderPyEntryPath", "the data_loader.py path", None)
+        raise paths.fail(key["dataLoaderPyEntryPath"], "the data_loader.py path", None)
     return job
