@@ -370,6 +370,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("persia-launcher nn-worker", "persia._launch.nn_worker"),
     ("persia-launcher data-loader", "persia._launch.data_loader"),
     ("persia-launcher serve", "persia._launch.serve"),
+    ("persia-launcher convert-checkpoint", "services.embedding_ps.persia_convert"),
     ("persia-k8s-utils", "persia.k8s_utils"),
     ("python -m persia.hb.run", "persia.hb.run"),
 ]

@@ -41,6 +41,10 @@ SUBCOMMANDS = {
         "persia._launch.serve",
         "answers predictions of an exported model over HTTP (msgpack or JSON)",
     ),
+    "convert-checkpoint": (
+        "services.embedding_ps.persia_convert",
+        "a PERSIA embedding checkpoint (.emb files) -> a Pyrsia checkpoint",
+    ),
 }
 
 
