@@ -24,12 +24,11 @@ in ``grad_nbuckets`` buckets: during backward by DDP, or in ``optimizer.step()``
 ``grad_lazy_sync`` or for a plain torch optimizer stepping parameters made in the scope
 (see :mod:`persia.hb._parallel`).
 
-Where Pyrsia differs: the gradients of ``hb.scope(sharding=True)`` tables are applied
-on the PS as each rank sends them, so they are summed over the ranks (PERSIA's rule,
-see ``TrainCtx(embedding_grad_reduction=)``), where HybridBackend averages sharded
-gradients (``GradientAggregation._reduce`` scales them by ``1 / world_size``). With SGD
-without weight decay, an embedding learning rate divided by the world size gives
-HybridBackend's update.
+The gradients of ``hb.scope(sharding=True)`` tables are averaged over the ranks as
+HybridBackend averages them (``GradientAggregation._reduce`` scales by ``1 / world_size``):
+each rank's gradient reaches the PS divided by the world size. The option
+``emb_grad_reduction="sum"`` applies them as sent, summed over the ranks (PERSIA's rule,
+``TrainCtx(embedding_grad_reduction=)``'s default).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ in a shell) an environment variable ``HB_<NAME>`` that supplies the default::
     comm_default          str    auto     HB_COMM_DEFAULT        process-group backend: auto, nccl or gloo
     data_sync_drop_remainder bool True    HB_DATA_SYNC_DROP_REMAINDER  every rank gets the same number of batches
     sharding              bool   False    HB_SHARDING            place torch embeddings on the embedding PS
-                                                                 (their gradients: summed over the ranks,
-                                                                 where HybridBackend averages; see persia.hb)
+    emb_grad_reduction    str    mean     HB_EMB_GRAD_REDUCTION  sharded embeddings' gradients over the ranks:
+                                                                 mean (HybridBackend's) or sum (PERSIA's)
     emb_staleness         int    10       HB_EMB_STALENESS       embedding-gradient sends in flight (0: wait for each)
     batch_size            int    -1       HB_BATCH_SIZE          default batch size of hb.data iterators
     seed                  int    -1       HB_SEED                seed of hb.data shuffling (-1: no shuffle)
@@ -48,6 +48,7 @@ from shared.errors import ConfigError, InvalidInputError
 
 ENV_PREFIX = "HB_"
 COMM_BACKENDS = ("auto", "nccl", "gloo")
+EMB_GRAD_REDUCTIONS = ("mean", "sum")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -123,6 +124,9 @@ SPECS: dict[str, OptionSpec] = {
                    doc="torch.nn.Embedding/EmbeddingBag created in hb.scope live on the embedding PS"),
         OptionSpec("emb_staleness", int, 10, "an integer >= 0", _int_at_least(0),
                    doc="embedding-gradient sends in flight per process (0: each send is awaited)"),
+        OptionSpec("emb_grad_reduction", str, "mean", "one of mean, sum",
+                   lambda v: v in EMB_GRAD_REDUCTIONS,
+                   doc="how the ranks' gradients of sharded embeddings combine on the PS"),
         OptionSpec("batch_size", int, -1, "-1 or an integer >= 1", lambda v: v == -1 or v >= 1,
                    doc="default batch size of hb.data iterators"),
         OptionSpec("seed", int, -1, "-1 or an integer >= 0", _int_at_least(-1),

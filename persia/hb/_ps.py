@@ -6,7 +6,9 @@ readiness, the embedding hyperparameters (``options.embedding_config`` or the
 defaults), the embedding optimizer, and the workers' embedding schema (to check
 each module against its slot). Gradients go back through the runtime's
 :class:`~persia._runtime.backward.BackwardEngine` with at most
-``options.emb_staleness`` sends in flight (0: every send is awaited).
+``options.emb_staleness`` sends in flight (0: every send is awaited), divided by the
+world size when ``options.emb_grad_reduction`` is ``mean`` (the default, as HybridBackend
+averages sharded gradients over the ranks) or applied as sent with ``sum`` (PERSIA's rule).
 
 The embedding optimizer is ``options.embedding_optimizer`` when set, else the
 translation of the dense optimizer built with ``hb.wraps`` (torch SGD and Adam have
@@ -131,7 +133,11 @@ class PSConnection:
         engine = self._engine
         if engine is None:
             raise RuntimeError("sharded embeddings: gradients before any lookup")
-        engine.submit(worker, batch_id, 1.0, [(slot, grad)])
+        # The worker divides the gradient by this scale: the world size averages the ranks'
+        # gradients as HybridBackend does (GradientAggregation._reduce); 1 sums them (PERSIA).
+        mean = context.options.emb_grad_reduction == "mean"
+        scale = float(context.world_size) if mean else 1.0
+        engine.submit(worker, batch_id, scale, [(slot, grad)])
         if context.options.emb_staleness == 0:
             engine.flush()
 
