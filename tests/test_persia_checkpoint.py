@@ -198,3 +198,21 @@ def test_the_launcher_command_converts_and_fails_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "--optimizer" in bad.stderr and "Adagrad" in bad.stderr
+
+
+def test_empty_preallocated_shards_and_ids_at_two_dims(tmp_path):
+    # PERSIA preallocates capacity + 1 freed slots per shard (EvictionMap::with_capacity)
+    ids, inner = _table(3, 4, 8, 8, 1 << 40)
+    files = {
+        (0, 0): emb_file_bytes([], [], [], slots=[], n_slots=6),
+        (0, 1): emb_file_bytes(ids, inner, [8] * 4, slots=[5, 2, 0, 3], n_slots=7),
+    }
+    write_checkpoint(tmp_path / "persia", files)
+    (table,) = read_checkpoint(tmp_path / "persia")
+    np.testing.assert_array_equal(table.ids, ids)
+    assert convert(tmp_path / "persia", tmp_path / "pyrsia", AdagradSpec())["entries"] == 4
+    # the same id at dim 8 and dim 4 (PERSIA keys entries by id alone): refused
+    files[(0, 0)] = emb_file_bytes(ids[:1], [inner[0, :8]], [4])
+    write_checkpoint(tmp_path / "twice", files)
+    with pytest.raises(InvalidInputError, match="ids at two dims"):
+        convert(tmp_path / "twice", tmp_path / "pyrsia2", AdagradSpec())
