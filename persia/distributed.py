@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+from torch.distributed.constants import default_pg_timeout
 
 from shared.errors import ConfigError, InvalidInputError
 
@@ -164,20 +165,27 @@ class DDPOption(DistributedBaseOption):
                 "to train on CPUs"
             )
         if not torch.distributed.is_initialized():
-            # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes a tcp:// rendezvous join the
-            # launcher's store as a client; our rendezvous has its own master port, so rank 0
-            # must host it.
-            agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            try:
+            url = self.init_url(master_addr)
+            if self.initialization_method == "file":
                 torch.distributed.init_process_group(
-                    self.backend,
-                    init_method=self.init_url(master_addr),
-                    rank=rank_id,
-                    world_size=world_size,
+                    self.backend, init_method=url, rank=rank_id, world_size=world_size
                 )
-            finally:
-                if agent_store is not None:
-                    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+            else:
+                # rank 0 hosts the store on its own master port, listening on the address it
+                # published only (torch's tcp:// store would listen on every interface)
+                from persia._launch.rendezvous import bound_tcp_store
+
+                store = bound_tcp_store(
+                    self.master_addr or master_addr,
+                    self.master_port,
+                    world_size,
+                    rank_id == 0,
+                    default_pg_timeout,
+                    multi_tenant=True,
+                )
+                torch.distributed.init_process_group(
+                    self.backend, store=store, rank=rank_id, world_size=world_size
+                )
             _logger.info(
                 "torch.distributed process group ready (%s, rank %d/%d)",
                 self.backend,

@@ -7,6 +7,15 @@ one rank per visible GPU (``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICE
 see :mod:`persia._launch.devices`) and one rank on a CPU-only machine. The script path falls back to
 ``$PERSIA_NN_WORKER_ENTRY``; a missing script is one line on stderr and exit code 2.
 The exit code is the script's (the first failing rank's).
+
+Every socket the job listens on follows the bind rule (README Security): torch's rendezvous
+store listens on ``--master-addr`` only (:mod:`persia._launch.rendezvous`; torch's own
+static rendezvous binds every interface), and on one node whose servers bind loopback the
+ranks get ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` = the loopback interface and
+``PERSIA_ADVERTISE_HOST`` = the bind host, so gloo's sockets and rank 0's DDP store stay on
+loopback too (:func:`loopback_rank_env`). A job on several nodes listens on the network, so
+it needs ``PERSIA_AUTH_TOKEN`` or ``--insecure``; neither guards torch's own sockets, which
+have no authentication.
 """
 
 from __future__ import annotations
@@ -15,13 +24,16 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 
 from persia._launch.devices import visible_gpu_count
-from shared.auth import auth_token_from_env, check_bind, insecure_from_env
+from shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
 from shared.cli import add_server_security_flags, fail
 from shared.constants import (
     DEFAULT_BIND_HOST,
+    ENV_ADVERTISE_HOST,
+    ENV_AUTH_TOKEN,
     ENV_INSECURE,
     ENV_MAX_MESSAGE_BYTES,
     ENV_NN_WORKER_ENTRY,
@@ -30,6 +42,10 @@ from shared.constants import (
 from shared.errors import ConfigError, UsageError
 
 log = logging.getLogger(__name__)
+
+RDZV_BACKEND = "pyrsia-static"
+"""persia._launch.rendezvous.BACKEND, spelled here so building the command imports no torch."""
+LOOPBACK_INTERFACE = "lo"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +71,18 @@ def _check_security(args: argparse.Namespace) -> None:
     """Check the ingress bind rule once here, and hand the flags to the ranks by environment."""
     try:
         insecure = insecure_from_env() if args.insecure is None else args.insecure
+        token = auth_token_from_env()
         host = os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
-        check_bind(host, token=auth_token_from_env(), insecure=insecure)
+        check_bind(host, token=token, insecure=insecure)
+        if args.node_rank == 0:  # node 0's agent hosts torch's rendezvous store
+            check_bind(args.master_addr, token=token, insecure=insecure)
+        if args.nnodes > 1 and token is None and not insecure:
+            raise ConfigError(
+                f"--nnodes {args.nnodes}: the ranks of several nodes reach each other over the "
+                f"network (torch's rendezvous store, gloo/NCCL), which the bind rule allows only "
+                f"with {ENV_AUTH_TOKEN} set or --insecure ({ENV_INSECURE}=1); torch's own "
+                "sockets have no authentication either way, so use a network you trust"
+            )
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
     if args.insecure:
@@ -120,18 +146,23 @@ def check_rank_flags(args: argparse.Namespace) -> None:
 
 
 def torchrun_args(args: argparse.Namespace, script: str, *, no_python: bool = False) -> list[str]:
-    """The ``torch.distributed.run`` command line for these flags (static rendezvous).
+    """The ``torch.distributed.run`` command line for these flags.
 
-    ``no_python``: ``script`` is a command to execute (``python train.py``), not a
-    Python file for torch's launcher to run with its own interpreter.
+    The rendezvous is torch's static one (node ``--node-rank`` of ``--nnodes``, the store at
+    ``--master-addr:--master-port``), through :data:`persia._launch.rendezvous.BACKEND` so
+    that the store listens on ``--master-addr`` only. ``no_python``: ``script`` is a command
+    to execute (``python train.py``), not a Python file for torch's launcher to run with its
+    own interpreter.
     """
+    host = args.master_addr
+    endpoint = f"[{host}]:{args.master_port}" if ":" in host else f"{host}:{args.master_port}"
     return [
         *(["--no-python"] if no_python else []),
         f"--nproc-per-node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
-        f"--node-rank={args.node_rank}",
-        f"--master-addr={args.master_addr}",
-        f"--master-port={args.master_port}",
+        f"--rdzv-backend={RDZV_BACKEND}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-conf=rank={args.node_rank}",
         "--max-restarts=0",
         script,
         *args.script_args,
@@ -152,15 +183,44 @@ def main(argv: list[str] | None = None) -> int:
     return run_ranks(torchrun_args(args, script))
 
 
+def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
+    """Variables that keep a one-node job's rank sockets on loopback (empty otherwise).
+
+    When the job is on one node and both the servers' bind host and torch's store host are
+    loopback addresses: gloo and NCCL bind the loopback interface (else they bind the
+    address the machine's host name resolves to), and ``PERSIA_ADVERTISE_HOST`` is the bind
+    host, which rank 0 publishes as its DDP store address and so binds that store to.
+    Variables the user set are kept.
+    """
+    bind_host = os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
+    if nnodes != 1 or not is_loopback(bind_host) or not is_loopback(store_host):
+        return {}
+    env = {ENV_ADVERTISE_HOST: bind_host}
+    loopback_if = next(
+        (name for _, name in socket.if_nameindex() if name == LOOPBACK_INTERFACE), None
+    )
+    if loopback_if is not None:
+        env.update(GLOO_SOCKET_IFNAME=loopback_if, NCCL_SOCKET_IFNAME=loopback_if)
+    return {k: v for k, v in env.items() if not os.environ.get(k)}
+
+
 def run_ranks(torchrun_argv: list[str]) -> int:
     """Run torch.distributed.run with these arguments; the first failing rank's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
     from torch.distributed.run import parse_args, run
 
+    from persia._launch.rendezvous import register_rendezvous
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
+    register_rendezvous()
+    parsed = parse_args(torchrun_argv)
+    store_host, _ = parse_rendezvous_endpoint(parsed.rdzv_endpoint or "", -1)
+    nnodes = int(str(parsed.nnodes).split(":")[-1])
+    os.environ.update(loopback_rank_env(nnodes, store_host or parsed.master_addr))
     try:
-        run(parse_args(torchrun_argv))
+        run(parsed)
     except SignalException as exc:
         # SIGTERM/SIGINT: torch's agent forwarded it to the ranks (TrainCtx drains their
         # in-flight gradients and exits) and waited for them; a stop asked for is a clean exit
