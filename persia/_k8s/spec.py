@@ -1,18 +1,20 @@
 """A PersiaJob (PERSIA's Kubernetes custom resource) read and validated into dataclasses.
 
-The shape is PERSIA's ``k8s/example/*.yml`` and ``k8s/src/crd.rs``: ``apiVersion:
+The shape is PERSIA's ``k8s/src/crd.rs`` and ``k8s/example/*.yml``: ``apiVersion:
 persia.com/v1``, ``kind: PersiaJob``, ``metadata.{name, namespace}`` and a ``spec`` with
 ``persiaEnv`` (``PERSIA_GLOBAL_CONFIG``, ``PERSIA_EMBEDDING_CONFIG``,
-``PERSIA_NN_WORKER_ENTRY``, ``PERSIA_DATALOADER_ENTRY``: PERSIA's current format), ``enableMetrics``, ``volumes``, ``env``, ``logLevel``,
-``restartPolicy``, ``imagePullPolicy`` and one block per role
+``PERSIA_NN_WORKER_ENTRY``, ``PERSIA_DATALOADER_ENTRY``), ``enableMetrics``, ``volumes``,
+``env``, ``logLevel``, ``restartPolicy``, ``imagePullPolicy`` and one block per role
 (``embeddingParameterServer``, ``embeddingWorker``, ``nnWorker`` with ``nprocPerNode``,
-``dataloader``), each with ``replicas``, ``resources``, ``volumeMounts``, ``env``,
-``image``. PERSIA's older formats are read too: the paths at spec level
-(``globalConfigPath``, ``embeddingConfigPath``, ``nnWorkerPyEntryPath``,
-``dataLoaderPyEntryPath``; one format or the other, not both) and the older role names (``embeddingServer``, ``middlewareServer``,
-``trainer``, ``trainerPyEntryPath``) are read as the new ones.
+``dataloader``), each with ``replicas``, ``resources``, ``volumeMounts``, ``env``, ``image``.
 
-Every wrong value is a :class:`~shared.errors.ConfigError` naming the file and key path.
+PERSIA's older formats are read too: the four paths at spec level (``globalConfigPath``,
+``embeddingConfigPath``, ``nnWorkerPyEntryPath``, ``dataLoaderPyEntryPath``; a file uses one
+format or the other, not both) and the oldest role names (``embeddingServer``,
+``middlewareServer``, ``trainer``, ``trainerPyEntryPath``), read as the new ones.
+
+Every wrong value or unknown key is a :class:`~shared.errors.ConfigError` naming the file and
+the key path.
 """
 
 from __future__ import annotations
