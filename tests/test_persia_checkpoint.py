@@ -216,3 +216,12 @@ def test_empty_preallocated_shards_and_ids_at_two_dims(tmp_path):
     write_checkpoint(tmp_path / "twice", files)
     with pytest.raises(InvalidInputError, match="ids at two dims"):
         convert(tmp_path / "twice", tmp_path / "pyrsia2", AdagradSpec())
+
+
+def test_loading_a_persia_directory_directly_names_the_converter(tmp_path):
+    """A PS pointed at PERSIA's files refuses them (nothing is touched) and says how to convert."""
+    from services.embedding_ps.checkpoint import read_manifests
+
+    _persia_checkpoint(tmp_path / "persia", lambda dim: 0)
+    with pytest.raises(InvalidInputError, match="written by PERSIA.*convert-checkpoint"):
+        read_manifests(tmp_path / "persia")

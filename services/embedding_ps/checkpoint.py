@@ -234,6 +234,16 @@ def read_manifests(directory: str | Path) -> list[dict]:
             check_dims(manifest.get("dims"), path.name)
             manifests[index] = manifest
     if not manifests:
+        if any(directory.glob("s*/replica_*_shard_*.emb")):  # PERSIA's layout (persia_format)
+            raise InvalidInputError(
+                "directory",
+                "a Pyrsia checkpoint (replica_<i>.manifest.json files)",
+                str(directory),
+                message=f"directory: {directory} holds a checkpoint written by PERSIA "
+                "(s<r>/replica_<r>_shard_<i>.emb); convert it first with "
+                "`persia-launcher convert-checkpoint --persia-dir DIR --output OUT "
+                "--optimizer JSON` and load OUT",
+            )
         raise InvalidInputError(
             "directory", "a checkpoint (replica_<i>.manifest.json files)", str(directory)
         )
