@@ -62,9 +62,22 @@ def master_addr_key(job_id: str) -> str:
     return f"{KEY_PREFIX}:{job_id}:nn_master_addr"
 
 
+def lease_key(job_id: str) -> str:
+    """Hash holding the job lease: its instance and which process holds each slot
+    (shared/job_lease.py)."""
+    return f"{KEY_PREFIX}:{job_id}:lease"
+
+
 REGISTRATION_TTL_S = 6.0
 """A replica that stops refreshing disappears from the registry after this long."""
 HEARTBEAT_INTERVAL_S = 1.5
+LEASE_TTL_S = REGISTRATION_TTL_S
+"""A slot of the job lease whose holder has not refreshed it for this long is free, and the
+lease itself lapses this long after its last member's heartbeat."""
+LEASE_CLAIM_POLL_S = 0.5
+"""How often a process waiting for a slot held on another host to lapse asks again."""
+LEASE_KEEPER_TICK_S = 0.1
+"""How often a launcher's lease thread checks whether it is asked to stop."""
 REDIS_SOCKET_TIMEOUT_S = 2.0
 REDIS_STARTUP_WAIT_S = 15.0
 """How long a starting service waits for Redis (under a Procfile it starts alongside)."""
@@ -82,6 +95,10 @@ DEFAULT_WAIT_TIMEOUT_S = 120.0
 ROLE_EMBEDDING_PS = "embedding_parameter_server"
 ROLE_EMBEDDING_WORKER = "embedding_worker"
 ROLE_NN_WORKER = "nn_worker"
+ROLE_NN_WORKER_NODE = "nn_worker_node"
+"""A ``persia-launcher nn-worker`` process (one per node): a slot of the job lease only."""
+ROLE_DATA_LOADER = "data_loader"
+"""A ``persia-launcher data-loader`` process: a slot of the job lease only."""
 
 # --- wire --------------------------------------------------------------------------------
 MSGPACK_CONTENT_TYPE = "application/msgpack"

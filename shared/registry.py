@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -30,14 +31,17 @@ from shared.constants import (
     ENV_NATS_URLS,
     ENV_REDIS_URL,
     HEARTBEAT_INTERVAL_S,
+    LEASE_KEEPER_TICK_S,
     MASTER_ADDR_TTL_S,
     REDIS_SOCKET_TIMEOUT_S,
+    REDIS_STARTUP_WAIT_S,
     REGISTRATION_TTL_S,
     master_addr_key,
     service_key,
     service_pattern,
 )
 from shared.errors import ConfigError, RegistryError
+from shared.job_lease import JobLease
 from shared.redaction import redact_url
 
 log = logging.getLogger(__name__)
@@ -143,6 +147,7 @@ class Registry:
                 f"{ENV_REDIS_URL}: expected a redis:// URL, got {self.settings.display_url!r} "
                 f"({redact_url(str(exc))})"
             ) from exc
+        self.lease = JobLease(self._redis, self.settings.job_id, ttl_s=ttl_s)
         self._known: dict[str, dict[int, ServiceRecord]] = {}
         self._heartbeats: list[asyncio.Task] = []
         self._records: list[ServiceRecord] = []
@@ -176,9 +181,15 @@ class Registry:
 
     # --- registration -----------------------------------------------------------------
     async def register(self, record: ServiceRecord) -> None:
-        """Write ``record`` now and keep refreshing it until ``close``/``deregister``."""
+        """Take the record's slot in the job lease, write ``record`` now and keep refreshing
+        both until ``close``/``deregister``.
+
+        Raises :class:`shared.job_lease.JobConflictError` (a RegistryError) when a live
+        process of another job with this ``PERSIA_JOB_ID`` holds the slot.
+        """
         await self.ping()
         try:
+            await self.lease.claim(record.role, record.replica_index, record.replica_size)
             await self._write(record)
         except (RedisError, OSError) as exc:
             raise self._unreachable(exc) from exc
@@ -195,6 +206,10 @@ class Registry:
         while True:
             await asyncio.sleep(self.heartbeat_s)
             try:
+                # a process whose slot another one took (it was not heard from for a TTL)
+                # stops writing its record: the two would overwrite each other
+                if not await self.lease.refresh(record.role, record.replica_index):
+                    continue
                 await self._write(record)
                 if not healthy:
                     log.info(
@@ -222,12 +237,16 @@ class Registry:
             try:
                 # bounded: when the whole job stops, Redis may already be gone, and the
                 # client's own reconnect back-off would hold a stopping service for seconds
-                await asyncio.wait_for(self._redis.delete(key), DEREGISTER_TIMEOUT_S)
+                await asyncio.wait_for(self._leave(record, key), DEREGISTER_TIMEOUT_S)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 log.warning(
                     "could not deregister %s (its TTL removes it): %s", key, exc or "timeout"
                 )
         self._records.clear()
+
+    async def _leave(self, record: ServiceRecord, key: str) -> None:
+        await self._redis.delete(key)
+        await self.lease.release(record.role, record.replica_index)
 
     async def close(self) -> None:
         await self.deregister()
@@ -329,3 +348,82 @@ class Registry:
             return await self._redis.get(master_addr_key(self.settings.job_id))
         except (RedisError, OSError) as exc:
             raise self._unreachable(exc) from exc
+
+
+class SlotKeeper:
+    """Holds one slot of the job lease from a background thread, for a launcher process
+    whose main thread runs the user's code (``persia-launcher nn-worker`` and
+    ``data-loader``): :meth:`start` takes the slot or raises, :meth:`stop` gives it back.
+
+    The thread runs its own event loop and Redis connection, refreshes the slot every
+    heartbeat, and only logs when Redis is away (the lease is made again when it is back).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        replica_index: int,
+        replica_size: int,
+        settings: RegistrySettings | None = None,
+    ):
+        self.role, self.replica_index, self.replica_size = role, replica_index, replica_size
+        self.settings = settings or RegistrySettings.from_env()
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, wait_s: float = REDIS_STARTUP_WAIT_S) -> None:
+        """Take the slot (waiting up to ``wait_s`` for Redis). Raises JobConflictError when
+        another live job holds it, RegistryError when Redis cannot be reached."""
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self._run(wait_s),), name="pyrsia-job-lease", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    async def _run(self, wait_s: float) -> None:
+        registry = Registry(self.settings)
+        lease = registry.lease
+        try:
+            try:
+                await registry.ping(wait_s=wait_s)
+                await lease.claim(self.role, self.replica_index, self.replica_size)
+            except (RedisError, OSError) as exc:
+                raise registry._unreachable(exc, " to take this job's lease") from exc
+        except RegistryError as exc:
+            self._error = exc
+            self._ready.set()
+            await registry.close()
+            return
+        self._ready.set()
+        healthy = True
+        next_refresh = time.monotonic() + registry.heartbeat_s
+        while not self._stopping.is_set():
+            await asyncio.sleep(LEASE_KEEPER_TICK_S)
+            if time.monotonic() < next_refresh:
+                continue
+            next_refresh = time.monotonic() + registry.heartbeat_s
+            try:
+                await lease.refresh(self.role, self.replica_index)
+                healthy = True
+            except (RedisError, OSError) as exc:
+                if healthy:
+                    log.warning("Redis unreachable, job lease not refreshed: %s", exc)
+                healthy = False
+        try:
+            await asyncio.wait_for(
+                lease.release(self.role, self.replica_index), DEREGISTER_TIMEOUT_S
+            )
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("could not give back the job lease (its TTL ends it): %s", exc or "timeout")
+        await registry.close()
+
+    def stop(self) -> None:
+        """Give the slot back and end the thread (bounded; idempotent)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + 1.0)

@@ -3,7 +3,9 @@
 The script runs in this process (``runpy``), with ``REPLICA_INDEX`` and
 ``REPLICA_SIZE`` set so that ``persia.env`` and ``DataCtx`` know which replica this
 is. Its exit code is the process's; the process ends without interpreter finalization
-(its ``atexit`` handlers run) unless the script left threads running.
+(its ``atexit`` handlers run) unless the script left threads running. The loader holds its
+slot ``data_loader/<replica index>`` of the job lease while it runs (shared/job_lease.py):
+a second job's loader with the same ``PERSIA_JOB_ID`` and index refuses to start.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import signal
 import sys
 import threading
 
+from persia._launch.nn_worker import take_job_slot
 from persia.env import reload_env
 from shared.cli import fail, resolve_file
-from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME
+from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ROLE_DATA_LOADER
 from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
 from shared.errors import UsageError
 from shared.logging_setup import configure_logging
+from shared.registry import SlotKeeper
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ENV_RESUME] = "1"  # read by DataCtx
     reload_env()
     configure_logging("data_loader", args.replica_index)
+    global _KEEPER
+    try:
+        _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)
+    except UsageError as exc:
+        return fail(str(exc))
     apply_cpu_priority(cpu_priority)
     sys.argv = [str(script), *args.script_args]
     sys.path.insert(0, str(script.parent.resolve()))
@@ -95,7 +104,19 @@ def main(argv: list[str] | None = None) -> int:
             _leave_after_sigterm()
         raise
     _leave_when_done(code)
+    _give_back_slot()
     return code  # the script left threads running: plain Python's exit waits for them
+
+
+_KEEPER: SlotKeeper | None = None
+"""This loader's slot in the job lease, held while the script runs (and lingers)."""
+
+
+def _give_back_slot() -> None:
+    global _KEEPER
+    if _KEEPER is not None:
+        _KEEPER.stop()
+        _KEEPER = None
 
 
 def _leave_when_done(code: int) -> None:
@@ -112,6 +133,7 @@ def _leave_when_done(code: int) -> None:
     if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return
     atexit._run_exitfuncs()  # what finalization would run first (logging's shutdown among them)
+    _give_back_slot()
     from shared.process_exit import exit_now
 
     exit_now(code)
@@ -145,6 +167,7 @@ def _leave_after_sigterm() -> None:
     from shared.process_exit import exit_now
 
     logging.getLogger(__name__).info("SIGTERM: data loader stopped")
+    _give_back_slot()
     exit_now(0)
 
 

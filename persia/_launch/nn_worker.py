@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 from persia._launch.devices import visible_gpu_count
 from shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
@@ -35,11 +36,15 @@ from shared.constants import (
     ENV_ADVERTISE_HOST,
     ENV_AUTH_TOKEN,
     ENV_INSECURE,
+    ENV_JOB_ID,
     ENV_MAX_MESSAGE_BYTES,
     ENV_NN_WORKER_ENTRY,
     ENV_RESUME,
+    ROLE_NN_WORKER_NODE,
 )
-from shared.errors import ConfigError, UsageError
+from shared.errors import ConfigError, RegistryError, UsageError
+from shared.job_lease import JobConflictError
+from shared.registry import SlotKeeper
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +185,34 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     if args.resume:
         os.environ[ENV_RESUME] = "1"  # read by TrainCtx in every rank
-    return run_ranks(torchrun_args(args, script))
+    try:
+        keeper = take_job_slot(ROLE_NN_WORKER_NODE, args.node_rank, args.nnodes)
+    except UsageError as exc:
+        return fail(str(exc))
+    try:
+        return run_ranks(torchrun_args(args, script), before_exit=keeper.stop if keeper else None)
+    finally:
+        if keeper is not None:
+            keeper.stop()
+
+
+def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
+    """This launcher's slot in the job lease (shared/job_lease.py), held until ``stop()``.
+
+    A live job with this ``PERSIA_JOB_ID`` holding the slot is a UsageError (one line, exit
+    2). Without a reachable Redis the launcher goes on without a lease, with a warning:
+    its ranks (or script) report Redis themselves when they need it.
+    """
+    keeper = SlotKeeper(role, index, size)
+    try:
+        keeper.start()
+    except JobConflictError as exc:
+        raise UsageError(str(exc)) from exc
+    except RegistryError as exc:
+        log.warning("no job lease taken (%s): a second job with this %s is not detected",
+                    exc, ENV_JOB_ID)  # fmt: skip
+        return None
+    return keeper
 
 
 def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
@@ -204,8 +236,11 @@ def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if not os.environ.get(k)}
 
 
-def run_ranks(torchrun_argv: list[str]) -> int:
-    """Run torch.distributed.run with these arguments; the first failing rank's exit code."""
+def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | None = None) -> int:
+    """Run torch.distributed.run with these arguments; the first failing rank's exit code.
+
+    ``before_exit`` runs before a SIGTERM/SIGINT ends the process without unwinding.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -227,6 +262,8 @@ def run_ranks(torchrun_argv: list[str]) -> int:
         log.warning("nn-worker stopped by %s; ranks shut down", exc.sigval.name)
         from shared.process_exit import exit_now
 
+        if before_exit is not None:
+            before_exit()
         exit_now(0)  # no interpreter finalization: seconds with torch loaded
     except ChildFailedError as exc:
         _, failure = exc.get_first_failure()
