@@ -57,6 +57,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _describe(argv: list[str]) -> str:
+    """The redis-server in messages: by its port only (its arguments may hold
+    ``--requirepass``)."""
+    if "--port" in argv[:-1]:
+        return f"--port {argv[argv.index('--port') + 1]}"
+    return "default port"
+
+
 def _how(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
@@ -91,14 +99,14 @@ def supervise(
             restarts.popleft()
         if len(restarts) >= limit:
             print(
-                f"redis_local: redis-server ({' '.join(argv[1:3])}) died again ({_how(code)}); "
+                f"redis_local: redis-server ({_describe(argv)}) died again ({_how(code)}); "
                 f"{limit} restarts within {window_s:.0f}s already, giving up",
                 file=out, flush=True,
             )  # fmt: skip
             return code if code > 0 else 1
         restarts.append(now)
         print(
-            f"redis_local: redis-server ({' '.join(argv[1:3])}) died ({_how(code)}); restarting "
+            f"redis_local: redis-server ({_describe(argv)}) died ({_how(code)}); restarting "
             f"it empty on the same port (restart {len(restarts)} of at most {limit} per "
             f"{window_s:.0f}s); services keep their known addresses and re-register",
             file=out, flush=True,

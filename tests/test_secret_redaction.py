@@ -167,3 +167,23 @@ def test_worker_health_logs_and_exit_hide_the_secrets(locked_redis, emb_config, 
     assert "ERROR" in log and "timed out" in log, log[-3000:]
     for text in (*bodies, log):
         assert _leaks(text) == [], text[-3000:]
+
+
+def test_redis_supervisor_messages_hide_requirepass():
+    """``shared.redis_local --restart-on-failure`` names the redis-server it restarts: by its
+    port, never by arguments that may include ``--requirepass``."""
+    import io
+
+    from shared.redis_local import supervise
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    out = io.StringIO()
+    try:
+        code = supervise(
+            ["/bin/false", "--requirepass", PASSWORD, "--port", "6399"], limit=1, out=out
+        )
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert code == 1 and "6399" in out.getvalue(), out.getvalue()
+    assert _leaks(out.getvalue()) == [], out.getvalue()
