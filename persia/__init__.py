@@ -3,7 +3,8 @@
 Submodules, as in PERSIA: ``persia.ctx`` (contexts), ``persia.data`` (datasets and the
 data loader), ``persia.embedding`` (embedding config, batch types, optimizers),
 ``persia.env``, ``persia.errors`` (the exception tree), ``persia.distributed``, ``persia.logger``, ``persia.utils``,
-``persia.service``. They are imported on first use, so ``import persia`` stays cheap.
+``persia.service``, ``persia.prelude`` (the Python equivalents of PERSIA's Rust-core names) and
+``persia.helper`` (a local job for tests). They are imported on first use, so ``import persia`` stays cheap.
 It reads one variable, ``LOG_LEVEL``: the level of the stderr handler it gives the ``persia``
 logger when the script has not configured logging (``persia.logger.install_library_handler``),
 so library lines such as EPL's plan show, as PERSIA's do.
@@ -28,7 +29,9 @@ __all__ = [
     "embedding",
     "env",
     "errors",
+    "helper",
     "logger",
+    "prelude",
     "service",
     "utils",
 ]

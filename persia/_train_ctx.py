@@ -49,7 +49,7 @@ _logger = logging.getLogger("persia.ctx")
 
 
 _GRAD_UPDATE_BUFFER_SIZE = 60
-"""PERSIA's default ``grad_update_buffer_size``, the one value TrainCtx accepts."""
+"""PERSIA's default ``grad_update_buffer_size``; another positive value is accepted with a warning."""
 
 EMBEDDING_GRAD_REDUCTIONS = ("sum", "mean")
 """Accepted ``TrainCtx(embedding_grad_reduction=...)`` values (see TrainCtx)."""
@@ -65,11 +65,11 @@ class TrainCtx(EmbeddingCtx):
             gradients are not finite (> 0).
         backward_buffer_size: most batches whose gradients are still being sent.
         backward_workers_size: most gradient requests on the wire at once.
-        grad_update_buffer_size: PERSIA's default (60) only: gradients are copied before they
-            are sent, so no tensor references are held; another value is refused, since it
-            would have no effect (the bound on batches in flight is ``backward_buffer_size``).
-        lookup_emb_directly: True only: direct lookups always work; False is refused, since
-            it would have no effect.
+        grad_update_buffer_size: accepted, no effect: gradients are copied before they are
+            sent, so no tensor references are held (a value other than PERSIA's 60 logs a
+            warning; the bound on batches in flight is ``backward_buffer_size``).
+        lookup_emb_directly: accepted, no effect: direct lookups always work (False logs a
+            warning).
         mixed_precision: fp16 autocast + loss scaling on CUDA; bf16 autocast on the CPU.
         distributed_option: how to wrap the model when WORLD_SIZE > 1 (default: DDP,
             nccl on GPU, gloo on CPU).
@@ -131,20 +131,22 @@ class TrainCtx(EmbeddingCtx):
         )
         self.backward_buffer_size = self.inflight.backward_buffer
         self.backward_workers_size = self.inflight.backward_workers
-        if grad_update_buffer_size != _GRAD_UPDATE_BUFFER_SIZE:
-            raise InvalidInputError(
-                "grad_update_buffer_size", f"{_GRAD_UPDATE_BUFFER_SIZE} (PERSIA's default)",
+        if (
+            positive_int(grad_update_buffer_size, "grad_update_buffer_size")
+            != _GRAD_UPDATE_BUFFER_SIZE
+        ):
+            _logger.warning(
+                "grad_update_buffer_size=%d accepted as PERSIA did, with no effect: gradients are "
+                "copied before they are sent (batches in flight: backward_buffer_size)",
                 grad_update_buffer_size,
-                message=f"grad_update_buffer_size={grad_update_buffer_size!r} has no effect in "
-                "Pyrsia (gradients are copied before they are sent); drop it, and bound the "
-                "batches in flight with backward_buffer_size",
-            )  # fmt: skip
-        if lookup_emb_directly is not True:
-            raise InvalidInputError(
-                "lookup_emb_directly", "True", lookup_emb_directly,
-                message=f"lookup_emb_directly={lookup_emb_directly!r} has no effect in Pyrsia "
-                "(direct lookups always work); drop it",
-            )  # fmt: skip
+            )
+        if not isinstance(lookup_emb_directly, bool):
+            raise InvalidInputError("lookup_emb_directly", "True or False", lookup_emb_directly)
+        if not lookup_emb_directly:
+            _logger.warning(
+                "lookup_emb_directly=False accepted as PERSIA did; direct lookups "
+                "(get_embedding_from_data, an IterableDataset) still work in Pyrsia"
+            )
         self.mixed_precision = bool(mixed_precision)
         self.distributed_option = distributed_option
         self.embedding_config = self.embedding_config or get_default_embedding_config()

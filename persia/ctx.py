@@ -69,6 +69,56 @@ def cnt_ctx() -> BaseCtx | None:
 current_ctx = cnt_ctx
 
 
+def _cpu_if_negative(device_id):
+    """PERSIA's contexts took any negative ``device_id`` (``-1`` in its examples) to mean the
+    CPU; Pyrsia keeps that, with a warning, and documents ``device_id=None``."""
+    if isinstance(device_id, int) and not isinstance(device_id, bool) and device_id < 0:
+        _logger.warning(
+            "device_id=%d: running on the CPU, as PERSIA did for a negative device_id; "
+            "pass device_id=None to say so without this warning",
+            device_id,
+        )
+        return None
+    return device_id
+
+
+def _prepare_feature(persia_training_batch: PersiaTrainingBatch,
+                     preprocess_mode: PreprocessMode = PreprocessMode.TRAIN):  # fmt: skip
+    """``(non_id_type_feature_tensors, embedding_tensors, label_tensors or None)`` of a batch,
+    on the batch's device; embeddings require grad in TRAIN mode, labels are None in
+    INFERENCE mode (PERSIA's ``persia.ctx._prepare_feature``; contexts call it through
+    :meth:`EmbeddingCtx.prepare_features`)."""
+    non_id, embeddings, labels = _batch_tensors(persia_training_batch, preprocess_mode, None)
+    return non_id, [t for _, t in embeddings], labels
+
+
+def _batch_tensors(batch, preprocess_mode: PreprocessMode, device_id: int | None):
+    """The batch's tensors on its device (else ``device_id``); embeddings as (slot, tensor)."""
+    if not isinstance(batch, PersiaTrainingBatch):
+        raise TypeError(
+            f"expected a PersiaTrainingBatch from persia.data.DataLoader or get_embedding_from_data, got {type(batch).__name__}"
+        )
+    if not isinstance(preprocess_mode, PreprocessMode):
+        raise InvalidInputError("preprocess_mode", "a PreprocessMode", preprocess_mode)
+    training = preprocess_mode == PreprocessMode.TRAIN
+    want_labels = preprocess_mode != PreprocessMode.INFERENCE
+    if want_labels and not batch.labels:
+        raise InvalidInputError(
+            "labels",
+            f"at least one label in {preprocess_mode.name} mode (use PreprocessMode.INFERENCE for unlabeled batches)",
+            [],
+        )
+    if training and not batch.trainable:
+        raise InvalidInputError(
+            "batch",
+            "a batch looked up for training (requires_grad=True, inside TrainCtx)",
+            "a batch without a gradient reference",
+        )
+    device = batch.device_id if batch.device_id is not None else device_id
+    tensors = batch.tensors(device, requires_grad=training, labels=want_labels)
+    return tensors.non_id, tensors.embeddings, tensors.labels
+
+
 class BaseCtx:
     """Common base of the contexts: device choice and current-context tracking.
 
@@ -79,11 +129,26 @@ class BaseCtx:
     """
 
     def __init__(self, threadpool_worker_size: int = 10, device_id: int | None = None):
+        device_id = _cpu_if_negative(device_id)
         threadpool_worker_size, device_id = check_ctx_args(threadpool_worker_size, device_id)
         self.threadpool_worker_size = threadpool_worker_size
         self.device_id = device_id
         self._token: contextvars.Token | None = None
         self._entered = False
+        self._common_context: Any = None
+
+    @property
+    def common_context(self):
+        """This context's :class:`persia.prelude.PersiaCommonContext` (PERSIA's handle on the
+        services: ``wait_servers_ready``, ``configure_embedding_parameter_servers``, ...).
+        It connects on first use; the connection ends with the context's ``with``."""
+        if self._common_context is None:
+            from persia.prelude import PersiaCommonContext
+
+            self._common_context = PersiaCommonContext(
+                self.threadpool_worker_size, device_id=self.device_id
+            )
+        return self._common_context
 
     def _enter(self) -> None:
         """Hook: connect and prepare (subclasses)."""
@@ -106,6 +171,8 @@ class BaseCtx:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             self._exit(failed=exc_type is not None)
+            if self._common_context is not None:
+                self._common_context.close()
         finally:
             self._entered = False
             if self._token is not None:
@@ -195,6 +262,15 @@ class EmbeddingCtx(BaseCtx):
             _logger.debug("%s: connected outside a `with` block", type(self).__name__)
         return self._session
 
+    @property
+    def common_context(self):
+        """A :class:`persia.prelude.PersiaCommonContext` over this context's own connection."""
+        if self._common_context is None:
+            from persia.prelude import PersiaCommonContext
+
+            self._common_context = PersiaCommonContext._of(self)
+        return self._common_context
+
     def close(self) -> None:
         """Release a connection opened outside ``with`` (a no-op when there is none)."""
         if self._entered:
@@ -244,28 +320,7 @@ class EmbeddingCtx(BaseCtx):
     def prepare_features(self, persia_training_batch: PersiaTrainingBatch):
         """``(non_id_type_feature_tensors, embedding_tensors, label_tensors or None)``."""
         batch = persia_training_batch
-        if not isinstance(batch, PersiaTrainingBatch):
-            raise TypeError(
-                f"expected a PersiaTrainingBatch from persia.data.DataLoader or get_embedding_from_data, got {type(batch).__name__}"
-            )
-        device = batch.device_id if batch.device_id is not None else self.device_id
-        training = self.preprocess_mode == PreprocessMode.TRAIN
-        want_labels = self.preprocess_mode != PreprocessMode.INFERENCE
-        if want_labels:
-            if not batch.labels:
-                raise InvalidInputError(
-                    "labels",
-                    f"at least one label in {self.preprocess_mode.name} mode (use PreprocessMode.INFERENCE for unlabeled batches)",
-                    [],
-                )
-        if training and not batch.trainable:
-            raise InvalidInputError(
-                "batch",
-                "a batch looked up for training (requires_grad=True, inside TrainCtx)",
-                "a batch without a gradient reference",
-            )
-        tensors = batch.tensors(device, requires_grad=training, labels=want_labels)
-        non_id, embeddings, labels = tensors.non_id, tensors.embeddings, tensors.labels
+        non_id, embeddings, labels = _batch_tensors(batch, self.preprocess_mode, self.device_id)
         self._current_embeddings = embeddings
         self.current_batch = batch
         return non_id, [t for _, t in embeddings], labels

@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from persia import env
 from persia._runtime.batch import PersiaTrainingBatch
 from persia._runtime.even_steps import EvenSteps, agreeing
 from persia._runtime.prefetch import IteratorReader, Prefetcher
-from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
+from persia.ctx import BaseCtx, EmbeddingCtx, PreprocessMode, cnt_ctx
 from persia.embedding.data import PersiaBatch
 from shared.errors import InvalidInputError
 from shared.validate import positive_int
@@ -30,6 +31,8 @@ __all__ = [
     "PersiaTrainingBatch",
     "StreamingDataset",
 ]
+
+_logger = logging.getLogger(__name__)
 
 
 class IterableDatasetBase:
@@ -43,12 +46,26 @@ class IterableDatasetBase:
     def __init__(self, buffer_size: int = 10):
         self.buffer_size = positive_int(buffer_size, "buffer_size")
 
+    def consume_dataset(self) -> Iterator[int]:
+        """PERSIA's hook: the indexes of the batches this dataset produces, in order.
+
+        :class:`DataLoader` reads the dataset itself; this is for PERSIA code that calls it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement consume_dataset")
+
 
 class StreamingDataset(IterableDatasetBase):
     """Batches pushed to this NN-worker rank by the data loaders; ends when all are done."""
 
     def __iter__(self):
         raise TypeError("a StreamingDataset is read through persia.data.DataLoader(dataset)")
+
+    def consume_dataset(self) -> Iterator[int]:
+        """0, 1, 2, ... without end: the batches come from the data loaders, read by DataLoader."""
+        index = 0
+        while True:
+            yield index
+            index += 1
 
 
 class IterableDataset(IterableDatasetBase):
@@ -58,6 +75,12 @@ class IterableDataset(IterableDatasetBase):
         raise NotImplementedError(
             f"{type(self).__name__} must implement __iter__ yielding PersiaBatch"
         )
+
+    def consume_dataset(self) -> Iterator[int]:
+        """Iterate the dataset once, checking each item, and yield its index."""
+        for index, item in enumerate(self):
+            _check_batch(item)
+            yield index
 
 
 def _check_batch(item) -> PersiaBatch:
@@ -74,8 +97,10 @@ class DataLoader:
     Arguments:
         dataset: a :class:`StreamingDataset` or an :class:`IterableDataset`.
         forward_buffer_size: looked-up batches kept ready ahead of the loop.
-        timeout_ms: longest wait for the next batch; then ``TimeoutError`` (PERSIA
-            stopped the loop silently).
+        is_training: with False, batches are looked up without gradients even inside a
+            TrainCtx (PERSIA's argument); in a plain BaseCtx lookups never train.
+        timeout_ms: longest wait for the next batch; then the loop ends with a warning
+            naming the timeout and the batches yielded, as PERSIA's did.
         num_workers: embedding lookups in flight at once.
         reproducible: hand streamed batches out in batch-id order (rank, rank + world
             size, ...); with ``embedding_staleness=1`` a run repeats bit for bit.
@@ -83,8 +108,9 @@ class DataLoader:
             gradients are not yet applied (None: no bound).
     """
 
-    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10, timeout_ms: int = 1000 * 60 * 10,
-                 num_workers: int = 10, reproducible: bool = False, embedding_staleness: int | None = None):  # fmt: skip
+    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10, is_training: bool = True,
+                 timeout_ms: int = 1000 * 60 * 10, num_workers: int = 10, reproducible: bool = False,
+                 embedding_staleness: int | None = None):  # fmt: skip
         if not isinstance(dataset, IterableDatasetBase):
             raise TypeError(
                 f"dataset: expected persia.data.StreamingDataset or IterableDataset, got {type(dataset).__name__}"
@@ -96,6 +122,9 @@ class DataLoader:
         if not isinstance(reproducible, bool):
             raise InvalidInputError("reproducible", "true or false", reproducible)
         self.reproducible = reproducible
+        if not isinstance(is_training, bool):
+            raise InvalidInputError("is_training", "true or false", is_training)
+        self.is_training = is_training
         self.embedding_staleness = (
             None
             if embedding_staleness is None
@@ -104,20 +133,28 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[PersiaTrainingBatch]:
         ctx = cnt_ctx()
-        if not isinstance(ctx, EmbeddingCtx):
+        if not isinstance(ctx, BaseCtx) or (
+            not isinstance(ctx, EmbeddingCtx) and not isinstance(self.dataset, StreamingDataset)
+        ):
             raise RuntimeError(
                 "iterate a persia DataLoader inside a context: `with TrainCtx(...)`, `eval_ctx(...)` or `InferCtx(...)`"
+                " (a StreamingDataset may also be read inside a plain BaseCtx)"
             )
         prefetcher = self._prefetcher(ctx).start()
         timeout_s = self.timeout_ms / 1000.0
+        yielded = 0
 
         def fetch() -> PersiaTrainingBatch | None:
             try:
                 return prefetcher.next(timeout_s)
             except TimeoutError:
-                raise TimeoutError(
-                    f"DataLoader: no batch within timeout_ms={self.timeout_ms}; are the data loaders running?"
-                ) from None
+                _logger.warning(
+                    "DataLoader: no batch within timeout_ms=%d after %d batch(es): ending the "
+                    "loop, as PERSIA did; are the data loaders running?",
+                    self.timeout_ms,
+                    yielded,
+                )
+                return None
 
         # streamed training on several ranks: every rank takes the same number of steps
         even = (
@@ -130,16 +167,21 @@ class DataLoader:
                 batch = fetch() if even is None else even.next()
                 if batch is None:
                     return
+                yielded += 1
                 yield batch
         finally:
             if even is not None:
                 even.close()
             prefetcher.close()
 
-    def _prefetcher(self, ctx: EmbeddingCtx) -> Prefetcher:
-        session = ctx.session
+    def _prefetcher(self, ctx: BaseCtx) -> Prefetcher:
+        session = ctx.session if isinstance(ctx, EmbeddingCtx) else ctx.common_context.session
         client = session.client
-        train = ctx.preprocess_mode == PreprocessMode.TRAIN
+        train = (
+            isinstance(ctx, EmbeddingCtx)
+            and ctx.preprocess_mode == PreprocessMode.TRAIN
+            and self.is_training
+        )
         staleness = self.embedding_staleness if train else None
         common = dict(
             num_workers=self.num_workers, buffer_size=self.forward_buffer_size,

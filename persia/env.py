@@ -20,6 +20,13 @@ What the getters return, as PERSIA's API does:
 
 An empty variable counts as unset. A malformed or inconsistent value is a
 :class:`~shared.errors.ConfigError` naming the variable.
+
+``set_env(rank=..., world_size=..., ...)`` sets the values the getters return, unchecked,
+as PERSIA's does (until :func:`reload_env`). PERSIA's two switches are read when first
+used, not at import: ``PERSIA_LAUNCHER_VERBOSE`` (``persia.utils.run_command`` logs its
+command line) and ``PERSIA_SKIP_CHECK_DATA`` (accepted; Pyrsia still checks every batch,
+see the migration guide). ``from persia.env import PERSIA_SKIP_CHECK_DATA`` works and
+reads the variable at that moment.
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ __all__ = [
     "get_replica_index",
     "get_replica_size",
     "get_world_size",
+    "launcher_verbose",
     "reload_env",
+    "set_env",
+    "skip_check_data",
 ]
 
 
@@ -133,6 +143,50 @@ def reload_env() -> None:
     global _cached
     with _lock:
         _cached = None
+
+
+def set_env(
+    replica_size: int | None = None,
+    replica_index: int | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+) -> None:
+    """Set what the getters return, without any check (PERSIA's ``set_env``); the values
+    stay until :func:`reload_env`. Arguments left out read as None, as in PERSIA."""
+    global _cached
+    with _lock:
+        _cached = _Env(
+            rank=rank, local_rank=local_rank, world_size=world_size,
+            replica_index=replica_index, replica_size=replica_size,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+
+def _switch(name: str) -> bool:
+    raw = os.environ.get(name, "0").strip() or "0"
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ConfigError(f"environment variable {name}: expected 0 or 1, got {raw!r}") from None
+
+
+def launcher_verbose() -> bool:
+    """``PERSIA_LAUNCHER_VERBOSE=1``: commands run through ``persia.utils.run_command`` are logged."""
+    return _switch("PERSIA_LAUNCHER_VERBOSE")
+
+
+def skip_check_data() -> bool:
+    """``PERSIA_SKIP_CHECK_DATA=1``: read for PERSIA compatibility; batches are still checked."""
+    return _switch("PERSIA_SKIP_CHECK_DATA")
+
+
+def __getattr__(name: str):
+    # PERSIA's module constants, read from the environment when a script asks for them
+    if name == "PERSIA_LAUNCHER_VERBOSE":
+        return launcher_verbose()
+    if name == "PERSIA_SKIP_CHECK_DATA":
+        return skip_check_data()
+    raise AttributeError(f"module 'persia.env' has no attribute {name!r}")
 
 
 def get_rank() -> int | None:

@@ -40,7 +40,20 @@ import sys
 from shared.constants import ENV_LOG_LEVEL
 from shared.errors import InvalidInputError
 
-__all__ = ["DEFAULT_LOGGER_NAME", "get_default_logger", "get_logger", "install_library_handler"]
+__all__ = [
+    "COLOR_FORMATTER",
+    "DEFAULT_LOGGER_NAME",
+    "FILE_LOG_FORMAT",
+    "FORMATTER",
+    "LOG_COLOR",
+    "STREAM_LOG_FORMAT",
+    "get_default_logger",
+    "get_logger",
+    "install_library_handler",
+    "levelFilter",
+    "setLogger",
+    "set_default_logger",
+]
 
 DEFAULT_LOGGER_NAME = "persia"
 _FORMAT = "%(asctime)s %(levelname)-8s [%(filename)s:%(lineno)d] %(message)s"
@@ -170,3 +183,59 @@ def get_default_logger(
         )
         handler.filters = [_AboveLevel(threshold)]
     return _default_logger
+
+
+# --- PERSIA's other names ------------------------------------------------------------------
+# PERSIA coloured its stderr lines with colorlog; Pyrsia prints the same fields without
+# colour codes (log lines are read in files and CI logs as often as in terminals).
+FILE_LOG_FORMAT = _FORMAT
+STREAM_LOG_FORMAT = _FORMAT
+LOG_COLOR = {
+    "DEBUG": "cyan",
+    "INFO": "green",
+    "WARNING": "yellow",
+    "ERROR": "red",
+    "CRITICAL": "red,bg_white",
+}
+"""PERSIA's level colours, kept for scripts that read them; Pyrsia's lines are not coloured."""
+FORMATTER = logging.Formatter(FILE_LOG_FORMAT)
+COLOR_FORMATTER = logging.Formatter(STREAM_LOG_FORMAT)
+
+
+class levelFilter(_AboveLevel):  # noqa: N801 - PERSIA's name
+    """Keeps records strictly above ``level`` (PERSIA's error-file filter)."""
+
+
+def setLogger(  # noqa: N802 - PERSIA's name
+    name: str,
+    log_level: int | str = logging.DEBUG,
+    log_filename: str = "train.log",
+    enable_file_logger: bool = False,
+    err_redirect_filepath: str = "error.log",
+    enable_err_redirect: bool = False,
+    err_redirect_level: int | str = logging.INFO,
+) -> logging.Logger:
+    """Configure the logger ``name``: a stderr handler, ``log_level`` (PERSIA's default DEBUG),
+    optionally a file of every record and a file of records above ``err_redirect_level``.
+    Calling it again for the same name adds no second stderr handler."""
+    logger = logging.getLogger(name)
+    if not any(getattr(h, _MARK, None) == "stream" for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(COLOR_FORMATTER)
+        setattr(handler, _MARK, "stream")
+        logger.addHandler(handler)
+    logger.setLevel(_parse_level(log_level, "log_level"))
+    if enable_file_logger:
+        _file_handler(logger, _check_path(log_filename, "log_filename"), "file")
+    if enable_err_redirect:
+        threshold = _parse_level(err_redirect_level, "err_redirect_level")
+        handler = _file_handler(
+            logger, _check_path(err_redirect_filepath, "err_redirect_filepath"), "error"
+        )
+        handler.filters = [levelFilter(threshold)]
+    return logger
+
+
+def set_default_logger(name: str | None = None, **kwargs) -> logging.Logger:
+    """Create the default logger if there is none yet (PERSIA's); see :func:`get_default_logger`."""
+    return get_default_logger(name, **kwargs)

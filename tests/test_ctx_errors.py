@@ -44,14 +44,24 @@ def _batch(labels: bool = True, trainable: bool = True) -> PersiaTrainingBatch:
     )
 
 
-def test_train_ctx_refuses_persia_keys_that_would_have_no_effect():
+def test_train_ctx_accepts_persia_tuning_keys_with_a_warning(caplog):
+    """PERSIA accepted any grad_update_buffer_size and lookup_emb_directly=False; so does
+    Pyrsia, with a warning saying what is kept (neither changes a result here)."""
     model = PooledModel()
     args = (SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1))
-    TrainCtx(*args, model=model, grad_update_buffer_size=60, lookup_emb_directly=True)
-    with pytest.raises(InvalidInputError, match="grad_update_buffer_size=100 has no effect"):
+    with caplog.at_level("WARNING", logger="persia.ctx"):
+        TrainCtx(*args, model=model, grad_update_buffer_size=60, lookup_emb_directly=True)
+        assert not caplog.records
         TrainCtx(*args, model=model, grad_update_buffer_size=100)
-    with pytest.raises(InvalidInputError, match="lookup_emb_directly=False has no effect"):
         TrainCtx(*args, model=model, lookup_emb_directly=False)
+    text = [r.getMessage() for r in caplog.records]
+    assert len(text) == 2, text
+    assert "grad_update_buffer_size=100" in text[0] and "PERSIA" in text[0]
+    assert "lookup_emb_directly=False" in text[1] and "PERSIA" in text[1]
+    with pytest.raises(InvalidInputError, match="grad_update_buffer_size"):
+        TrainCtx(*args, model=model, grad_update_buffer_size=0)
+    with pytest.raises(InvalidInputError, match="lookup_emb_directly"):
+        TrainCtx(*args, model=model, lookup_emb_directly="no")
 
 
 def test_train_ctx_without_optimizers_is_refused():

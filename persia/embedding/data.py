@@ -36,7 +36,14 @@ from persia.embedding._features import (
 )
 from shared import codec
 from shared.errors import InvalidInputError
-from shared.wire.batch import DensePart, IDPart, check_batch_size, check_finite, check_unique
+from shared.wire.batch import (
+    DENSE_DTYPES,
+    DensePart,
+    IDPart,
+    check_batch_size,
+    check_finite,
+    check_unique,
+)
 
 __all__ = [
     "MAX_BATCH_SIZE",
@@ -47,6 +54,12 @@ __all__ = [
     "NonIDTypeFeature",
     "PersiaBatch",
 ]
+
+_ND_ARRAY_SUPPORT_TYPE = {dtype.type for dtype in DENSE_DTYPES}
+"""PERSIA's name for the numpy types a non-id feature or a label may have (bool, int8..int64,
+uint8, float32, float64); ``persia.prelude.check_pyarray_dtype_valid`` accepts exactly these."""
+
+_NdarrayDataBase = NdarrayDataBase  # the name later PERSIA releases use
 
 
 # --------------------------------------------------------------------------- the batch
@@ -130,6 +143,12 @@ class PersiaBatch:
         self.batch_size = size
         self.requires_grad = requires_grad
         self.meta = meta
+
+    @property
+    def data(self) -> PersiaBatch:
+        """The batch itself: PERSIA's ``persia_batch.data`` was the Rust batch the contexts
+        sent; Pyrsia's contexts take the ``PersiaBatch`` (``ctx.get_embedding_from_data``)."""
+        return self
 
     def id_part(self) -> IDPart:
         """What an embedding worker needs: id features, batch size and requires_grad."""

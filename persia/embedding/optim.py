@@ -38,6 +38,20 @@ class Optimizer:
         """The wire form, e.g. ``{"type": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}``."""
         return optimizer_to_dict(self._spec)
 
+    def apply(self) -> None:
+        """Register this optimizer with every PS replica of the job, through the innermost
+        entered context (PERSIA's ``Optimizer.apply``; ``TrainCtx`` calls it on enter)."""
+        from persia.ctx import BaseCtx, EmbeddingCtx, cnt_ctx
+
+        ctx = cnt_ctx()
+        if not isinstance(ctx, BaseCtx):
+            raise RuntimeError(
+                "Optimizer.apply() registers the optimizer through the current context: call it "
+                "inside `with eval_ctx() as ctx:` (or another persia context)"
+            )
+        session = ctx.session if isinstance(ctx, EmbeddingCtx) else ctx.common_context.session
+        session.runtime.run(session.client.register_optimizer(self.to_dict()))
+
     @staticmethod
     def from_dict(data: object) -> Optimizer:
         """Rebuild the optimizer from :meth:`to_dict`'s form (validated; errors name the field)."""

@@ -1,0 +1,304 @@
+"""PERSIA's ``persia.helper``: a whole job on this machine, for tests and notebooks.
+
+``with ensure_persia_service(embedding_config=..., data_loader_func=f): ...`` starts the
+services a job needs and stops them when the block ends::
+
+    redis-server                  only when PERSIA_REDIS_URL is unset (PERSIA started a
+                                  nats-server); on a free port from nats_server_port
+    embedding PS  x N             python -m services.embedding_ps, free ports from
+                                  embedding_parameter_server_port
+    embedding worker  x M         python -m services.embedding_worker, free ports from
+                                  embedding_worker_port
+    data_loader_func()            in a thread of this process
+    nn_worker_func()              in a thread of this process
+
+The configs (dicts or paths) are written to temporary YAML files the services read.
+PERSIA pickled the two functions with cloudpickle and ran them in subprocesses; Pyrsia
+unpickles nothing, so they run in threads here: one replica each
+(``data_loader_replica_num`` and ``nproc_per_node`` other than 1 are refused), and an
+exception they raise is raised again when the block ends. The services get SIGTERM
+when the block ends; one that had already died is named in a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from persia.utils import find_free_port
+
+__all__ = ["PersiaServiceCtx", "ensure_persia_service"]
+
+_logger = logging.getLogger(__name__)
+
+_DEFAULT_GLOBAL_CONFIG = {
+    "embedding_worker_config": {"forward_buffer_size": 1000},
+    "common_config": {"metrics_config": {"enable_metrics": False}},
+}
+_REPO = Path(__file__).resolve().parent.parent
+_READY_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 10.0
+_START_ATTEMPTS = 3
+_ENV_SET = ("PERSIA_REDIS_URL", "PERSIA_EMBEDDING_CONFIG", "PERSIA_GLOBAL_CONFIG")
+"""Set in this process while the block runs (the services and the functions read them)."""
+
+
+def _write_yaml(config: dict, directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "w") as fh:
+        yaml.safe_dump(config, fh)
+    return path
+
+
+def _wait_healthy(
+    proc: subprocess.Popen, port: int, what: str, env: dict[str, str], *, ready: bool
+) -> None:
+    """Until ``/health`` answers (200 when ``ready``: a worker is ready once its PS are)."""
+    headers = {}
+    if env.get("PERSIA_AUTH_TOKEN"):
+        headers["Authorization"] = f"Bearer {env['PERSIA_AUTH_TOKEN']}"
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} while starting")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/health", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError:
+            if not ready:
+                return  # listening: a PS is ready once configured
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready on port {port} after {_READY_TIMEOUT_S:.0f}s")
+
+
+class _Runner(threading.Thread):
+    """Runs a user function; its exception is kept for the end of the block."""
+
+    def __init__(self, func: Callable[[], object], name: str):
+        super().__init__(name=name, daemon=True)
+        self.func = func
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.func()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by PersiaServiceCtx.__exit__
+            self.error = exc
+
+
+class PersiaServiceCtx:
+    """Start a local job (Redis if needed, PS, embedding workers, user functions); see the module docstring.
+
+    Arguments are PERSIA's: ``embedding_config`` / ``embedding_config_path`` (one is needed),
+    ``global_config`` / ``global_config_path`` (default: forward buffer 1000, metrics off),
+    replica counts and first ports (a taken port moves to the next free one).
+    """
+
+    def __init__(
+        self,
+        data_loader_func: Callable | None = None,
+        nn_worker_func: Callable | None = None,
+        embedding_config: dict | None = None,
+        embedding_config_path: str | None = None,
+        global_config: dict | None = None,
+        global_config_path: str | None = None,
+        data_loader_replica_num: int = 1,
+        nproc_per_node: int = 1,
+        embedding_worker_replica_num: int = 1,
+        embedding_parameter_replica_num: int = 1,
+        embedding_worker_port: int = 7777,
+        embedding_parameter_server_port: int = 8888,
+        nats_server_port: int = 4222,
+    ):
+        if embedding_config is None and embedding_config_path is None:
+            raise ValueError("pass embedding_config (a dict) or embedding_config_path")
+        for name, value in (
+            ("data_loader_replica_num", data_loader_replica_num),
+            ("nproc_per_node", nproc_per_node),
+        ):
+            if value != 1:
+                raise ValueError(
+                    f"{name}={value}: Pyrsia's helper runs the function in one thread of this "
+                    "process (nothing is unpickled in a subprocess); start more replicas with "
+                    "persia-launcher"
+                )
+        for name, value in (
+            ("embedding_worker_replica_num", embedding_worker_replica_num),
+            ("embedding_parameter_replica_num", embedding_parameter_replica_num),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        self.data_loader_func = data_loader_func
+        self.nn_worker_func = nn_worker_func
+        self.embedding_config = embedding_config
+        self.embedding_config_path = embedding_config_path
+        self.global_config = global_config or _DEFAULT_GLOBAL_CONFIG
+        self.global_config_path = global_config_path
+        self.embedding_worker_replica_num = embedding_worker_replica_num
+        self.embedding_parameter_replica_num = embedding_parameter_replica_num
+        self.embedding_worker_port = embedding_worker_port
+        self.embedding_parameter_server_port = embedding_parameter_server_port
+        self.nats_server_port = nats_server_port
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+        self._threads: list[_Runner] = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._saved_env: dict[str, str | None] | None = None
+
+    # --- start ----------------------------------------------------------------------
+    def _spawn(self, what: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        proc = subprocess.Popen(args, env=env, cwd=_REPO)
+        self._procs.append((what, proc))
+        return proc
+
+    def _start_redis(self, env: dict[str, str]) -> None:
+        from shared.redis_local import find_redis_server
+
+        port = find_free_port(self.nats_server_port)
+        assert self._tmp is not None
+        proc = self._spawn(
+            "redis-server",
+            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self._tmp.name],
+            env,
+        )  # fmt: skip
+        import socket
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        os.environ["PERSIA_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+
+    def _start_services(self, role: str, module: str, count: int, first_port: int) -> None:
+        env = dict(os.environ)
+        port = first_port
+        for index in range(count):
+            what = f"{role}[{index}]"
+            for attempt in range(_START_ATTEMPTS):
+                # a port found free can be taken before the service binds it (an outgoing
+                # connection's ephemeral port): then the service exits and the next port is tried
+                port = find_free_port(port)
+                proc = self._spawn(
+                    what,
+                    [sys.executable, "-m", module, "--port", str(port), "--replica-index",
+                     str(index), "--replica-size", str(count)],
+                    env,
+                )  # fmt: skip
+                try:
+                    _wait_healthy(proc, port, what, env, ready=role == "embedding worker")
+                    break
+                except RuntimeError:
+                    self._procs.pop()
+                    if attempt == _START_ATTEMPTS - 1:
+                        raise
+                    port += 1
+            port += 1
+
+    def __enter__(self) -> PersiaServiceCtx:
+        self._tmp = tempfile.TemporaryDirectory(prefix="persia-helper-")
+        self._saved_env = {key: os.environ.get(key) for key in _ENV_SET}
+        try:
+            if not os.environ.get("PERSIA_REDIS_URL", "").strip():
+                self._start_redis(dict(os.environ))
+            embedding_path = self.embedding_config_path or _write_yaml(
+                self.embedding_config, self._tmp.name, "embedding_config.yml"
+            )
+            global_path = self.global_config_path or _write_yaml(
+                self.global_config, self._tmp.name, "global_config.yml"
+            )
+            os.environ["PERSIA_EMBEDDING_CONFIG"] = str(embedding_path)
+            os.environ["PERSIA_GLOBAL_CONFIG"] = str(global_path)
+            self._start_services(
+                "embedding PS", "services.embedding_ps",
+                self.embedding_parameter_replica_num, self.embedding_parameter_server_port,
+            )  # fmt: skip
+            self._start_services(
+                "embedding worker", "services.embedding_worker",
+                self.embedding_worker_replica_num, self.embedding_worker_port,
+            )  # fmt: skip
+            if self.data_loader_func is not None or self.nn_worker_func is not None:
+                from persia._runtime.runtime import get_runtime
+
+                get_runtime()  # started here, before two threads could both start it
+            for func, name in (
+                (self.data_loader_func, "persia-data-loader"),
+                (self.nn_worker_func, "persia-nn-worker"),
+            ):
+                if func is not None:
+                    runner = _Runner(func, name)
+                    runner.start()
+                    self._threads.append(runner)
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    # --- stop -----------------------------------------------------------------------
+    def _stop(self) -> list[str]:
+        died = [f"{what} (exit {p.returncode})" for what, p in self._procs if p.poll() is not None]
+        for _, proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for what, proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _logger.warning(
+                    "%s did not exit %.0fs after SIGTERM: killed", what, _STOP_TIMEOUT_S
+                )
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        for key, value in (self._saved_env or {}).items():  # the environment as it was
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return died
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        errors = []
+        for runner in self._threads:
+            runner.join(timeout=_STOP_TIMEOUT_S)
+            if runner.is_alive():
+                _logger.warning("%s still running when the block ended", runner.name)
+            elif runner.error is not None:
+                errors.append(runner.error)
+        self._threads.clear()
+        died = self._stop()
+        if exc_type is not None:
+            return
+        if errors:
+            raise errors[0]
+        if died:
+            raise RuntimeError(f"service(s) died before the block ended: {', '.join(died)}")
+
+
+def ensure_persia_service(*args, **kwargs) -> PersiaServiceCtx:
+    """``PersiaServiceCtx(*args, **kwargs)``, PERSIA's spelling."""
+    return PersiaServiceCtx(*args, **kwargs)
