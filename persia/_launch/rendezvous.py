@@ -17,6 +17,7 @@ launcher runs torchrun with ``--rdzv-backend`` set to it.
 from __future__ import annotations
 
 import datetime
+import logging
 import socket
 
 from torch.distributed import PrefixStore, TCPStore
@@ -30,7 +31,10 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from shared.auth import is_loopback
 from shared.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 BACKEND = "pyrsia-static"
 """torchrun's ``--rdzv-backend`` for :class:`BoundStaticRendezvous`."""
@@ -68,10 +72,22 @@ def bound_tcp_store(
     *,
     multi_tenant: bool = False,
 ) -> TCPStore:
-    """A ``TCPStore`` at ``host:port``; its server (``is_master``) listens on ``host`` only."""
+    """A ``TCPStore`` at ``host:port``; its server (``is_master``) listens on ``host`` only.
+
+    A loopback ``host`` that cannot be bound is an error. A network ``host`` (allowed by the
+    bind rule only with a token or ``--insecure``) that does not resolve or is not one of
+    this machine's addresses yet (a pod's DNS name before the pod is ready) falls back to
+    torch's own store on every interface, with a warning.
+    """
     if not is_master:
         return TCPStore(host, port, world_size, False, timeout, multi_tenant=multi_tenant)
-    sock = listening_socket(host, port)
+    try:
+        sock = listening_socket(host, port)
+    except ConfigError as exc:
+        if is_loopback(host):
+            raise
+        log.warning("%s; the store listens on every interface instead", exc)
+        return TCPStore(host, port, world_size, True, timeout, multi_tenant=multi_tenant)
     bound_port = sock.getsockname()[1]
     # the store owns the descriptor from here on: detach it so Python never closes it
     return TCPStore(
