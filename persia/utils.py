@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "MAXIMUM_LOCAL_PORT_NUM",
     "dump_yaml",
     "find_free_port",
     "load_yaml",

@@ -173,3 +173,20 @@ def test_optimizer_apply_registers_it_through_the_current_context(job_env, tmp_p
         SGD(lr=0.1).apply()
         looked_up = ctx.get_embedding_from_data(batch)
         assert ctx.prepare_features(looked_up)[1][0].shape == (1, 4)
+
+
+def test_metrics_default_is_persias_and_true_without_a_gateway_only_logs_info(caplog):
+    """PERSIA's persia-embedding-config: ``#[serde(default = "get_false")] enable_metrics``."""
+    from shared.config import parse_global_config
+    from shared.config_schema import MetricsConfig
+    from shared.metrics_push import push_settings
+
+    assert (
+        parse_global_config(
+            {}, source="global_config.yml"
+        ).common_config.metrics_config.enable_metrics
+        is False
+    )
+    with environ(PERSIA_METRICS_GATEWAY_ADDR=None), caplog.at_level("DEBUG"):
+        assert push_settings(MetricsConfig(enable_metrics=True)) is None
+    assert caplog.records and all(r.levelno <= logging.INFO for r in caplog.records)

@@ -101,6 +101,7 @@ EXPECTED = {
         "register_submodule",
     ],
     "persia.utils": [
+        "MAXIMUM_LOCAL_PORT_NUM",
         "dump_yaml",
         "find_free_port",
         "load_yaml",
