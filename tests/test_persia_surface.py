@@ -363,3 +363,14 @@ def test_names_left_out_on_purpose_are_documented(module, name):
     assert f"`{name}`" in MIGRATION_GUIDE.read_text(), (
         f"{name}: not named in {MIGRATION_GUIDE.name}"
     )
+
+
+def test_top_level_persia_has_the_env_names_as_persias_from_env_import_star():
+    """PERSIA's persia/__init__.py does ``from .env import *``: ``persia.get_rank()`` works."""
+    import persia
+    import persia.env
+
+    for name in [*_ENV_GETTERS, "reload_env", "set_env"]:
+        assert getattr(persia, name) is getattr(persia.env, name), name
+        assert name in persia.__all__
+    assert isinstance(persia.PERSIA_SKIP_CHECK_DATA, bool)
