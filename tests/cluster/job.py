@@ -89,6 +89,7 @@ class ClusterResult:
     steps: dict[str, int] = field(default_factory=dict)  # nn host -> trained steps
     updates_applied: int | None = None  # summed over PS replicas that logged final stats
     resumed_step: int | None = None
+    timed_out: bool = False  # the NN workers had not finished in time: stopped by SIGTERM
 
     def tail(self, n: int = 2500) -> str:
         return "\n".join(f"--- {h} (rc={self.codes.get(h)}) ---\n{t[-n:]}"
@@ -124,6 +125,8 @@ class ClusterJob:
         self.checkpoint_dir = self.shared / "ckpt"
         self.procs: dict[str, subprocess.Popen] = {}
         self.started = 0.0
+        self.timed_out = False
+        self._nn_addresses: dict[int, str] = {}
 
     # --- files and environment ----------------------------------------------------------
     def _global_config(self) -> Path:
@@ -257,11 +260,14 @@ class ClusterJob:
 
     def step(self, rank: int = 0) -> int | None:
         """NN-worker rank ``rank``'s finished training step (its ingress' gauge)."""
-        record = self.record(ROLE_NN_WORKER, rank)
-        if record is None:
-            return None
+        address = self._nn_addresses.get(rank)
+        if address is None:  # found once: a cut Redis must not blind the watch
+            record = self.record(ROLE_NN_WORKER, rank)
+            if record is None:
+                return None
+            address = self._nn_addresses[rank] = record.address
         try:
-            found = _STEPS.search(self.get(record.address, "/metrics"))
+            found = _STEPS.search(self.get(address, "/metrics", timeout=1.0))
         except OSError:
             return None
         return int(float(found[1])) if found else None
@@ -293,6 +299,7 @@ class ClusterJob:
                 break
             time.sleep(0.1)
         # like honcho: once a process has failed (or time is up), the others are stopped
+        self.timed_out = time.monotonic() >= deadline
         # a data loader lingers after the NN workers deregister (DATA_LOADER_LINGER_S), as
         # under honcho, which stops it with SIGTERM when the NN worker exits: so do we
         for host in clients:
@@ -348,6 +355,7 @@ class ClusterJob:
             codes={h: p.poll() for h, p in self.procs.items()},
             logs=logs,
             seconds=time.monotonic() - self.started,
+            timed_out=self.timed_out,
         )
         if m := re.search(r"test AUC: ([\d.]+)", logs.get("nn0", "")):
             result.auc = float(m[1])

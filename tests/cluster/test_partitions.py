@@ -1,0 +1,127 @@
+"""One host's link cut for 10 s mid-job, then restored (the 9-host layout of test_multi_host).
+
+For each target host (a PS replica, an embedding worker, NN-worker node 1, Redis) the job
+runs with a checkpoint every 40 steps; when NN-worker rank 0 has finished step 60, the
+target's switch port goes down (its cable pulled: nothing crosses, in either direction;
+open TCP connections stay open and retransmit) and comes back 10 s later. Then either the
+job completes, or it stops with an error naming what failed and the same layout with
+``--resume`` finishes the epoch from the last checkpoint.
+
+Figures per target, against an unfaulted run of the same layout (see tests/faults/
+test_kill9.py for the definitions): outcome, the rank-0 steps taken while the link was
+down, seconds from restore until rank 0 stepped again, AUC delta, lost acknowledged
+updates (must be 0: every batch's embedding update is in the final model exactly once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from persia._runtime.job_checkpoint import latest_complete, read_manifest
+from tests.cluster.job import FULL, ClusterJob
+from tests.cluster.netns import Network
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EPOCH_BATCHES = 255
+CHECKPOINT_EVERY = 40
+CUT_AT_STEP = 60
+CUT_SECONDS = 10.0
+AUC_TOLERANCE = 0.005
+TARGETS = ["ps0", "ew0", "nn1", "redis"]
+
+
+@pytest.fixture(scope="module")
+def unfaulted(netns_reason, tmp_path_factory):
+    if netns_reason is not None:
+        pytest.skip(f"cluster in a box needs network namespaces: {netns_reason}")
+    work = tmp_path_factory.mktemp("unfaulted")
+    with Network(FULL.hosts()) as net:
+        job = ClusterJob(net, work, every_n_steps=CHECKPOINT_EVERY, name="unfaulted").start()
+        try:
+            result = job.wait(timeout_s=240)
+        finally:
+            job.stop()
+    assert all(c == 0 for c in result.codes.values()), result.tail()
+    assert sum(result.steps.values()) == EPOCH_BATCHES and result.updates_applied
+    return result
+
+
+def _step_watch(job: ClusterJob, until: float) -> list[tuple[float, int]]:
+    """Rank 0's step, polled until ``until`` (monotonic): (time, step) samples."""
+    samples = []
+    while time.monotonic() < until:
+        step = job.step(0)
+        if step is not None:
+            samples.append((time.monotonic(), step))
+        time.sleep(0.1)
+    return samples
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_link_cut_for_10s_mid_job(target, unfaulted, network, tmp_path):
+    net = network(FULL.hosts())
+    job = ClusterJob(net, tmp_path, every_n_steps=CHECKPOINT_EVERY, name="faulted").start()
+    resumed_job = None
+    try:
+        job.wait_for_step(CUT_AT_STEP)
+        net.cut(target)
+        cut_at = time.monotonic()
+        step_at_cut = job.step(0)
+        samples = _step_watch(job, cut_at + CUT_SECONDS)
+        net.restore(target)
+        restored_at = time.monotonic()
+        step_at_restore = job.step(0)
+        # how long until rank 0 steps again (or the job ends)
+        resumed_s = None
+        while time.monotonic() - restored_at < 120 and job.trainers_running():
+            now = job.step(0)
+            if now is not None and step_at_restore is not None and now > step_at_restore:
+                resumed_s = time.monotonic() - restored_at
+                break
+            time.sleep(0.05)
+        first = job.wait(timeout_s=time.monotonic() - job.started + 180)
+        steps_during_cut = (samples[-1][1] - samples[0][1]) if samples else None
+        completed = not first.timed_out and all(c == 0 for c in first.codes.values())
+        if completed:
+            outcome, final, base = "completed", first, {"updates_applied_total": 0}
+            assert sum(first.steps.values()) == EPOCH_BATCHES, first.steps
+        else:
+            outcome = "hung, stopped, resumed" if first.timed_out else "stopped, resumed"
+            base = read_manifest(latest_complete(job.checkpoint_dir))
+            resumed_job = ClusterJob(net, tmp_path, every_n_steps=CHECKPOINT_EVERY,
+                                     resume=True, name="resumed")  # fmt: skip
+            resumed_job.start()
+            final = resumed_job.wait(timeout_s=300)
+            assert all(c == 0 for c in final.codes.values()), final.tail()
+            assert final.resumed_step == base["step"], final.tail()
+            assert base["trained_batches"] + sum(final.steps.values()) == EPOCH_BATCHES
+        assert final.updates_applied is not None, final.tail()
+        lost = unfaulted.updates_applied - (base["updates_applied_total"] + final.updates_applied)
+        errors = {h: [ln for ln in t.splitlines() if " ERROR " in ln or "Error" in ln][:3]
+                  for h, t in first.logs.items()}  # fmt: skip
+        row = {
+            "target": target,
+            "outcome": outcome,
+            "first_run_codes": first.codes,
+            "step_at_cut": step_at_cut,
+            "rank0_steps_while_cut": steps_during_cut,
+            "step_at_restore": step_at_restore,
+            "seconds_from_restore_to_next_step": None if resumed_s is None else round(resumed_s, 1),
+            "resumed_from_step": base.get("step"),
+            "auc": final.auc,
+            "auc_delta": round(abs(final.auc - unfaulted.auc), 4),
+            "lost_updates": lost,
+            "first_run_seconds": round(first.seconds, 1),
+            "errors": {h: e for h, e in errors.items() if e},
+        }
+        print(f"\npartition {target}: {json.dumps(row, indent=1)}")
+        assert lost == 0, row
+        assert row["auc_delta"] <= AUC_TOLERANCE, row
+    finally:
+        job.stop()
+        if resumed_job is not None:
+            resumed_job.stop()
