@@ -44,6 +44,22 @@ async def test_not_ready_until_configured_and_given_an_optimizer(ps, client):
     assert ps.health() == (200, ps.health()[1]) and ps.health()[1]["ready"]
 
 
+async def test_eval_lookups_need_only_the_hyperparameters(ps, client):
+    """PERSIA's PS served eval lookups before an optimizer was registered (its own
+    test/test_ctx.py test_data_ctx relies on it); an eval lookup inserts nothing, so it
+    needs no optimizer state. Train lookups still wait for the optimizer."""
+    groups = [{"dim": 4, "ids": np.array([1, 2, 3], dtype=np.uint64)}]
+    with pytest.raises(ServiceUnavailableError, match="not configured"):
+        await client.call(f"{ps.url}/lookup", {"train": False, "groups": groups})
+    await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})
+    answer = await client.call(f"{ps.url}/lookup", {"train": False, "groups": groups})
+    assert len(answer["groups"]) == 1 and answer["groups"][0].shape == (3, 4)
+    with pytest.raises(ServiceUnavailableError, match="no optimizer"):
+        await client.call(f"{ps.url}/lookup", {"train": True, "groups": groups})
+    stats = await client.call(f"{ps.url}/stats", {})
+    assert stats["entries"] == 0  # the eval lookup inserted nothing
+
+
 async def test_registers_and_answers_metrics(ps, registry_settings, client):
     reg = Registry(registry_settings)
     [record] = await reg.wait_for(ROLE_EMBEDDING_PS, timeout_s=5)

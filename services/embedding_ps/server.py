@@ -139,12 +139,17 @@ async def register_optimizer(request: web.Request, body: Any) -> dict:
 
 @msgpack_handler
 async def lookup(request: web.Request, body: Any) -> dict:
-    """Embeddings of every id of every dim group; train lookups may insert and evict."""
-    require_ready(request)
+    """Embeddings of every id of every dim group; train lookups may insert and evict.
+
+    An eval lookup needs only the hyperparameters (/configure), not an optimizer: it never
+    inserts, so no optimizer state is made, and PERSIA's PS served it the same way."""
     msg = PSLookup.from_wire(body)
     train = msg.train
     if train:
         _refuse_on_infer(request, "/lookup")
+        require_ready(request)
+    elif not request.app[STATUS].configured:
+        require_ready(request)
     store, metrics = request.app[STORE], request.app[PS_METRICS]
     started = time.perf_counter()
 

@@ -23,18 +23,3 @@ def _persia_test_env(job_env):
     os.environ.clear()
     os.environ.update(saved)
     reload_env()
-
-
-_PS_EVAL_WITHOUT_OPTIMIZER = (
-    "Pyrsia's PS answers lookups only once an embedding optimizer is registered, eval lookups "
-    "included (services/embedding_ps/server.py _Status); PERSIA's PS served eval lookups "
-    "without one, and this test registers none. Everything before the lookup passes."
-)
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.nodeid.endswith("persia_upstream/test_ctx.py::test_data_ctx[cpu]") or (
-            item.nodeid.endswith("persia_upstream/test_ctx.py::test_data_ctx[cuda]")
-        ):
-            item.add_marker(pytest.mark.xfail(reason=_PS_EVAL_WITHOUT_OPTIMIZER, strict=True))
