@@ -228,7 +228,9 @@ class Network:
         """``argv`` run inside ``host``: its network namespace, its hostname."""
         h = self.hosts[host]
         return ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', h.name, *argv]  # fmt: skip
+                'printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"', h.name,
+                *argv]  # fmt: skip
+        # not hostname(1): it refuses compose's service names (underscores)
 
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` in ``host``, in a session of its own (killed by :meth:`close`)."""
