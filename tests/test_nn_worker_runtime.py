@@ -141,3 +141,41 @@ def test_runtime_shortens_python_default_gil_switch_interval():
 
 def test_runtime_keeps_a_switch_interval_the_script_chose():
     assert _switch_interval_after_start(0.002) == pytest.approx(0.002)
+
+
+def _start_together(runtime, threads: int) -> list[BaseException]:
+    """``threads`` threads released at once, each starting ``runtime`` and running a coroutine."""
+    import threading
+
+    gate = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    async def answer() -> int:
+        return 42
+
+    def use() -> None:
+        gate.wait()
+        try:
+            assert runtime.start().run(answer()) == 42
+        except BaseException as exc:  # collected for the caller's assertion
+            errors.append(exc)
+
+    started = [threading.Thread(target=use) for _ in range(threads)]
+    for t in started:
+        t.start()
+    for t in started:
+        t.join()
+    return errors
+
+
+def test_threads_starting_the_runtime_together_all_get_a_running_loop():
+    """A thread calling start() while another's start is still bringing the loop up must
+    wait for it, not return early and find no loop (persia.helper starts data-loader and
+    NN-worker functions in threads of one process)."""
+    from persia._runtime.runtime import Runtime
+
+    for _ in range(10):
+        runtime = Runtime()
+        errors = _start_together(runtime, 8)
+        runtime.stop()
+        assert not errors, errors

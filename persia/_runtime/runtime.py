@@ -65,15 +65,17 @@ class Runtime:
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> Runtime:
-        """Start the loop thread (idempotent)."""
+        """Start the loop thread (idempotent); returns once the loop exists, also in a thread
+        that calls while another thread's start is still bringing the loop up."""
         with self._lock:
             if self._closed:
                 raise RuntimeClosedError("the NN-worker runtime has been stopped")
-            if self._thread is not None:
-                return self
-            shorten_gil_switch_interval()
-            self._thread = threading.Thread(target=self._main, name="pyrsia-runtime", daemon=True)
-            self._thread.start()
+            if self._thread is None:
+                shorten_gil_switch_interval()
+                self._thread = threading.Thread(
+                    target=self._main, name="pyrsia-runtime", daemon=True
+                )
+                self._thread.start()
         self._started.wait()
         return self
 
