@@ -21,8 +21,8 @@ def network(netns_reason):
         pytest.skip(f"cluster in a box needs network namespaces: {netns_reason}")
     made: list[Network] = []
 
-    def make(hosts: list[str]) -> Network:
-        net = Network(hosts)
+    def make(hosts: list[str], **kwargs) -> Network:
+        net = Network(hosts, **kwargs)
         made.append(net)
         try:
             return net.create()
@@ -30,6 +30,7 @@ def network(netns_reason):
             net.close()
             raise
 
+    make.loopback = lambda hosts: make(hosts, loopback_hostname=True)
     yield make
     for net in made:
         net.close()

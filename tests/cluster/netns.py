@@ -136,7 +136,12 @@ class Host:
 class Network:
     """A bridge in its own namespace and one namespace per host; :meth:`close` undoes all."""
 
-    def __init__(self, hosts: list[str], *, octet: int | None = None):
+    def __init__(
+        self, hosts: list[str], *, octet: int | None = None, loopback_hostname: bool = False
+    ):
+        """``loopback_hostname``: each host resolves its own name to 127.0.1.1, as Debian's
+        and Ubuntu's installers write ``/etc/hosts`` (the others still resolve it to its
+        address)."""
         self.prefix = f"{PREFIX}{os.getpid()}"
         self.octet = octet if octet is not None else 1 + os.getpid() % 250
         self.subnet = f"{SUBNET_FIRST_OCTETS}.{self.octet}"
@@ -146,6 +151,7 @@ class Network:
         self.hosts: dict[str, Host] = {}
         self._names = list(hosts)
         self._procs: list[subprocess.Popen] = []
+        self.loopback_hostname = loopback_hostname
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> Network:
@@ -193,9 +199,11 @@ class Network:
 
     def hosts_file(self, own: str) -> str:
         lines = ["127.0.0.1 localhost", f"{self.control_address} control"]
+        if self.loopback_hostname:
+            lines.append(f"127.0.1.1 {own}")
         for host in self.hosts.values():
-            names = host.name if host.name != own else f"{host.name} {host.name}.local"
-            lines.append(f"{host.address} {names}")
+            if host.name != own or not self.loopback_hostname:
+                lines.append(f"{host.address} {host.name}")
             lines.extend(f"{extra} {host.name}-{k}" for k, extra in
                          enumerate(host.extra_addresses))  # fmt: skip
         return "\n".join(lines) + "\n"
