@@ -31,7 +31,9 @@ from persia._runtime.checkpointer import PeriodicCheckpointer
 from persia._runtime.features import gradient_payload, nonfinite_slots
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.precision import Precision
+from persia._runtime.rank_stats import RankStats
 from persia._runtime.step_clock import StepClock
+from persia._runtime.tensorboard import TensorBoardLog, run_dir
 from persia._runtime.termination import SIGTERM_DRAIN_S, TerminationGuard
 from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
@@ -40,7 +42,14 @@ from persia.embedding.optim import Optimizer
 from persia.epl.config import Config
 from persia.epl.plan import install_plan
 from shared.allocator import keep_freed_memory
-from shared.constants import DEFAULT_WAIT_TIMEOUT_S, DISCOVERY_POLL_INTERVAL_S, ENV_ADVERTISE_HOST
+from shared.constants import (
+    DEFAULT_JOB_ID,
+    DEFAULT_WAIT_TIMEOUT_S,
+    DISCOVERY_POLL_INTERVAL_S,
+    ENV_ADVERTISE_HOST,
+    ENV_JOB_ID,
+    ENV_TENSORBOARD_DIR,
+)
 from shared.errors import InvalidInputError, RegistryError
 from shared.scatter import warm_in_background
 from shared.validate import positive_int
@@ -87,6 +96,12 @@ class TrainCtx(EmbeddingCtx):
             optimizer_lib.py). With SGD without weight decay, ``"mean"`` is ``"sum"``
             with the embedding learning rate divided by N; with weight decay, Adagrad or
             Adam the two differ by more than a rate. Refused unless "sum" or "mean".
+        tensorboard_dir: write TensorBoard scalars (loss, samples/s, staleness, lookup wait,
+            step phases; ``log_scalar`` for eval metrics) to ``<dir>/<PERSIA_JOB_ID>/rank_<r>``
+            (default: ``$PERSIA_TENSORBOARD_DIR``; None and unset: no curves). Tags:
+            ``persia._runtime.tensorboard``.
+        log_every_n_steps: the loss is sampled (kept for the curves and ``/metrics``) every
+            this many steps (default 10); reading it is done off the training thread.
         model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
     """
 
@@ -94,7 +109,8 @@ class TrainCtx(EmbeddingCtx):
                  grad_scalar_update_factor: float = 4, backward_buffer_size: int = 10, backward_workers_size: int = 8,
                  grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
                  distributed_option: DistributedBaseOption | None = None, *args, epl_config: Config | None = None,
-                 embedding_grad_reduction: str = "sum", **kwargs):  # fmt: skip
+                 embedding_grad_reduction: str = "sum", tensorboard_dir: str | os.PathLike | None = None,
+                 log_every_n_steps: int = 10, **kwargs):  # fmt: skip
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
         if not isinstance(embedding_optimizer, Optimizer):
             raise TypeError(
@@ -164,6 +180,12 @@ class TrainCtx(EmbeddingCtx):
         """Wall and CPU seconds per phase of ``backward`` (autograd, gradient_send, dense_step)."""
         self._shadowing = False  # a shadow step of persia._runtime.even_steps is running
         self._check_frequency = 20  # the last embedding_gradient_check_frequency (shadow steps)
+        self.log_every_n_steps = positive_int(log_every_n_steps, "log_every_n_steps")
+        self.tensorboard_dir = tensorboard_dir
+        self._tensorboard: TensorBoardLog | None = None
+        self.stats: RankStats | None = None
+        """What this rank's training did (steps, samples, loss, waits); read by /metrics and
+        the TensorBoard writer. Set while the context is entered."""
 
     # --- lifecycle ----------------------------------------------------------------------
     def _enter(self) -> None:
@@ -186,6 +208,7 @@ class TrainCtx(EmbeddingCtx):
                 limits=self.inflight,
             )  # fmt: skip
             self._start_checkpointing()
+            self._start_stats()
             self._termination.install()
         except BaseException:
             super()._exit(failed=True)
@@ -199,6 +222,9 @@ class TrainCtx(EmbeddingCtx):
                 self._backward.flush(raise_errors=not failed, timeout_s=drain_s)
         finally:
             self._backward = None
+            tensorboard, self._tensorboard = self._tensorboard, None
+            if tensorboard is not None:
+                tensorboard.close()
             if self._owns_process_group and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
                 self._owns_process_group = False
@@ -212,6 +238,32 @@ class TrainCtx(EmbeddingCtx):
             step = self._checkpointer.resume(self)
             if step is not None:
                 self.update_times = step
+
+    def _start_stats(self) -> None:
+        """The rank's stats (served by the ingress) and, when asked for, TensorBoard curves."""
+        stats = self.stats = self.session.stats
+        stats.loss_every = self.log_every_n_steps
+        stats.clock = self.step_clock
+        stats.steps = self.update_times  # restored by --resume
+        backward = self._backward
+        stats.in_flight = lambda: backward.in_flight
+        root = self.tensorboard_dir or os.environ.get(ENV_TENSORBOARD_DIR) or None
+        if root is not None:
+            job_id = os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
+            self._tensorboard = TensorBoardLog(
+                run_dir(root, job_id, self.rank_id), stats,
+                has_scaler=self.grad_scaler is not None,
+            )  # fmt: skip
+            self._tensorboard.start()
+
+    def log_scalar(self, tag: str, value, step: int | None = None) -> None:
+        """Add one scalar to this rank's TensorBoard run (``ctx.log_scalar("eval/auc", auc)``)
+        at ``step`` (default: the steps trained so far); nothing without a ``tensorboard_dir``.
+        ``value`` may be a tensor: it is read as a float on the writer's thread."""
+        if not isinstance(tag, str) or not tag:
+            raise InvalidInputError("tag", "a non-empty string such as 'eval/auc'", tag)
+        if self._tensorboard is not None:
+            self._tensorboard.log_scalar(tag, value, self.update_times if step is None else step)
 
     def wait_servers_ready(self) -> None:
         """Wait until every embedding worker (and through it every PS replica) is ready."""
@@ -327,7 +379,10 @@ class TrainCtx(EmbeddingCtx):
             if not self._shadowing:
                 self._checkpointer.record(batch.batch_id)
             self._checkpointer.after_step(self)  # a step boundary: periodic checkpoint if due
-        self.session.report_step(self.update_times)
+        stats = self.stats  # after the checkpoint: /metrics shows a step once it is complete
+        if stats.step_done(self.update_times, batch.batch_size, loss, scale, finite):
+            if self._tensorboard is not None:
+                self._tensorboard.record_step()
         return scaled
 
     @property

@@ -186,6 +186,7 @@ class DataLoader:
         common = dict(
             num_workers=self.num_workers, buffer_size=self.forward_buffer_size,
             staleness=staleness, just_in_time=train,
+            on_wait=session.stats.waited if train else None,  # the rank's lookup wait
         )  # fmt: skip
         if isinstance(self.dataset, StreamingDataset):
             queue = session.ingress(rank=env.get_rank() or 0, world_size=env.get_world_size() or 1,

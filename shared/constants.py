@@ -19,6 +19,9 @@ ENV_RESUME = "PERSIA_RESUME"
 """Set to 1 by ``persia-launcher nn-worker|data-loader --resume``: start from the last checkpoint."""
 ENV_METRICS_GATEWAY_ADDR = "PERSIA_METRICS_GATEWAY_ADDR"
 """host:port of a Prometheus push gateway (PERSIA's variable); pushing also needs enable_metrics."""
+ENV_TENSORBOARD_DIR = "PERSIA_TENSORBOARD_DIR"
+"""Where TrainCtx writes TensorBoard scalars (``<dir>/<job id>/rank_<r>``) when
+``tensorboard_dir=`` is not given; unset or empty: none written."""
 ENV_NATS_URLS = ("PERSIA_NATS_URL", "PERSIA_NATS_IP")
 """PERSIA's service-discovery variables (NATS); Pyrsia uses Redis and says so when they are set."""
 ENV_AUTH_TOKEN = "PERSIA_AUTH_TOKEN"

@@ -6,6 +6,9 @@ Routes (msgpack, PROTOCOL.md)::
          a batch that finds the bounded queue full is held until the loop takes one,
          429 after INGRESS_ROOM_WAIT_S; 409 for a batch id already received
     POST /done    {"loader", "loader_count", "sent"} -> {}
+    GET  /metrics the rank's training: steps, samples/s, step phases, staleness, lookup
+                  wait, skipped updates, loss scale, last loss (persia._runtime.rank_stats);
+                  pushed to a push gateway as the PS's are (enable_metrics + gateway address)
 
 The rank registers as ``nn_worker/<rank>`` with ``replica_size`` = world size while the
 ingress runs, and deregisters when it stops. :class:`BatchQueue` is the bounded queue
@@ -23,18 +26,22 @@ import os
 from collections import deque
 from typing import Any
 
-import prometheus_client as prom
 from aiohttp import web
 
+from persia._runtime.rank_stats import RankStats, register_rank_metrics
 from shared.auth import auth_token_from_env, check_bind, insecure_from_env
+from shared.config import load_global_config
+from shared.config_schema import MetricsConfig
 from shared.constants import (
     DEFAULT_BIND_HOST,
+    ENV_GLOBAL_CONFIG,
     INGRESS_ROOM_WAIT_S,
     ROLE_NN_WORKER,
     SHUTDOWN_CANCEL_S,
 )
 from shared.errors import BackPressureError, ConflictError, InvalidInputError
 from shared.http_server import METRICS, STATE, make_app, msgpack_handler
+from shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
 from shared.registry import Registry, RegistrySettings, ServiceRecord
 from shared.service import advertise_host
 from shared.wire.ingress import IngressBatch, LoaderDone
@@ -174,6 +181,14 @@ class BatchQueue:
 QUEUE = web.AppKey("nn_ingress_queue", BatchQueue)
 
 
+def _push_settings() -> MetricsPushSettings | None:
+    """Push settings of ``$PERSIA_GLOBAL_CONFIG``'s ``metrics_config`` and
+    ``PERSIA_METRICS_GATEWAY_ADDR``, as the PS and embedding worker read them."""
+    path = os.environ.get(ENV_GLOBAL_CONFIG)
+    config = load_global_config(path).common_config.metrics_config if path else MetricsConfig()
+    return push_settings(config)
+
+
 @msgpack_handler
 async def _ingress(request: web.Request, body: Any) -> dict:
     """A data loader's dense half of one batch plus the reference of its id half."""
@@ -199,21 +214,18 @@ class Ingress:
         registry_settings: RegistrySettings | None = None,
         host: str | None = None,
         port: int = 0,
+        stats: RankStats | None = None,
     ):
+        """``stats``: what the rank's training did, served on ``/metrics`` (and pushed to
+        ``PERSIA_METRICS_GATEWAY_ADDR`` when ``enable_metrics``)."""
         self.queue = queue
+        self.stats = stats or RankStats()
         self.settings = registry_settings or RegistrySettings.from_env()
         self.host = host or os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
         self.port = port
         self.address: str | None = None
         self._runner: web.AppRunner | None = None
         self._registry: Registry | None = None
-        self._steps: prom.Gauge | None = None
-
-    def report_step(self, step: int) -> None:
-        """Publish this rank's training step on ``/metrics`` (``pyrsia_nn_worker_steps``), so
-        an operator or a fault harness sees where the job is without touching the loop."""
-        if self._steps is not None:
-            self._steps.set(step)
 
     async def start(self) -> str:
         """Serve, register as ``nn_worker/<rank>``, and return the advertised address.
@@ -225,10 +237,9 @@ class Ingress:
         check_bind(self.host, token=token, insecure=insecure_from_env())
         app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token)
         app[QUEUE] = self.queue
-        self._steps = prom.Gauge(
-            "pyrsia_nn_worker_steps",
-            "training steps this rank has taken (counting those restored by --resume)",
-            registry=app[METRICS],
+        register_rank_metrics(self.stats, app[METRICS])
+        install_metrics_push(
+            app, _push_settings(), role=ROLE_NN_WORKER, replica_index=self.queue.rank
         )
         app.router.add_post("/ingress", _ingress)
         app.router.add_post("/done", _done)

@@ -63,8 +63,12 @@ class Prefetcher:
         staleness: int | None,
         just_in_time: bool = False,
         on_close: Callable[[], None] | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ):
+        """``on_wait(seconds)``: told, on the training thread, how long each :meth:`next`
+        waited for a ready batch (``RankStats.waited``: the rank's lookup wait)."""
         self.runtime = runtime
+        self._on_wait = on_wait
         self._fetch_next = fetch_next
         self._lookup_fn = lookup
         self._num_workers = num_workers
@@ -187,7 +191,12 @@ class Prefetcher:
         if self._last is not None:
             self._last.release()  # moved past without backward: give the permit back
             self._last = None
-        entry = self._take(timeout_s)
+        if self._on_wait is None:
+            entry = self._take(timeout_s)
+        else:
+            started = time.perf_counter()
+            entry = self._take(timeout_s)
+            self._on_wait(time.perf_counter() - started)
         limits = self._limits
         assert limits is not None
         if entry is _END or (isinstance(entry, _Failed) and entry.sticky):

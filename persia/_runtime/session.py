@@ -11,6 +11,7 @@ import logging
 
 from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia._runtime.ingress import BatchQueue, Ingress
+from persia._runtime.rank_stats import RankStats
 from persia._runtime.runtime import Runtime, get_runtime
 from shared.constants import DEFAULT_WAIT_TIMEOUT_S
 from shared.registry import Registry, RegistrySettings
@@ -34,6 +35,8 @@ class Session:
         self.settings = settings
         self._ingress: Ingress | None = None
         self.resume_skip: frozenset[int] = frozenset()  # batch ids trained before a --resume
+        self.stats = RankStats()
+        """What this rank's training did; its ingress serves it on ``/metrics``."""
 
     @classmethod
     def open(
@@ -87,17 +90,12 @@ class Session:
                 capacity, rank=rank, world_size=world_size, reproducible=reproducible,
                 skip=self.resume_skip,
             )  # fmt: skip
-            ingress = Ingress(queue, registry_settings=self.settings)
+            ingress = Ingress(queue, registry_settings=self.settings, stats=self.stats)
             await ingress.start()
             return ingress
 
         self._ingress = self.runtime.run(start())
         return self._ingress.queue
-
-    def report_step(self, step: int) -> None:
-        """This rank finished training step ``step`` (shown on its ingress' ``/metrics``)."""
-        if self._ingress is not None:
-            self._ingress.report_step(step)
 
     def close(self) -> None:
         """Stop the ingress (deregistering it) and close the registry connection."""

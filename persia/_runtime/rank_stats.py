@@ -1,0 +1,154 @@
+"""What one NN-worker rank's training loop has done: the state its observers read.
+
+``TrainCtx.backward`` records each step here with a few attribute writes (no lock, no
+allocation but the loss reference every ``loss_every`` steps: about a microsecond), and the
+prefetcher adds the time the loop waited for its next looked-up batch. Everything that
+shows the rank reads it from another thread, never on the training thread:
+
+* the ingress' ``GET /metrics`` (and the push gateway), at scrape time
+  (:func:`register_rank_metrics`);
+* the TensorBoard writer thread (``persia._runtime.tensorboard``).
+
+Counters only grow; readers take differences. The loss is kept as the detached tensor
+passed to ``ctx.backward`` (every ``loss_every`` steps), so reading it as a float, which
+waits for the GPU, happens on the reader's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import prometheus_client as prom
+import torch
+
+from persia._runtime.step_clock import StepClock
+
+__all__ = ["RankStats", "register_rank_metrics"]
+
+RATE_WINDOW_S = 1.0
+"""Samples/s is the rate over the last window of at least this many seconds."""
+STALLED_S = 10.0
+"""Samples/s reads 0 once no step has finished for this long."""
+
+PHASES = ("autograd", "gradient_send", "dense_step")
+"""The phases of ``TrainCtx.backward`` the step clock times."""
+
+
+class RankStats:
+    """Cumulative counters of one rank's training, written by the training thread."""
+
+    def __init__(self, loss_every: int = 10) -> None:
+        self.loss_every = loss_every
+        self.steps = 0
+        """Training steps taken (restored steps included after ``--resume``)."""
+        self.samples = 0
+        self.skipped_updates = 0
+        """Steps whose embedding update was skipped: non-finite embedding gradients."""
+        self.loss_scale = 1.0
+        self.lookup_wait_s = 0.0
+        """Seconds the loop waited for its next looked-up batch (training DataLoaders)."""
+        self.lookups_taken = 0
+        self.loss: torch.Tensor | None = None
+        """The last sampled loss (detached), taken at step :attr:`loss_step`."""
+        self.loss_step = 0
+        self.samples_per_s = 0.0
+        """Samples per second over the last :data:`RATE_WINDOW_S` or more."""
+        self.clock: StepClock | None = None
+        self.in_flight: Callable[[], int] = lambda: 0
+        """Batches whose embedding gradients are still being sent (the staleness)."""
+        self.started = time.time()
+        self._window_t = time.perf_counter()
+        self._window_samples = 0
+        self._last_step_t = self._window_t
+
+    def step_done(self, step: int, batch_size: int, loss: torch.Tensor, scale: float,
+                  finite: bool) -> bool:  # fmt: skip
+        """One training step (training thread); True when its loss was sampled."""
+        self.steps = step
+        self.samples += batch_size
+        self.loss_scale = scale
+        if not finite:
+            self.skipped_updates += 1
+        now = self._last_step_t = time.perf_counter()
+        if now - self._window_t >= RATE_WINDOW_S:
+            self.samples_per_s = (self.samples - self._window_samples) / (now - self._window_t)
+            self._window_t, self._window_samples = now, self.samples
+        if step % self.loss_every:
+            return False
+        self.loss, self.loss_step = loss.detach(), step
+        return True
+
+    def waited(self, seconds: float) -> None:
+        """The training loop waited ``seconds`` for a looked-up batch (training thread)."""
+        self.lookup_wait_s += seconds
+        self.lookups_taken += 1
+
+    def samples_rate(self) -> float:
+        """Samples/s over the last window; 0 when no step finished for ``STALLED_S``."""
+        if time.perf_counter() - self._last_step_t > STALLED_S:
+            return 0.0
+        return self.samples_per_s
+
+    def last_loss(self) -> float | None:
+        """The last sampled loss as a float (call off the training thread: waits for the GPU)."""
+        loss = self.loss
+        return None if loss is None else float(loss)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Cumulative wall seconds per step phase."""
+        return dict(self.clock.wall) if self.clock is not None else {}
+
+
+def register_rank_metrics(stats: RankStats, registry: prom.CollectorRegistry) -> None:
+    """Expose ``stats`` on ``registry``; every value is read at scrape time (one literal
+    ``prom.Gauge`` per metric, so docs/gen_reference.py lists each)."""
+    r = registry
+    prom.Gauge(
+        "pyrsia_nn_worker_steps",
+        "training steps this rank has taken (counting those restored by --resume)",
+        registry=r,
+    ).set_function(lambda: stats.steps)
+    prom.Gauge(
+        "pyrsia_nn_worker_samples", "samples trained by this rank (cumulative)", registry=r
+    ).set_function(lambda: stats.samples)
+    prom.Gauge(
+        "pyrsia_nn_worker_samples_per_second",
+        "samples/s of this rank over the last second or more",
+        registry=r,
+    ).set_function(stats.samples_rate)
+    prom.Gauge(
+        "pyrsia_nn_worker_gradients_in_flight",
+        "batches whose embedding gradients are being sent (the embedding staleness)",
+        registry=r,
+    ).set_function(lambda: stats.in_flight())
+    prom.Gauge(
+        "pyrsia_nn_worker_lookup_wait_seconds",
+        "seconds the training loop waited for its next looked-up batch (cumulative)",
+        registry=r,
+    ).set_function(lambda: stats.lookup_wait_s)
+    prom.Gauge(
+        "pyrsia_nn_worker_skipped_embedding_updates",
+        "steps whose embedding update was skipped for non-finite gradients (cumulative)",
+        registry=r,
+    ).set_function(lambda: stats.skipped_updates)
+    prom.Gauge(
+        "pyrsia_nn_worker_loss_scale", "the loss scale of the last step (1 without AMP)", registry=r
+    ).set_function(lambda: stats.loss_scale)
+    prom.Gauge(
+        "pyrsia_nn_worker_loss", "the last sampled training loss (NaN before the first)", registry=r
+    ).set_function(lambda: _or_nan(stats.last_loss()))
+    phases = prom.Gauge(
+        "pyrsia_nn_worker_step_phase_seconds",
+        "wall seconds of TrainCtx.backward's phases (cumulative)",
+        ["phase"],
+        registry=r,
+    )
+    for phase in PHASES:
+        phases.labels(phase=phase).set_function(
+            lambda phase=phase: stats.phase_seconds().get(phase, 0.0)
+        )  # fmt: skip
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
