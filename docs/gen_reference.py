@@ -371,6 +371,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("persia-launcher data-loader", "persia._launch.data_loader"),
     ("persia-launcher serve", "persia._launch.serve"),
     ("persia-launcher convert-checkpoint", "services.embedding_ps.persia_convert"),
+    ("persia-launcher status", "persia._launch.status"),
     ("persia-k8s-utils", "persia.k8s_utils"),
     ("python -m persia.hb.run", "persia.hb.run"),
 ]

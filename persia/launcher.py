@@ -45,6 +45,10 @@ SUBCOMMANDS = {
         "services.embedding_ps.persia_convert",
         "a PERSIA embedding checkpoint (.emb files) -> a Pyrsia checkpoint",
     ),
+    "status": (
+        "persia._launch.status",
+        "every process of a running job: health, uptime, memory, throughput, loss (--watch)",
+    ),
 }
 
 

@@ -357,6 +357,9 @@ def make_app(
     state.idle.set()
     app[STATE] = state
     app[METRICS] = _body_metrics(state, prom.CollectorRegistry())
+    # process_resident_memory_bytes, process_start_time_seconds, process_cpu_seconds_total:
+    # read from /proc at scrape time (memory and uptime in `persia-launcher status`)
+    prom.ProcessCollector(registry=app[METRICS])
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     return app

@@ -1,0 +1,104 @@
+"""``persia-launcher status`` against real services: a PS and an embedding worker (processes),
+an NN-worker rank's ingress serving its training stats, a launcher slot in the job lease, and
+a registered address nobody answers at (persia/_launch/status.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+
+import torch
+
+from persia._runtime.ingress import BatchQueue, Ingress
+from persia._runtime.rank_stats import RankStats
+from persia.ctx import TrainCtx
+from persia.embedding.optim import SGD
+from shared.constants import (
+    ROLE_DATA_LOADER,
+    ROLE_EMBEDDING_PS,
+    ROLE_EMBEDDING_WORKER,
+    ROLE_NN_WORKER,
+)
+from shared.registry import Registry, ServiceRecord
+from tests.nn_helpers import SmallModel
+from tests.redis_server import free_port
+from tests.service_procs import REPO
+
+
+async def _status(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "persia.launcher", "status", *args, cwd=REPO,
+        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _enter_a_train_ctx() -> None:
+    model = SmallModel()
+    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                  mixed_precision=False):  # fmt: skip
+        pass
+
+
+def _row(text: str, name: str) -> str:
+    lines = [line for line in text.splitlines() if name in line]
+    assert lines, f"{name} missing from:\n{text}"
+    return lines[0]
+
+
+async def test_status_lists_every_process_with_its_health(services, job_env, registry_settings,
+                                                          tmp_path):  # fmt: skip
+    (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
+    ps = services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
+                  wait_ready=False)  # fmt: skip
+    services("services.embedding_worker", ["--port", "0", "--embedding-config",
+             str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
+    stats = RankStats(loss_every=1)
+    stats.step_done(42, 128, torch.tensor(0.3125), 1.0, True)
+    ingress = Ingress(BatchQueue(4, rank=0, world_size=2), registry_settings=registry_settings,
+                      stats=stats)  # fmt: skip
+    await ingress.start()
+    registry = Registry(registry_settings)
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        # an NN rank 1 registered at an address where nothing listens; a data loader's slot
+        await registry.register(ServiceRecord(role=ROLE_NN_WORKER, replica_index=1,
+                                              replica_size=2, address=dead, pid=1))  # fmt: skip
+        await registry.lease.claim(ROLE_DATA_LOADER, 0, 1)
+        code, out, err = await _status(job_env, "--no-color", "--width", "250",
+                                       "--interval", "0.2")  # fmt: skip
+        assert code == 1, (out, err)  # one server does not answer
+        assert "\x1b[" not in out  # plain text
+        assert job_env["PERSIA_JOB_ID"] in out
+        assert "2/4 servers ready" in out, out
+        ps_row = _row(out, f"{ROLE_EMBEDDING_PS}/0")  # no TrainCtx configured it yet
+        assert ps.address in ps_row and "not ready (not configured" in ps_row, ps_row
+        assert "entries 0" in ps_row and "0 ids/s" in ps_row, ps_row
+        assert re.search(r"\d+\.\d (MiB|GiB)", ps_row), ps_row  # memory
+        assert re.search(r"\d+s", ps_row), ps_row  # uptime
+        assert "ready" in _row(out, f"{ROLE_EMBEDDING_WORKER}/0")
+        rank0 = _row(out, f"{ROLE_NN_WORKER}/0")
+        assert ingress.address in rank0 and "ready" in rank0
+        assert "step 42" in rank0 and "loss 0.3125" in rank0
+        rank1 = _row(out, f"{ROLE_NN_WORKER}/1")
+        assert dead in rank1 and "unreachable" in rank1
+        assert "(launcher)" in _row(out, f"{ROLE_DATA_LOADER}/0")
+    finally:
+        await registry.lease.release(ROLE_DATA_LOADER, 0)
+        await registry.close()
+        await ingress.stop()
+    # a TrainCtx configures the PS and registers its optimizer: every server ready, exit 0
+    await asyncio.to_thread(_enter_a_train_ctx)
+    code, out, err = await _status(job_env, "--no-color", "--interval", "0.2")
+    assert code == 0, (out, err)
+    assert "2/2 servers ready" in out
+
+
+async def test_status_says_when_the_registry_cannot_be_read(job_env):
+    env = {**job_env, "PERSIA_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    code, out, err = await _status(env, "--no-color")
+    assert code == 2 and "cannot reach Redis" in err, (out, err)
