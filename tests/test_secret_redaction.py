@@ -126,7 +126,8 @@ def _get(url: str, token: str | None = TOKEN) -> tuple[int, str]:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:  # the 401's body is msgpack
-        return exc.code, exc.read().decode(errors="replace")
+        with exc:  # closed here, not by the garbage collector (a ResourceWarning then)
+            return exc.code, exc.read().decode(errors="replace")
 
 
 def test_worker_health_logs_and_exit_hide_the_secrets(locked_redis, emb_config, tmp_path):
