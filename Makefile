@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv warm redis-check test test-slow test-faults test-load test-all lint format bench demo demo-multi docs clean
+.PHONY: venv warm redis-check test test-slow test-faults test-load test-all cluster lint format bench demo demo-multi docs clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,11 @@ test-load: $(STAMP) redis-check warm
 
 test-all: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -m ''
+
+## the cluster in a box (tests/cluster, slow tests included): every process on a host of its own
+## (a network namespace on a bridge), link cuts; needs root, skips where namespaces can't be made
+cluster: $(STAMP) redis-check warm
+	$(PY) -m pytest -q -s -m '' tests/cluster
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

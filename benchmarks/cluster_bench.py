@@ -1,0 +1,283 @@
+"""Census job across simulated hosts: throughput and AUC against round-trip time and bandwidth.
+
+Five hosts (Linux network namespaces on a bridge, see ``tests/cluster/netns.py``): Redis,
+one embedding PS, one embedding worker, one NN-worker rank, one data loader, each on its
+own address, the job of ``benchmarks/e2e`` (``train.py`` / ``data_loader.py``, Census-Income,
+batch 1024). Between hosts:
+
+- bandwidth: ``tc tbf`` on both ends of every host's link (``--rates``, default 1gbit and
+  10gbit);
+- round-trip time: ``tests/cluster/delay_proxy.py`` in every server host, holding each chunk
+  half the RTT in each direction; the servers advertise the proxy's address, so every
+  request between hosts (data loader -> worker and NN ingress, NN worker -> worker, worker
+  -> PS, everyone -> Redis) crosses it. The RTT each setting gives is *measured* (a
+  64-byte ping-pong through the proxy, median and p90) and printed beside the target; the
+  proxy's own cost is the ``0 ms via proxy`` row. RTT 0 runs without a proxy.
+
+The embedding staleness (gradients in flight) is 8 (the e2e benchmark's default); with
+``--staleness-low`` (default 1) each RTT runs again at that bound, at the highest rate: the
+difference is how much the prefetch and the staleness window hide. One NN-worker rank:
+the proxy relays TCP it can see a port for, and gloo's all-reduce between two ranks would
+bypass it. Prints a table and JSON (``--out``); no plot (matplotlib is not a dependency).
+
+Needs root (network namespaces); ``--quick`` trains on 20k rows for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
+
+from e2e import data as e2e_data  # noqa: E402
+
+from tests.cluster.job import ClusterJob, Layout  # noqa: E402
+from tests.cluster.netns import Network, unavailable_reason  # noqa: E402
+from tests.service_procs import cpu_seconds  # noqa: E402
+
+E2E = REPO / "benchmarks" / "e2e"
+LAYOUT = Layout(ps=1, ew=1, dl=1, nn=1)
+SERVERS = ("redis", "ps0", "ew0", "nn0")
+ECHO_PORT = 7007
+SINK_PORT = 7008
+BULK = (
+    "import socket,sys,time\n"
+    "c=socket.create_connection((sys.argv[1],int(sys.argv[2])),5);buf=b'x'*(1<<20)\n"
+    "t=time.perf_counter()\n"
+    "for i in range(int(sys.argv[3])): c.sendall(buf)\n"
+    "c.shutdown(socket.SHUT_WR);c.recv(1);print(int(sys.argv[3])*8*(1<<20)/(time.perf_counter()-t)/1e9)\n"
+)
+SINK = (
+    "import socket,sys,threading\n"
+    "s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+    "s.bind((sys.argv[1],int(sys.argv[2])));s.listen(8)\n"
+    "def serve(c):\n"
+    " while c.recv(1<<20): pass\n"
+    " c.sendall(b'k');c.close()\n"
+    "while True: threading.Thread(target=serve,args=(s.accept()[0],),daemon=True).start()\n"
+)
+PING = (
+    "import socket,statistics,sys,time\n"
+    "c=socket.create_connection((sys.argv[1],int(sys.argv[2])),5)\n"
+    "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+    "ts=[]\n"
+    "for i in range(400):\n"
+    " t=time.perf_counter();c.sendall(b'x'*64);n=0\n"
+    " while n<64: n+=len(c.recv(64))\n"
+    " ts.append(time.perf_counter()-t)\n"
+    "ts=sorted(ts[20:]);print(statistics.median(ts)*1e3, ts[int(len(ts)*.9)]*1e3)\n"
+)
+ECHO = (
+    "import socket,sys,threading\n"
+    "s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+    "s.bind((sys.argv[1],int(sys.argv[2])));s.listen(8)\n"
+    "def serve(c):\n"
+    " c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+    " while (d:=c.recv(65536)): c.sendall(d)\n"
+    "while True: threading.Thread(target=serve,args=(s.accept()[0],),daemon=True).start()\n"
+)
+
+
+class CensusJob(ClusterJob):
+    """The e2e benchmark's job on the cluster's hosts; ``via_proxy``: advertise ``<host>-0``."""
+
+    def __init__(self, *args, configs, data_path, result_path, staleness, via_proxy, **kw):
+        super().__init__(*args, **kw)
+        self.configs, self.data_path, self.result_path = configs, data_path, result_path
+        self.staleness, self.via_proxy = staleness, via_proxy
+
+    def env(self, host: str) -> dict[str, str]:
+        env = super().env(host)
+        name = f"{host}-0" if self.via_proxy else host
+        redis = "redis-0" if self.via_proxy else "redis"
+        env.update(
+            PERSIA_ADVERTISE_HOST=name,
+            PERSIA_REDIS_URL=f"redis://{redis}:6379/0",
+            PERSIA_EMBEDDING_CONFIG=str(self.configs[0]),
+            PERSIA_GLOBAL_CONFIG=str(self.configs[1]),
+            PERSIA_NN_WORKER_ENTRY=str(E2E / "train.py"),
+            PERSIA_DATALOADER_ENTRY=str(E2E / "data_loader.py"),
+            E2E_DATA=str(self.data_path),
+            E2E_RESULT=str(self.result_path),
+            E2E_BATCH="1024",
+            E2E_THREADS="1",
+            E2E_STALENESS=str(self.staleness),
+        )
+        return env
+
+    def argv(self, host: str) -> list[str]:
+        argv = super().argv(host)
+        return [*argv, "--exit-when-done"] if host.startswith("dl") else argv
+
+
+def start_proxies(net: Network, delay_ms: float) -> list:
+    procs = []
+    for host in SERVERS:
+        h = net.hosts[host]
+        procs.append(net.popen(host, [sys.executable, "-m", "tests.cluster.delay_proxy",
+            "--listen", h.extra_addresses[0], "--to", h.address, "--delay-ms", str(delay_ms),
+            "--max-seconds", "900"], cwd=REPO, stdout=-3, stderr=-3))  # fmt: skip
+    return procs
+
+
+def stop(procs: list) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=10)
+
+
+def measure_rtt(net: Network, via_proxy: bool) -> tuple[float, float]:
+    """Median and p90 RTT (ms) of a 64-byte ping-pong dl0 -> ps0, as the job's hops see it."""
+    target = "ps0-0" if via_proxy else "ps0"
+    for _ in range(50):
+        run = net.run("dl0", [sys.executable, "-c", PING, target, str(ECHO_PORT)])
+        if run.returncode == 0:
+            p50, p90 = (float(x) for x in run.stdout.split())
+            return p50, p90
+        time.sleep(0.1)
+    raise RuntimeError(f"no RTT through {target}: {run.stderr[-500:]}")
+
+
+def measure_gbits(net: Network, megabytes: int = 512) -> float:
+    """Bulk TCP throughput dl0 -> ps0 (direct, no proxy), Gbit/s."""
+    run = net.run("dl0", [sys.executable, "-c", BULK, "ps0", str(SINK_PORT), str(megabytes)],
+                  timeout=120)  # fmt: skip
+    if run.returncode != 0:
+        raise RuntimeError(f"bulk transfer failed: {run.stderr[-500:]}")
+    return float(run.stdout)
+
+
+def calibrate(net: Network, rtt_ms: float) -> tuple[float, float, float]:
+    """The one-way delay giving ``rtt_ms`` through the proxy (one correction of the proxy's
+    own cost); returns (delay, measured p50, p90)."""
+    delay = rtt_ms / 2
+    for _ in range(2):
+        proxies = start_proxies(net, delay)
+        try:
+            p50, p90 = measure_rtt(net, True)
+        finally:
+            stop(proxies)
+        if rtt_ms == 0 or abs(p50 - rtt_ms) < 0.1 * rtt_ms + 0.05:
+            break
+        delay = max(0.0, delay + (rtt_ms - p50) / 2)
+    return delay, p50, p90
+
+
+def run_one(net, work, configs, data_path, *, rtt_ms, rate, staleness, via_proxy) -> dict:
+    for host in LAYOUT.hosts():
+        net.shape(host, rate)
+    delay, p50, p90 = calibrate(net, rtt_ms) if via_proxy else (0.0, *measure_rtt(net, False))
+    gbits = measure_gbits(net) if not via_proxy else None
+    proxies = start_proxies(net, delay) if via_proxy else []
+    name = f"r{rtt_ms}-{rate}-s{staleness}-{'p' if via_proxy else 'd'}"
+    result_path = work / f"{name}.json"
+    job = CensusJob(net, work, LAYOUT, name=name, configs=configs, data_path=data_path,
+                    result_path=result_path, staleness=staleness, via_proxy=via_proxy)  # fmt: skip
+    try:
+        job.start()
+        outcome = job.wait(timeout_s=600)
+        proxy_cpu = sum(cpu_seconds(p.pid) for p in proxies if p.poll() is None)
+    finally:
+        job.stop()
+        stop(proxies)
+    if not result_path.exists():
+        raise RuntimeError(f"{name}: no result\n{outcome.tail()}")
+    res = json.loads(result_path.read_text())
+    return {
+        "rtt_target_ms": rtt_ms, "via_proxy": via_proxy, "rate": rate, "staleness": staleness,
+        "rtt_p50_ms": round(p50, 3), "rtt_p90_ms": round(p90, 3),
+        "one_way_delay_ms": round(delay, 3),
+        "bulk_gbit_s": None if gbits is None else round(gbits, 2),
+        "samples_per_s": round(res["samples_per_s"], 1), "auc": round(res["auc"], 4),
+        "train_seconds": round(res["train_seconds"], 2),
+        "proxy_cpu_s": round(proxy_cpu, 1),
+        "wait_ms_p50": round(res["wait_ms"]["p50"], 2),
+        "wait_ms_p90": round(res["wait_ms"]["p90"], 2),
+    }  # fmt: skip
+
+
+def print_table(rows: list[dict]) -> None:
+    head = ("RTT target", "RTT p50/p90 ms", "rate", "stale", "samples/s", "vs 0 ms relay", "AUC",
+            "wait p50/p90 ms", "relay CPU s")  # fmt: skip
+    print(" | ".join(head))
+    for r in rows:
+        # the fair base: the same rate and staleness through the relay at 0 ms (its CPU cost)
+        base = next((b["samples_per_s"] for b in rows if b["via_proxy"] and b["rtt_target_ms"] == 0
+                     and b["rate"] == r["rate"] and b["staleness"] == r["staleness"]),
+                    rows[0]["samples_per_s"])  # fmt: skip
+        target = f"{r['rtt_target_ms']} ms" + (" via proxy" if r["via_proxy"] else "")
+        print(" | ".join([
+            target, f"{r['rtt_p50_ms']:.2f}/{r['rtt_p90_ms']:.2f}", r["rate"], str(r["staleness"]),
+            f"{r['samples_per_s']:.0f}", f"{r['samples_per_s'] / base:.2f}", f"{r['auc']:.4f}",
+            f"{r['wait_ms_p50']:.1f}/{r['wait_ms_p90']:.1f}", f"{r['proxy_cpu_s']:.1f}",
+        ]))  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rtt-ms", default="0,0.5,2,5", help="round-trip times (ms)")
+    parser.add_argument("--rates", default="10gbit,1gbit", help="link rates (tc syntax)")
+    parser.add_argument("--staleness", type=int, default=8)
+    parser.add_argument("--staleness-low", type=int, default=1, help="0: skip those runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="20k training rows, RTT 0 and the second RTT, the first rate")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON there too")
+    args = parser.parse_args(argv)
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"cluster_bench: skipped: {reason}")
+        return 0
+    rtts = [float(x) for x in args.rtt_ms.split(",")]
+    rates = args.rates.split(",")
+    if args.quick:
+        rtts, rates, args.staleness_low = rtts[:2], rates[:1], 0
+    work = Path(tempfile.mkdtemp(prefix="pyrsia-cluster-bench-"))
+    data_path = e2e_data.prepare(
+        "census", work / "census.npz",
+        max_train_rows=20_000 if args.quick else None,
+        max_test_rows=20_000 if args.quick else None,
+    )  # fmt: skip
+    configs = e2e_data.write_configs(e2e_data.load(data_path), work)
+    rows = []
+    with Network(LAYOUT.hosts()) as net:
+        for host in LAYOUT.hosts():
+            net.add_address(host)
+        echo = net.popen("ps0", [sys.executable, "-c", ECHO, net.hosts["ps0"].address,
+                                 str(ECHO_PORT)], stdout=-3, stderr=-3)  # fmt: skip
+        sink = net.popen("ps0", [sys.executable, "-c", SINK, net.hosts["ps0"].address,
+                                 str(SINK_PORT)], stdout=-3, stderr=-3)  # fmt: skip
+        plan = []
+        for rate in rates:
+            plan.append((0.0, rate, args.staleness, False))
+            plan.append((0.0, rate, args.staleness, True))
+            plan += [(rtt, rate, args.staleness, True) for rtt in rtts if rtt > 0]
+        if args.staleness_low:
+            plan += [(rtt, rates[0], args.staleness_low, True) for rtt in rtts]
+        for rtt, rate, staleness, via_proxy in plan:
+            row = run_one(net, work, configs, data_path, rtt_ms=rtt, rate=rate,
+                          staleness=staleness, via_proxy=via_proxy)  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        echo.terminate()
+        sink.terminate()
+    print()
+    print_table(rows)
+    doc = {"benchmark": "cluster_bench", "layout": LAYOUT.hosts(), "rows": rows,
+           "median_samples_per_s": statistics.median(r["samples_per_s"] for r in rows)}  # fmt: skip
+    print(json.dumps(doc))
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
