@@ -7,6 +7,8 @@
     persia-launcher embedding-worker           (same flags)
     persia-launcher nn-worker train.py --nproc-per-node N --nnodes M --node-rank R
     persia-launcher data-loader data_loader.py --replica-index i --replica-size n
+    persia-launcher run --nn-worker train.py --data-loader data_loader.py \\
+        --embedding-config F --global-config F     (the whole job on this machine)
     persia-launcher serve --model <export dir> --embedding-config F --global-config F --port p
 
 Files fall back to ``PERSIA_EMBEDDING_CONFIG``, ``PERSIA_GLOBAL_CONFIG``,
@@ -36,6 +38,10 @@ SUBCOMMANDS = {
     "data-loader": (
         "persia._launch.data_loader",
         "a data loader: runs data_loader.py with REPLICA_INDEX/REPLICA_SIZE set",
+    ),
+    "run": (
+        "persia._launch.run",
+        "a whole job on this machine: Redis, PS, embedding worker, NN worker, data loader",
     ),
     "serve": (
         "persia._launch.serve",

@@ -1,0 +1,451 @@
+"""``persia-launcher run``: a whole job on this machine from one command.
+
+::
+
+    persia-launcher run --nn-worker train.py --data-loader data_loader.py \\
+        --embedding-config embedding_config.yml --global-config global_config.yml
+
+starts, as children of this process::
+
+    redis                       python -m shared.redis_local on a free port, restarted if it
+                                crashes (only when PERSIA_REDIS_URL is unset)
+    embedding_parameter_server  persia-launcher embedding-parameter-server --port 0
+    embedding_worker            persia-launcher embedding-worker --port 0
+    nn_worker                   persia-launcher nn-worker train.py (torch's rendezvous on a
+                                free port)
+    data_loader                 persia-launcher data-loader data_loader.py
+
+Every server listens on a port the system picks and registers it, under a fresh job id
+(``run-<8 hex digits>``) unless ``PERSIA_JOB_ID`` is set, so a second job on the same machine
+runs beside the first. Each child's lines come out prefixed with its name; when standard output
+is a terminal, one live line at the bottom shows the job's training steps, samples/s and loss
+(read from the NN-worker ranks' ``/metrics``).
+
+The job ends when the NN worker exits: the others get SIGTERM (loader and NN worker first, then
+the servers, Redis last), drain and exit, and ``run`` exits with the NN worker's code. A child
+that exits early (a bad config, a crash) stops the job, and its code is ``run``'s. Ctrl-C or
+SIGTERM stop every child the same way, and ``run`` exits 128 + the signal's number (130, 143).
+The children die with ``run`` even when it is killed (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from shared.cli import add_config_flags, fail, resolve_file
+from shared.constants import (
+    ENV_DATALOADER_ENTRY,
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+    ENV_JOB_ID,
+    ENV_NN_WORKER_ENTRY,
+    ENV_REDIS_URL,
+    ROLE_NN_WORKER,
+)
+from shared.errors import ConfigError, UsageError
+
+STOP_TIMEOUT_S = 20.0
+"""Seconds a child gets between SIGTERM and SIGKILL."""
+REDIS_START_TIMEOUT_S = 10.0
+PROGRESS_INTERVAL_S = 1.0
+POLL_S = 0.1
+_PR_SET_PDEATHSIG = 1
+
+NAMES = ("redis", "embedding_parameter_server", "embedding_worker", "nn_worker", "data_loader")
+_WIDTH = max(map(len, NAMES))
+_COLORS = {"redis": 31, "embedding_parameter_server": 32, "embedding_worker": 33,
+           "nn_worker": 36, "data_loader": 35, "run": 1}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="persia-launcher run",
+        description="Run a whole job on this machine: a local Redis (unless $PERSIA_REDIS_URL is "
+        "set), one embedding PS, one embedding worker, the NN worker and the data loader, on "
+        "free ports; stops them all when the NN worker exits and exits with its code.",
+    )
+    p.add_argument("--nn-worker", default=None, metavar="TRAIN_PY",
+                   help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})")  # fmt: skip
+    p.add_argument("--data-loader", default=None, metavar="DATA_LOADER_PY",
+                   help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})")  # fmt: skip
+    add_config_flags(p)
+    p.add_argument("--nproc-per-node", type=int, default=1,
+                   help="NN-worker ranks (default 1)")  # fmt: skip
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="the live progress line (default: on when standard output is a terminal)")  # fmt: skip
+    p.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S,
+                   help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})")  # fmt: skip
+    return p
+
+
+# --- output ---------------------------------------------------------------------------
+
+
+class Output:
+    """Prefixed lines from every child, and (on a terminal) one live progress line below them."""
+
+    def __init__(self, stream: IO[str], *, live: bool, color: bool):
+        self.stream, self.live, self.color = stream, live, color
+        self._lock = threading.Lock()
+        self._status = ""
+
+    def _prefix(self, name: str) -> str:
+        tag = f"{name:<{_WIDTH}} |"
+        return f"\x1b[{_COLORS.get(name, 0)}m{tag}\x1b[0m" if self.color else tag
+
+    def line(self, name: str, text: str) -> None:
+        with self._lock:
+            clear = "\r\x1b[K" if self.live and self._status else ""
+            redraw = self._status if self.live else ""
+            self.stream.write(f"{clear}{self._prefix(name)} {text}\n{redraw}")
+            self.stream.flush()
+
+    def status(self, text: str) -> None:
+        if not self.live:
+            return
+        with self._lock:
+            self._status = text
+            self.stream.write(f"\r\x1b[K{text}")
+            self.stream.flush()
+
+    def end_status(self) -> None:
+        """Leave the last progress line on screen, followed by a newline."""
+        with self._lock:
+            if self.live and self._status:
+                self.stream.write("\n")
+                self.stream.flush()
+            self._status = ""
+
+
+def _pump(name: str, pipe: IO[bytes], out: Output) -> None:
+    """Copy a child's lines out, prefixed. A line redrawn with carriage returns (a tqdm bar)
+    comes out as a terminal would leave it: its last state."""
+    for raw in iter(pipe.readline, b""):
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if "\r" in text:
+            text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
+        out.line(name, text)
+    pipe.close()
+
+
+# --- children -------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when ``run`` dies (Linux; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    reader: threading.Thread
+    stopped: bool = False
+
+
+@dataclass
+class Job:
+    """The children of one ``run``, in start order."""
+
+    out: Output
+    env: dict[str, str]
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str]) -> Child:
+        proc = subprocess.Popen(
+            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        reader = threading.Thread(target=_pump, args=(name, proc.stdout, self.out),
+                                  name=f"run-{name}", daemon=True)  # fmt: skip
+        reader.start()
+        child = Child(name, proc, reader)
+        self.children.append(child)
+        return child
+
+    def get(self, name: str) -> Child | None:
+        return next((c for c in self.children if c.name == name), None)
+
+    def stop(self, names: tuple[str, ...], timeout_s: float) -> None:
+        """SIGTERM the named children still running, wait for them, kill the late ones."""
+        group = [c for c in self.children if c.name in names]
+        for c in group:
+            if c.proc.poll() is None:
+                c.stopped = True
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for c in group:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.out.line("run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed")  # fmt: skip
+                c.proc.kill()
+                c.proc.wait()
+            c.reader.join(timeout=2.0)  # its last lines out before ours
+
+
+def _free_port() -> int:
+    """A port the system has just handed out as free (loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def _start_redis(job: Job) -> str:
+    """A local Redis on a free port (three tries: a port found free can be taken before redis
+    binds it); its URL."""
+    for _ in range(3):
+        port = _free_port()
+        child = job.start("redis", [sys.executable, "-m", "shared.redis_local", "--port",
+                                    str(port), "--restart-on-failure"])  # fmt: skip
+        if _wait_port(port, child.proc, REDIS_START_TIMEOUT_S):
+            return f"redis://127.0.0.1:{port}/0"
+        job.stop(("redis",), 2.0)
+        job.children.remove(child)
+    raise UsageError("could not start a local redis-server (see its lines above)")
+
+
+# --- progress -------------------------------------------------------------------------
+
+
+def _parse_metrics(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("pyrsia_nn_worker_") and "{" not in line:
+            name, _, value = line.partition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                pass
+    return values
+
+
+def progress_text(ranks: list[dict[str, float]], elapsed_s: float) -> str:
+    """The live line: steps (the slowest rank's), samples/s (all ranks), loss (their mean)."""
+    clock = f"{int(elapsed_s) // 60}:{int(elapsed_s) % 60:02d}"
+    steps = [r["pyrsia_nn_worker_steps"] for r in ranks if "pyrsia_nn_worker_steps" in r]
+    if not steps:
+        return f"[{clock}] waiting for the NN worker's first step"
+    parts = [f"[{clock}] step {min(steps):.0f}"]
+    rates = [r.get("pyrsia_nn_worker_samples_per_second") for r in ranks]
+    if all(x is not None and math.isfinite(x) for x in rates):
+        parts.append(f"{sum(rates):,.0f} samples/s")  # type: ignore[arg-type]
+    losses = [r.get("pyrsia_nn_worker_loss") for r in ranks]
+    losses = [x for x in losses if x is not None and math.isfinite(x)]
+    if losses:
+        parts.append(f"loss {sum(losses) / len(losses):.4f}")
+    return "  ".join(parts)
+
+
+class Progress(threading.Thread):
+    """Reads the NN-worker ranks' /metrics every second: updates the live line, and says once
+    how long after the start the first training step came."""
+
+    def __init__(self, out: Output, started: float):
+        super().__init__(name="run-progress", daemon=True)
+        self.out, self.started = out, started
+        self._done = threading.Event()
+        self.first_step_s: float | None = None
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5.0)
+
+    def run(self) -> None:
+        asyncio.run(self._loop())
+
+    def _first_step(self, ranks: list[dict[str, float]], elapsed: float) -> None:
+        if self.first_step_s is None and any(r.get("pyrsia_nn_worker_steps", 0) > 0 for r in ranks):
+            self.first_step_s = elapsed
+            self.out.line("run", f"first training step within {elapsed:.1f}s of the start")
+
+    async def _loop(self) -> None:
+        import aiohttp
+
+        from shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+        from shared.errors import RegistryError
+        from shared.registry import Registry
+
+        token = auth_token_from_env()
+        headers = {AUTH_HEADER: auth_header_value(token)} if token else {}
+        registry = Registry()
+        timeout = aiohttp.ClientTimeout(total=PROGRESS_INTERVAL_S * 2)
+        last: list[dict[str, float]] | None = None
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+            while not self._done.is_set():
+                ranks: list[dict[str, float]] = []
+                try:
+                    records = await registry.discover(ROLE_NN_WORKER)
+                except RegistryError:
+                    records = {}
+                for record in records.values():
+                    try:
+                        async with session.get(f"{record.url}/metrics") as resp:
+                            ranks.append(_parse_metrics(await resp.text()))
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                        pass
+                elapsed = time.monotonic() - self.started
+                if ranks:  # else (the ranks have left) the last figures stay
+                    self._first_step(ranks, elapsed)
+                    self.out.status(progress_text(ranks, elapsed))
+                elif last is None:
+                    self.out.status(progress_text([], elapsed))
+                last = ranks or last
+                await asyncio.sleep(PROGRESS_INTERVAL_S)
+        await registry.close()
+
+
+# --- the job --------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
+    train = resolve_file(args.nn_worker, "--nn-worker", ENV_NN_WORKER_ENTRY, required=True)
+    loader = resolve_file(args.data_loader, "--data-loader", ENV_DATALOADER_ENTRY, required=True)
+    emb = resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True)  # fmt: skip
+    glob = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+    if args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if not args.stop_timeout > 0:
+        raise UsageError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
+    from shared.config import load_embedding_config, load_global_config
+
+    # checked here once: a bad file is one line before anything starts
+    load_embedding_config(emb, strict=args.strict_config)
+    if glob is not None:
+        load_global_config(glob, strict=args.strict_config)
+    return train, loader, emb, glob  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        train, loader, emb, glob = _check(args)
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    tty = sys.stdout.isatty()
+    out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
+    env = dict(os.environ)
+    env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
+    env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
+    env[ENV_EMBEDDING_CONFIG] = str(emb.resolve())
+    if glob is not None:
+        env[ENV_GLOBAL_CONFIG] = str(glob.resolve())
+    job = Job(out, env)
+    signals = _StopSignals()
+    started = time.monotonic()
+    progress: Progress | None = None
+    try:
+        if not env.get(ENV_REDIS_URL):
+            env[ENV_REDIS_URL] = _start_redis(job)
+        os.environ.update({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
+        out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
+        launcher = [sys.executable, "-m", "persia.launcher"]
+        strict = ["--strict-config"] if args.strict_config else []
+        for name, sub in (("embedding_parameter_server", "embedding-parameter-server"),
+                          ("embedding_worker", "embedding-worker")):  # fmt: skip
+            job.start(name, [*launcher, sub, "--port", "0", *strict])
+        nn = job.start("nn_worker", [*launcher, "nn-worker", str(train), "--nproc-per-node",
+                                     str(args.nproc_per_node)])  # fmt: skip
+        job.start("data_loader", [*launcher, "data-loader", str(loader)])
+        progress = Progress(out, started)
+        progress.start()
+        failed = _watch(job, nn, signals.received)
+    except UsageError as exc:
+        job.stop(NAMES, args.stop_timeout)
+        signals.restore()
+        return fail(str(exc))
+    if progress is not None:
+        progress.stop()
+    out.end_status()
+    # the loader and the NN worker first, the servers next (they deregister), Redis last
+    job.stop(("data_loader", "nn_worker"), args.stop_timeout)
+    job.stop(("embedding_worker", "embedding_parameter_server"), args.stop_timeout)
+    job.stop(("redis",), args.stop_timeout)
+    signals.restore()  # a second Ctrl-C during the stop above changed nothing
+    took = time.monotonic() - started
+    if signals.signum is not None:
+        out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
+        return 128 + signals.signum
+    if failed is not None:
+        code = failed.proc.returncode
+        out.line("run", f"{failed.name} exited with code {code} before the NN worker finished: job stopped after {took:.0f}s")  # fmt: skip
+        return code if code and code > 0 else 1
+    code = nn.proc.returncode
+    out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
+    return code if code >= 0 else 128 - code
+
+
+def _display(url: str) -> str:
+    from shared.redaction import redact_url
+
+    return redact_url(url)
+
+
+def _watch(job: Job, nn: Child, stop_requested: Callable[[], bool]) -> Child | None:
+    """Until the NN worker exits or a signal comes; the child that failed first, if any.
+
+    A data loader that finished (exit 0) is no failure; any other child ending is.
+    """
+    while not stop_requested():
+        if nn.proc.poll() is not None:
+            return None
+        for c in job.children:
+            code = c.proc.poll()
+            if c is nn or code is None or (c.name == "data_loader" and code == 0):
+                continue
+            return c
+        time.sleep(POLL_S)
+    return None
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM recorded (the first one's number), restored on :meth:`restore`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def received(self) -> bool:
+        return self.signum is not None
+
+    def restore(self) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
