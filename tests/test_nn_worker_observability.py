@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import urllib.request
 import uuid
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from persia._runtime.rank_stats import RankStats
+from persia._runtime.tensorboard import TensorBoardLog
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
 from persia.embedding.optim import SGD
@@ -98,6 +101,25 @@ def test_tensorboard_loss_every_n_steps_from_the_environment(job, tmp_path):
     scalars = _scalars(tmp_path / "env_tb" / job["PERSIA_JOB_ID"] / "rank_0")
     assert [s for s, _ in scalars["train/loss"]] == [3, 6]
     assert [v for _, v in scalars["train/loss"]] == pytest.approx([losses[2], losses[5]], rel=1e-6)
+
+
+def test_the_last_rate_is_not_diluted_by_a_pause_after_training(tmp_path):
+    """Samples/s is measured up to the last step: an evaluation (here a 1.5 s pause) between
+    the last step and the context's exit does not lower the last point."""
+    stats = RankStats(loss_every=1)
+    log = TensorBoardLog(tmp_path / "run", stats, has_scaler=False)
+    log.start()
+    started = time.perf_counter()
+    for step in range(1, 5):
+        stats.step_done(step, 100, torch.tensor(0.5), 1.0, True)
+        log.record_step()
+    trained_s = time.perf_counter() - started
+    time.sleep(1.5)
+    log.close()
+    assert log.failed is None
+    rates = _scalars(tmp_path / "run")["train/samples_per_second"]
+    assert rates[-1][0] == 4
+    assert rates[-1][1] > 400 / (trained_s + 0.5), (rates, trained_s)  # paused: 400/1.5
 
 
 def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):

@@ -12,6 +12,8 @@ Environment knobs:
     CHECKPOINT_DIR       dump the dense model and the embeddings there after training
     REPRODUCIBLE         1: hand batches out in batch-id order (default 0)
     EMBEDDING_STALENESS  bound on batches with embedding gradients in flight (default 10)
+    PERSIA_TENSORBOARD_DIR  TensorBoard curves (loss, samples/s, ..., eval/auc) under
+                         <dir>/<PERSIA_JOB_ID>/rank_<r> (read by TrainCtx itself)
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ def main(model_factory=DNN) -> None:
             )
 
         test_auc = evaluate(model, DataLoader(TestDataset()), loss_fn)
+        ctx.log_scalar("eval/auc", test_auc)  # a point on the curves with PERSIA_TENSORBOARD_DIR
 
         if checkpoint_dir is not None:
             logger.info(f"dump checkpoint to {checkpoint_dir}")

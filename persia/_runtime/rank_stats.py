@@ -60,7 +60,8 @@ class RankStats:
         self.started = time.time()
         self._window_t = time.perf_counter()
         self._window_samples = 0
-        self._last_step_t = self._window_t
+        self.last_step_at = self._window_t
+        """``time.perf_counter()`` when the last step finished."""
 
     def step_done(self, step: int, batch_size: int, loss: torch.Tensor, scale: float,
                   finite: bool) -> bool:  # fmt: skip
@@ -70,7 +71,7 @@ class RankStats:
         self.loss_scale = scale
         if not finite:
             self.skipped_updates += 1
-        now = self._last_step_t = time.perf_counter()
+        now = self.last_step_at = time.perf_counter()
         if now - self._window_t >= RATE_WINDOW_S:
             self.samples_per_s = (self.samples - self._window_samples) / (now - self._window_t)
             self._window_t, self._window_samples = now, self.samples
@@ -86,7 +87,7 @@ class RankStats:
 
     def samples_rate(self) -> float:
         """Samples/s over the last window; 0 when no step finished for ``STALLED_S``."""
-        if time.perf_counter() - self._last_step_t > STALLED_S:
+        if time.perf_counter() - self.last_step_at > STALLED_S:
             return 0.0
         return self.samples_per_s
 

@@ -137,7 +137,8 @@ class TensorBoardLog:
 
     def _snapshot(self) -> tuple[float, int, int, float, dict[str, float]]:
         s = self.stats
-        return time.perf_counter(), s.steps, s.samples, s.lookup_wait_s, s.phase_seconds()
+        # the last step's time, not now: a pause after it (an evaluation) is no slower rate
+        return s.last_step_at, s.steps, s.samples, s.lookup_wait_s, s.phase_seconds()
 
     def _write_rates(self, writer) -> None:
         now = self._snapshot()
