@@ -151,7 +151,7 @@ async def _lease_slots(settings: RegistrySettings) -> list[Process]:
         since_ms = holder.get("since_ms")
         found.append(Process(
             role=parts[1], index=index, size=size, pid=int(holder.get("pid", 0) or 0),
-            host=str(holder.get("host", "")), health="lease",
+            host=str(holder.get("host", "")).split("/")[0], health="lease",  # "<host>/pid:[ns]"
             since=since_ms / 1000.0 if isinstance(since_ms, (int, float)) else None,
         ))  # fmt: skip
     return found

@@ -11,7 +11,8 @@ shows the rank reads it from another thread, never on the training thread:
 
 Counters only grow; readers take differences. The loss is kept as the detached tensor
 passed to ``ctx.backward`` (every ``loss_every`` steps), so reading it as a float, which
-waits for the GPU, happens on the reader's thread.
+waits for the GPU, happens on the reader's thread; on a GPU a CUDA event recorded after it
+lets ``/metrics`` show the previous loss instead of waiting on the event loop.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ class RankStats:
         self.lookup_wait_s = 0.0
         """Seconds the loop waited for its next looked-up batch (training DataLoaders)."""
         self.lookups_taken = 0
-        self.loss: torch.Tensor | None = None
-        """The last sampled loss (detached), taken at step :attr:`loss_step`."""
-        self.loss_step = 0
+        self.sample: tuple[int, torch.Tensor, torch.cuda.Event | None] | None = None
+        """``(step, detached loss, CUDA event recorded after it or None)`` of the last
+        sampled loss: one attribute, so a reader never pairs one step's loss with another's."""
+        self._read: tuple[int, float] | None = None  # the last loss a reader turned into a float
         self.samples_per_s = 0.0
         """Samples per second over the last :data:`RATE_WINDOW_S` or more."""
         self.clock: StepClock | None = None
@@ -77,7 +79,11 @@ class RankStats:
             self._window_t, self._window_samples = now, self.samples
         if step % self.loss_every:
             return False
-        self.loss, self.loss_step = loss.detach(), step
+        ready = None
+        if loss.is_cuda:  # /metrics reads the loss once the GPU got past this marker
+            ready = torch.cuda.Event()
+            ready.record()
+        self.sample = (step, loss.detach(), ready)
         return True
 
     def waited(self, seconds: float) -> None:
@@ -91,10 +97,22 @@ class RankStats:
             return 0.0
         return self.samples_per_s
 
-    def last_loss(self) -> float | None:
-        """The last sampled loss as a float (call off the training thread: waits for the GPU)."""
-        loss = self.loss
-        return None if loss is None else float(loss)
+    def last_loss(self, wait: bool = False) -> float | None:
+        """The last sampled loss as a float (call off the training thread). On a GPU, with
+        ``wait=False``, a loss the GPU has not computed yet is not waited for: the previous
+        one read is returned (None before any)."""
+        sample = self.sample
+        if sample is None:
+            return None
+        step, loss, ready = sample
+        read = self._read
+        if read is not None and read[0] == step:
+            return read[1]
+        if ready is not None and not wait and not ready.query():
+            return None if read is None else read[1]
+        value = float(loss)
+        self._read = (step, value)
+        return value
 
     def phase_seconds(self) -> dict[str, float]:
         """Cumulative wall seconds per step phase."""

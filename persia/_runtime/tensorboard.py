@@ -96,8 +96,8 @@ class TensorBoardLog:
     # --- training thread -----------------------------------------------------------------
     def record_step(self) -> None:
         """Take this step's loss point (the stats' last sampled loss): one append."""
-        s = self.stats
-        self._pending.append(("loss", s.loss_step, s.loss, time.time()))
+        step, loss, _ = self.stats.sample
+        self._pending.append(("loss", step, loss, time.time()))
 
     def log_scalar(self, tag: str, value: Any, step: int) -> None:
         """One scalar of the script's (an eval AUC); ``value`` may be a tensor (read later)."""
