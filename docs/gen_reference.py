@@ -369,6 +369,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("persia-launcher embedding-worker", "services.embedding_worker.main"),
     ("persia-launcher nn-worker", "persia._launch.nn_worker"),
     ("persia-launcher data-loader", "persia._launch.data_loader"),
+    ("persia-launcher run", "persia._launch.run"),
     ("persia-launcher serve", "persia._launch.serve"),
     ("persia-launcher convert-checkpoint", "services.embedding_ps.persia_convert"),
     ("persia-launcher status", "persia._launch.status"),
