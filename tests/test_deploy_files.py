@@ -18,9 +18,9 @@ import yaml
 
 from persia.launcher import SUBCOMMANDS
 
-TRAINING_COMMANDS = set(SUBCOMMANDS) - {"serve", "convert-checkpoint"}
+TRAINING_COMMANDS = set(SUBCOMMANDS) - {"serve", "convert-checkpoint", "status"}
 """What a training job runs (serving an exported model is a job of its own: README "Serving";
-converting a PERSIA checkpoint is a one-off command)."""
+converting a PERSIA checkpoint is a one-off command; status only looks at a running job)."""
 
 REPO = Path(__file__).resolve().parent.parent
 VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
