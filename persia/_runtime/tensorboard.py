@@ -6,6 +6,7 @@ of each job, ``D/<PERSIA_JOB_ID>/rank_<r>/``, with TensorBoard's own event write
 ``TrainCtx.backward`` (1 for the first step)::
 
     train/loss                   the loss passed to ctx.backward, every `log_every_n_steps`
+    train/embedding_staleness    batches whose embedding gradients were in flight then
     eval/<name>, <any>/<name>    what the script logs: ctx.log_scalar("eval/auc", auc)
 
 and, once a second (``FLUSH_INTERVAL_S``) at the last step taken, what happened since the
@@ -15,7 +16,6 @@ previous point::
     train/lookup_wait_ms         mean wait of the loop for its next looked-up batch, per step
     train/dense_step_ms          mean dense optimizer step (+ zero_grad), per step
     train/backward_ms            mean autograd (loss.backward()) time, per step
-    train/embedding_staleness    batches whose embedding gradients are in flight (sampled)
     train/skipped_embedding_updates   steps skipped so far for non-finite gradients
     train/loss_scale             the AMP loss scale (only when a GradScaler runs)
 
@@ -95,9 +95,11 @@ class TensorBoardLog:
 
     # --- training thread -----------------------------------------------------------------
     def record_step(self) -> None:
-        """Take this step's loss point (the stats' last sampled loss): one append."""
-        step, loss, _ = self.stats.sample
-        self._pending.append(("loss", step, loss, time.time()))
+        """Take this step's loss point (the stats' last sampled loss) and the gradients in
+        flight: one append."""
+        s = self.stats
+        step, loss, _ = s.sample
+        self._pending.append(("loss", step, loss, time.time(), s.in_flight()))
 
     def log_scalar(self, tag: str, value: Any, step: int) -> None:
         """One scalar of the script's (an eval AUC); ``value`` may be a tensor (read later)."""
@@ -130,8 +132,9 @@ class TensorBoardLog:
             if record[0] == "scalar":
                 _, step, tag, value, wall = record
             else:
-                _, step, value, wall = record
+                _, step, value, wall, in_flight = record
                 tag = "train/loss"
+                writer.add_scalar("train/embedding_staleness", in_flight, step, walltime=wall)
             writer.add_scalar(tag, float(value), step, walltime=wall)
         self._write_rates(writer)
 
@@ -157,7 +160,6 @@ class TensorBoardLog:
             writer.add_scalar(tag, value, step, walltime=wall)
 
         add("train/samples_per_second", (samples - samples0) / max(clock - clock0, 1e-9))
-        add("train/embedding_staleness", s.in_flight())
         add("train/lookup_wait_ms", (wait_s - wait0) / steps * 1e3)
         for phase, tag in (("dense_step", "dense_step_ms"), ("autograd", "backward_ms")):
             if phase in phases:
