@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sys
 
 import torch
@@ -102,3 +103,30 @@ async def test_status_says_when_the_registry_cannot_be_read(job_env):
     env = {**job_env, "PERSIA_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     code, out, err = await _status(env, "--no-color")
     assert code == 2 and "cannot reach Redis" in err, (out, err)
+
+
+async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
+    """--watch keeps scraping (the rank's step moves between redraws) and Ctrl-C ends it
+    with exit 0 and the last frame printed."""
+    stats = RankStats(loss_every=1)
+    stats.step_done(1, 10, torch.tensor(0.5), 1.0, True)
+    ingress = Ingress(BatchQueue(4, rank=0, world_size=1), registry_settings=registry_settings,
+                      stats=stats)  # fmt: skip
+    await ingress.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "persia.launcher", "status", "--watch", "--no-color",
+            "--width", "200", "--interval", "0.2", cwd=REPO, env={**os.environ, **job_env},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.sleep(4)  # the interpreter starts, then a few redraws
+        stats.step_done(77, 10, torch.tensor(0.25), 1.0, True)
+        await asyncio.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        await ingress.stop()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    text = out.decode()
+    assert "step 77" in text and "loss 0.25" in text  # redrawn after the first look
