@@ -211,6 +211,7 @@ class TrainCtx(EmbeddingCtx):
             self._start_stats()
             self._termination.install()
         except BaseException:
+            self._close_tensorboard()
             super()._exit(failed=True)
             raise
 
@@ -222,9 +223,7 @@ class TrainCtx(EmbeddingCtx):
                 self._backward.flush(raise_errors=not failed, timeout_s=drain_s)
         finally:
             self._backward = None
-            tensorboard, self._tensorboard = self._tensorboard, None
-            if tensorboard is not None:
-                tensorboard.close()
+            self._close_tensorboard()
             if self._owns_process_group and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
                 self._owns_process_group = False
@@ -256,12 +255,20 @@ class TrainCtx(EmbeddingCtx):
             )  # fmt: skip
             self._tensorboard.start()
 
+    def _close_tensorboard(self) -> None:
+        tensorboard, self._tensorboard = self._tensorboard, None
+        if tensorboard is not None:
+            tensorboard.close()  # writes what is left
+
     def log_scalar(self, tag: str, value, step: int | None = None) -> None:
         """Add one scalar to this rank's TensorBoard run (``ctx.log_scalar("eval/auc", auc)``)
         at ``step`` (default: the steps trained so far); nothing without a ``tensorboard_dir``.
         ``value`` may be a tensor: it is read as a float on the writer's thread."""
         if not isinstance(tag, str) or not tag:
             raise InvalidInputError("tag", "a non-empty string such as 'eval/auc'", tag)
+        scalar = isinstance(value, torch.Tensor) and value.numel() == 1
+        if not scalar and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InvalidInputError("value", "a number or a one-element tensor", value)
         if self._tensorboard is not None:
             self._tensorboard.log_scalar(tag, value, self.update_times if step is None else step)
 

@@ -19,6 +19,7 @@ from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
 from persia.embedding.optim import SGD
 from shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from shared.errors import ConfigError
 from shared.http_client import HttpClient
 from shared.registry import Registry
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
@@ -123,6 +124,19 @@ def test_the_last_rate_is_not_diluted_by_a_pause_after_training(tmp_path):
     assert rates[-1][1] > 400 / (trained_s + 0.5), (rates, trained_s)  # paused: 400/1.5
 
 
+def test_a_directory_that_cannot_be_made_stops_the_context_at_enter(job, tmp_path):
+    """The error names the argument; nothing is left half-entered: a TrainCtx enters next."""
+    (tmp_path / "a_file").write_text("")
+    model = SmallModel()
+    ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                   mixed_precision=False, tensorboard_dir=tmp_path / "a_file" / "tb")  # fmt: skip
+    with pytest.raises(ConfigError, match="tensorboard_dir"):
+        ctx.__enter__()
+    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                  mixed_precision=False, tensorboard_dir=tmp_path / "tb") as ctx:  # fmt: skip
+        assert ctx._tensorboard is not None
+
+
 def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):
     model = SmallModel()
     with pytest.raises(ValueError, match="log_every_n_steps"):
@@ -132,6 +146,9 @@ def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):
                    mixed_precision=False)  # fmt: skip
     with pytest.raises(ValueError, match="tag"):
         ctx.log_scalar("", 1.0)
+    for bad in ("high", True, torch.ones(2), None):
+        with pytest.raises(ValueError, match="value"):
+            ctx.log_scalar("eval/auc", bad)
     with ctx:
         ctx.log_scalar("eval/auc", 0.5)  # no directory: nothing, no error
         assert ctx._tensorboard is None

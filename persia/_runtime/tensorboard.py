@@ -97,12 +97,16 @@ class TensorBoardLog:
     def record_step(self) -> None:
         """Take this step's loss point (the stats' last sampled loss) and the gradients in
         flight: one append."""
+        if self.failed is not None:  # no writer: keep no tensors
+            return
         s = self.stats
         step, loss, _ = s.sample
         self._pending.append(("loss", step, loss, time.time(), s.in_flight()))
 
     def log_scalar(self, tag: str, value: Any, step: int) -> None:
         """One scalar of the script's (an eval AUC); ``value`` may be a tensor (read later)."""
+        if self.failed is not None:
+            return
         self._pending.append(("scalar", step, tag, value, time.time()))
 
     # --- writer thread -------------------------------------------------------------------
@@ -120,7 +124,8 @@ class TensorBoardLog:
             self._drain(writer)
         except Exception as exc:  # reported once; training goes on without curves
             self.failed = exc
-            log.warning("TensorBoard writer stopped: %s", exc)
+            self._pending.clear()
+            log.warning("TensorBoard writer stopped, no more curves: %s", exc)
         finally:
             if writer is not None:
                 writer.close()
