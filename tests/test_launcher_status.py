@@ -130,3 +130,24 @@ async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
     assert "Traceback" not in err.decode()
     text = out.decode()
     assert "step 77" in text and "loss 0.25" in text  # redrawn after the first look
+
+
+async def test_status_sends_the_job_token(services, job_env, monkeypatch):
+    """With PERSIA_AUTH_TOKEN, /health and /metrics need it: status sends it, and without it
+    says what to set instead of showing a half-empty row."""
+    token = "t" * 32
+    monkeypatch.setenv("PERSIA_AUTH_TOKEN", token)
+    services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)
+    code, out, err = await _status({**job_env, "PERSIA_AUTH_TOKEN": token}, "--no-color",
+                                   "--width", "250", "--interval", "0.2")  # fmt: skip
+    row = _row(out, f"{ROLE_EMBEDDING_PS}/0")
+    assert "not ready (not configured" in row and "entries 0" in row, (out, err)
+    env = {k: v for k, v in os.environ.items() if k != "PERSIA_AUTH_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "persia.launcher", "status", "--no-color", "--width", "250",
+        "--interval", "0.2", cwd=REPO, env={**env, **job_env}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out_b, _ = await asyncio.wait_for(proc.communicate(), 60)
+    row = _row(out_b.decode(), f"{ROLE_EMBEDDING_PS}/0")
+    assert proc.returncode == 1 and "refused (401: set PERSIA_AUTH_TOKEN" in row, row

@@ -41,6 +41,7 @@ from rich.text import Text
 
 from shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
 from shared.constants import (
+    ENV_AUTH_TOKEN,
     REDIS_SOCKET_TIMEOUT_S,
     ROLE_DATA_LOADER,
     ROLE_EMBEDDING_PS,
@@ -71,7 +72,7 @@ class Process:
     address: str | None = None
     pid: int = 0
     host: str = ""
-    health: str = "unknown"  # ready, not ready, unreachable, lease (a launcher process)
+    health: str = "unknown"  # ready, not ready, unreachable, refused (token), lease (launcher)
     reason: str = ""
     since: float | None = None
     """Start time (epoch seconds): the process's own (metrics), else its lease slot's."""
@@ -111,6 +112,10 @@ async def _scrape(session: aiohttp.ClientSession, proc: Process) -> None:
     url = f"http://{proc.address}"
     try:
         async with session.get(f"{url}/health") as resp:
+            if resp.status in (401, 403):
+                proc.health = "refused"
+                proc.reason = f"{resp.status}: set {ENV_AUTH_TOKEN} to the job's token"
+                return
             body = await resp.json(content_type=None)
             proc.health = "ready" if resp.status == 200 and body.get("ready") else "not ready"
             proc.reason = "" if proc.health == "ready" else str(body.get("reason", resp.status))
@@ -251,7 +256,8 @@ def _figures(proc: Process, before: Process | None) -> tuple[str, str, str]:
     return "", "", ""
 
 
-_HEALTH_STYLE = {"ready": "green", "not ready": "yellow", "unreachable": "red", "lease": "cyan"}
+_HEALTH_STYLE = {"ready": "green", "not ready": "yellow", "unreachable": "red", "refused": "red",
+                 "lease": "cyan"}  # fmt: skip
 
 
 def render(now: Snapshot, before: Snapshot | None = None) -> Table:
