@@ -122,6 +122,10 @@ class RegistryError(PersiaError):
     kind = "unavailable"
 
 
+class JobConflictError(RegistryError):
+    """Another live job holds this job id (or this process's slot in it): see shared/job_lease.py."""
+
+
 class ServiceUnavailableError(PersiaError):
     """A peer service cannot be reached or says it is not ready."""
 

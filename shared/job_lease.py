@@ -56,7 +56,7 @@ from shared.constants import (
     LEASE_TTL_S,
     lease_key,
 )
-from shared.errors import RegistryError
+from shared.errors import JobConflictError
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +185,6 @@ def _local_state(holder: dict[str, Any]) -> str:
 
 def _when(ms: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
-
-
-class JobConflictError(RegistryError):
-    """Another live job holds this job id (or this process's slot in it)."""
 
 
 class JobLease:
