@@ -18,6 +18,7 @@ the backend of ``options.comm_default`` (``auto``: nccl with CUDA, gloo without)
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -102,6 +103,10 @@ class Context:
             backend, init_method="env://", rank=self.rank, world_size=self.world_size
         )
         self._owns_group = True
+        # Left at interpreter exit too: a script that ends (or exits on an error) with the group
+        # still alive can abort in gloo's teardown ("terminate called without an active
+        # exception", exit -6) instead of exiting with its own code.
+        atexit.register(self.destroy_process_group)
         log.info("rank %d/%d joined the %s process group", self.rank, self.world_size, backend)
         return True
 
