@@ -18,9 +18,10 @@ import yaml
 
 from persia.launcher import SUBCOMMANDS
 
-TRAINING_COMMANDS = set(SUBCOMMANDS) - {"serve", "convert-checkpoint", "status"}
+TRAINING_COMMANDS = set(SUBCOMMANDS) - {"serve", "convert-checkpoint", "status", "run"}
 """What a training job runs (serving an exported model is a job of its own: README "Serving";
-converting a PERSIA checkpoint is a one-off command; status only looks at a running job)."""
+converting a PERSIA checkpoint is a one-off command; status only looks at a running job;
+run starts all of these itself, on one machine)."""
 
 REPO = Path(__file__).resolve().parent.parent
 VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
