@@ -14,15 +14,18 @@ from pathlib import Path
 from shared.auth import auth_token_from_env, check_bind, insecure_from_env
 from shared.config import GlobalConfig, default_global_config, load_global_config
 from shared.constants import (
+    ENV_ALLOW_UNKNOWN_CONFIG_KEYS,
     ENV_AUTH_TOKEN,
     ENV_BODY_TIMEOUT_S,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     ENV_INSECURE,
+    ENV_LOG_LEVEL,
     ENV_MAX_INFLIGHT_REQUEST_BYTES,
     ENV_MAX_MESSAGE_BYTES,
+    ENV_VERBOSE,
 )
-from shared.errors import ConfigError, UsageError
+from shared.errors import ConfigError, RegistryError, UsageError
 from shared.http_body import body_timeout_s, max_inflight_request_bytes
 from shared.http_server import max_message_bytes
 from shared.redaction import redact
@@ -43,10 +46,28 @@ def add_config_flags(parser: argparse.ArgumentParser, *, embedding: bool = True)
         help=f"global_config.yml: capacities, buffers, job type (default: ${ENV_GLOBAL_CONFIG}; "
         "built-in defaults when neither is set)",
     )
+    add_unknown_keys_flags(parser)
+
+
+def add_unknown_keys_flags(parser: argparse.ArgumentParser) -> None:
+    """``--allow-unknown-config-keys`` / ``--strict-config``: ``args.strict_config`` is False,
+    True, or None (then ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` decides; unset: errors)."""
+    parser.add_argument(
+        "--allow-unknown-config-keys",
+        dest="strict_config",
+        action="store_false",
+        default=None,
+        help="a key of the config files this version does not know is a warning and ignored "
+        f"(a file written for a newer version); default ${ENV_ALLOW_UNKNOWN_CONFIG_KEYS}, else "
+        "an error naming the closest known key",
+    )
     parser.add_argument(
         "--strict-config",
+        dest="strict_config",
         action="store_true",
-        help="treat unknown keys in the config files as errors instead of warnings",
+        default=None,
+        help="unknown keys in the config files are errors (the default; overrides "
+        f"${ENV_ALLOW_UNKNOWN_CONFIG_KEYS})",
     )
 
 
@@ -187,4 +208,30 @@ def global_config_from_flags(args: argparse.Namespace) -> GlobalConfig:
 def fail(message: str) -> int:
     """Print one line to stderr (secrets as ``***``) and return the usage exit code."""
     print(f"error: {redact(message)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+KNOWN_ERRORS = (ConfigError, RegistryError)
+"""Errors whose message says the cause and the fix (a bad config or flag, Redis unreachable,
+a service never registered): one line is enough, the traceback only helps a developer."""
+
+
+def verbose() -> bool:
+    """``$PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
+    return (
+        os.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
+        or os.environ.get(ENV_LOG_LEVEL, "").strip().lower() == "debug"
+    )
+
+
+def fail_known(exc: BaseException) -> int:
+    """End on a known error: its traceback first when :func:`verbose`, then one line."""
+    if verbose():
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        exc.__traceback__ = None
+    hint = "" if verbose() else f" (traceback: --verbose, {ENV_VERBOSE}=1 or {ENV_LOG_LEVEL}=debug)"
+    print(f"error: {redact(str(exc))}{hint}", file=sys.stderr, flush=True)
     return EXIT_USAGE

@@ -93,6 +93,20 @@ REDIS_RESTART_DELAY_S = 0.2
 DISCOVERY_POLL_INTERVAL_S = 0.1
 DEFAULT_WAIT_TIMEOUT_S = 120.0
 """How long a service or context waits for the replicas it needs before giving up."""
+ENV_WAIT_TIMEOUT_S = "PERSIA_WAIT_TIMEOUT_S"
+"""Seconds every process of this job waits for the services it needs to register (and for
+Redis at start-up) before it gives up with one line naming what is missing; unset: each
+wait's own default (120 s for the replicas, 15 s for Redis)."""
+WAIT_REPORT_INTERVAL_S = 5.0
+"""A process waiting for Redis or for replicas says what it waits for this often."""
+ENV_ALLOW_UNKNOWN_CONFIG_KEYS = "PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS"
+"""1: a key of embedding_config.yml or global_config.yml this version does not know is a
+warning and ignored (for a file written for a newer version), as with
+``--allow-unknown-config-keys``; by default it is an error naming the closest known key."""
+ENV_VERBOSE = "PERSIA_VERBOSE"
+"""1: a known error (Redis unreachable, a service never registered, a bad config) in a
+user script run by ``persia-launcher`` shows its traceback too, as with ``LOG_LEVEL=debug``;
+else it is one line (``--verbose`` sets it)."""
 
 # --- roles -----------------------------------------------------------------------------
 ROLE_EMBEDDING_PS = "embedding_parameter_server"

@@ -30,12 +30,14 @@ from shared.constants import (
     ENV_JOB_ID,
     ENV_NATS_URLS,
     ENV_REDIS_URL,
+    ENV_WAIT_TIMEOUT_S,
     HEARTBEAT_INTERVAL_S,
     LEASE_KEEPER_TICK_S,
     MASTER_ADDR_TTL_S,
     REDIS_SOCKET_TIMEOUT_S,
     REDIS_STARTUP_WAIT_S,
     REGISTRATION_TTL_S,
+    WAIT_REPORT_INTERVAL_S,
     master_addr_key,
     service_key,
     service_pattern,
@@ -91,6 +93,42 @@ def check_no_nats_without_redis() -> None:
                 f"set {ENV_REDIS_URL}=redis://<host>:6379/0 (a Redis every process can reach; "
                 f"default {DEFAULT_REDIS_URL}) and unset {name}"
             )
+
+
+_REDIS_FIX = f"; start a Redis there or point {ENV_REDIS_URL} at one every process can reach"
+
+
+def wait_timeout_s(default_s: float) -> float:
+    """``$PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else ``default_s``."""
+    raw = os.environ.get(ENV_WAIT_TIMEOUT_S, "").strip()
+    if not raw:
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(
+            f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
+        )
+    return value
+
+
+class _WaitReport:
+    """Says every WAIT_REPORT_INTERVAL_S what a wait still waits for, instead of silence."""
+
+    def __init__(self, interval_s: float = WAIT_REPORT_INTERVAL_S):
+        self.started = time.monotonic()
+        self.interval_s = interval_s
+        self._next = self.started + interval_s
+
+    def due(self) -> float | None:
+        """Seconds waited so far when a report is due now, else None."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.interval_s
+        return now - self.started
 
 
 @dataclass(frozen=True)
@@ -158,7 +196,10 @@ class Registry:
         Services wait a little at start-up: under a Procfile, Redis starts alongside them.
         A refused password is not waited for: it will not become right.
         """
+        if wait_s > 0:
+            wait_s = wait_timeout_s(wait_s)
         deadline = time.monotonic() + wait_s
+        report = _WaitReport()
         while True:
             try:
                 await self._redis.ping()
@@ -166,6 +207,10 @@ class Registry:
             except (RedisError, OSError) as exc:
                 refused = isinstance(exc, (AuthenticationError, ResponseError))
                 if not refused and time.monotonic() < deadline:
+                    waited = report.due()
+                    if waited is not None:
+                        log.info("waiting for Redis at %s: %.0f s of %.0f (%s)",
+                                 self.settings.display_url, waited, wait_s, exc)  # fmt: skip
                     await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 2)
                     continue
                 error = exc
@@ -175,8 +220,9 @@ class Registry:
             if os.environ.get(ENV_REDIS_URL)
             else f"the default; set {ENV_REDIS_URL}"
         )
+        fix = "" if isinstance(error, (AuthenticationError, ResponseError)) else _REDIS_FIX
         raise RegistryError(
-            f"cannot reach Redis at {self.settings.display_url} ({source}): {error}"
+            f"cannot reach Redis at {self.settings.display_url} ({source}): {error}{fix}"
         ) from error
 
     # --- registration -----------------------------------------------------------------
@@ -257,7 +303,10 @@ class Registry:
 
     def _unreachable(self, exc: BaseException, doing: str = "") -> RegistryError:
         """The RegistryError for a failed Redis call (every RedisError is translated)."""
-        return RegistryError(f"cannot reach Redis at {self.settings.display_url}{doing}: {exc}")
+        fix = "" if isinstance(exc, (AuthenticationError, ResponseError)) else _REDIS_FIX
+        return RegistryError(
+            f"cannot reach Redis at {self.settings.display_url}{doing}: {exc}{fix}"
+        )
 
     # --- discovery --------------------------------------------------------------------
     async def discover(self, role: str) -> dict[int, ServiceRecord]:
@@ -293,10 +342,13 @@ class Registry:
     ) -> list[ServiceRecord]:
         """Wait until replicas ``0..n-1`` of ``role`` are registered; return them in order.
 
-        ``count=None`` takes n from the replicas' own ``replica_size``. On timeout the
-        error names the role and the indices still missing.
+        ``count=None`` takes n from the replicas' own ``replica_size``. Every few seconds
+        it logs what it still waits for; on timeout the error names the role, the indices
+        still missing and what to check. ``$PERSIA_WAIT_TIMEOUT_S`` replaces ``timeout_s``.
         """
+        timeout_s = wait_timeout_s(timeout_s)
         deadline = time.monotonic() + timeout_s
+        report = _WaitReport()
         while True:
             found = await self.discover(role)
             expected = count
@@ -312,15 +364,34 @@ class Registry:
                     missing = f"missing replica(s) {idx} of {expected}"
                 raise RegistryError(
                     f"timed out after {timeout_s:.0f}s waiting for {role} in job "
-                    f"'{self.settings.job_id}' at {self.settings.display_url}: {missing}"
+                    f"'{self.settings.job_id}' at {self.settings.display_url}: {missing}; "
+                    f"{self._never_registered_hint(role)}"
                 )
+            waited = report.due()
+            if waited is not None:
+                have = (
+                    f"{sum(1 for i in range(expected) if i in found)} of {expected} registered"
+                    if expected
+                    else "none registered yet"
+                )
+                log.info("waiting for %s: %s, %.0f s (job '%s' at %s, timeout %.0f s)", role,
+                         have, waited, self.settings.job_id, self.settings.display_url, timeout_s)  # fmt: skip
             await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
+
+    def _never_registered_hint(self, role: str) -> str:
+        return (
+            f"start it (persia-launcher {role.replace('_', '-')}) "
+            f"with the same {ENV_REDIS_URL} and {ENV_JOB_ID}, or look at its log for why it "
+            f"did not start ({ENV_WAIT_TIMEOUT_S} sets how long to wait)"
+        )
 
     async def wait_for_any(
         self, role: str, *, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
     ) -> list[ServiceRecord]:
         """Wait until at least one replica of ``role`` is registered; return all found."""
+        timeout_s = wait_timeout_s(timeout_s)
         deadline = time.monotonic() + timeout_s
+        report = _WaitReport()
         while True:
             found = await self.discover(role)
             if found:
@@ -328,8 +399,13 @@ class Registry:
             if time.monotonic() >= deadline:
                 raise RegistryError(
                     f"timed out after {timeout_s:.0f}s waiting for any {role} in job "
-                    f"'{self.settings.job_id}' at {self.settings.display_url}"
+                    f"'{self.settings.job_id}' at {self.settings.display_url}; "
+                    f"{self._never_registered_hint(role)}"
                 )
+            waited = report.due()
+            if waited is not None:
+                log.info("waiting for %s: none registered yet, %.0f s (job '%s' at %s, timeout %.0f s)",
+                         role, waited, self.settings.job_id, self.settings.display_url, timeout_s)  # fmt: skip
             await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
 
     # --- small shared values ------------------------------------------------------------

@@ -21,8 +21,8 @@ import threading
 
 from persia._launch.nn_worker import take_job_slot
 from persia.env import reload_env
-from shared.cli import fail, resolve_file
-from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ROLE_DATA_LOADER
+from shared.cli import KNOWN_ERRORS, fail, fail_known, resolve_file
+from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ENV_VERBOSE, ROLE_DATA_LOADER
 from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
 from shared.errors import UsageError
 from shared.logging_setup import configure_logging
@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the batches already trained into the newest complete checkpoint in "
         "checkpoint_dir (global_config.yml common_config.checkpointing_config)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"a known error (bad config, Redis unreachable, a service never registered) shows "
+        f"its traceback too, not one line (also {ENV_VERBOSE}=1 or LOG_LEVEL=debug)",
+    )
     add_cpu_priority_flag(parser)
     parser.add_argument(
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["REPLICA_SIZE"] = str(args.replica_size)
     if args.resume:
         os.environ[ENV_RESUME] = "1"  # read by DataCtx
+    if args.verbose:
+        os.environ[ENV_VERBOSE] = "1"  # read by shared.cli.fail_known
     reload_env()
     configure_logging("data_loader", args.replica_index)
     global _KEEPER
@@ -143,6 +151,8 @@ def _run_script(script) -> int:
     """Run data_loader.py as ``__main__``; its exit code (a SIGTERM propagates)."""
     try:
         runpy.run_path(str(script), run_name="__main__")
+    except KNOWN_ERRORS as exc:  # one line (and exit 2) unless --verbose
+        return fail_known(exc)
     except SystemExit as exc:
         if _TERMINATED:
             raise

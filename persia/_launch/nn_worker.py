@@ -40,6 +40,7 @@ from shared.constants import (
     ENV_MAX_MESSAGE_BYTES,
     ENV_NN_WORKER_ENTRY,
     ENV_RESUME,
+    ENV_VERBOSE,
     ROLE_NN_WORKER_NODE,
 )
 from shared.errors import ConfigError, RegistryError, UsageError
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})",
     )  # fmt: skip
     add_rank_flags(parser)
+    parser.add_argument("--verbose", action="store_true",
+                        help=f"a known error (bad config, Redis unreachable, a service never "
+                        f"registered) shows its traceback too, not one line (also "
+                        f"{ENV_VERBOSE}=1 or LOG_LEVEL=debug)")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="start from the newest complete checkpoint in checkpoint_dir "
                         "(global_config.yml common_config.checkpointing_config)")  # fmt: skip
@@ -185,12 +190,21 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     if args.resume:
         os.environ[ENV_RESUME] = "1"  # read by TrainCtx in every rank
+    if args.verbose:
+        os.environ[ENV_VERBOSE] = "1"  # read by persia._launch.rank
     try:
         keeper = take_job_slot(ROLE_NN_WORKER_NODE, args.node_rank, args.nnodes)
     except UsageError as exc:
         return fail(str(exc))
+    # each rank runs persia._launch.rank: the script as __main__, its registry waits shown,
+    # a known error one line (exit 2) unless --verbose
+    wrapped = argparse.Namespace(**vars(args))
+    wrapped.script_args = ["-u", "-m", "persia._launch.rank", script, *args.script_args]
     try:
-        return run_ranks(torchrun_args(args, script), before_exit=keeper.stop if keeper else None)
+        return run_ranks(
+            torchrun_args(wrapped, sys.executable, no_python=True),
+            before_exit=keeper.stop if keeper else None,
+        )
     finally:
         if keeper is not None:
             keeper.stop()
@@ -236,6 +250,19 @@ def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if not os.environ.get(k)}
 
 
+class _KnownErrorExit(logging.Filter):
+    """Drops torch's "failed (exitcode: 2)" record: the rank has said why in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "(exitcode: 2)" not in record.getMessage()
+
+
+def _quiet_known_error_exits() -> None:
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _KnownErrorExit) for f in logger.filters):
+        logger.addFilter(_KnownErrorExit())
+
+
 def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | None = None) -> int:
     """Run torch.distributed.run with these arguments; the first failing rank's exit code.
 
@@ -254,6 +281,7 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
     store_host, _ = parse_rendezvous_endpoint(parsed.rdzv_endpoint or "", -1)
     nnodes = int(str(parsed.nnodes).split(":")[-1])
     os.environ.update(loopback_rank_env(nnodes, store_host or parsed.master_addr))
+    _quiet_known_error_exits()
     try:
         run(parsed)
     except SignalException as exc:

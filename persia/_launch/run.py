@@ -55,6 +55,7 @@ from shared.constants import (
     ENV_JOB_ID,
     ENV_NN_WORKER_ENTRY,
     ENV_REDIS_URL,
+    ENV_VERBOSE,
     ROLE_NN_WORKER,
 )
 from shared.errors import ConfigError, UsageError
@@ -88,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NN-worker ranks (default 1)")  # fmt: skip
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="the live progress line (default: on when standard output is a terminal)")  # fmt: skip
+    p.add_argument("--verbose", action="store_true",
+                   help="a known error (bad config, Redis unreachable, a service never registered) shows its traceback too, not one line")  # fmt: skip
     p.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S,
                    help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})")  # fmt: skip
     return p
@@ -357,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
     env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
+    if args.verbose:
+        env[ENV_VERBOSE] = "1"
     env[ENV_EMBEDDING_CONFIG] = str(emb.resolve())
     if glob is not None:
         env[ENV_GLOBAL_CONFIG] = str(glob.resolve())
@@ -370,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
         launcher = [sys.executable, "-m", "persia.launcher"]
-        strict = ["--strict-config"] if args.strict_config else []
+        strict = {None: [], True: ["--strict-config"], False: ["--allow-unknown-config-keys"]}[
+            args.strict_config
+        ]
         for name, sub in (("embedding_parameter_server", "embedding-parameter-server"),
                           ("embedding_worker", "embedding-worker")):  # fmt: skip
             job.start(name, [*launcher, sub, "--port", "0", *strict])

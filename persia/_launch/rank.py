@@ -1,0 +1,62 @@
+"""What each NN-worker rank runs: the user's train.py, with the launcher's error handling.
+
+``persia-launcher nn-worker train.py`` has torch.distributed.run start
+``python -u -m persia._launch.rank train.py [arguments]`` on every rank. The script runs as
+``__main__`` (``runpy``, its folder first on ``sys.path``, ``sys.argv`` its own), as
+``python train.py`` would run it, with two differences:
+
+- the ``shared`` loggers (registry waits, Redis trouble) print to stderr, tagged
+  ``nn_worker/<rank>``, so a rank waiting for a service says so every few seconds;
+- a known error leaving the script (a bad config, Redis unreachable, a service that never
+  registered: :data:`shared.cli.KNOWN_ERRORS`) ends the rank with one line ``error: ...``
+  and exit code 2; its traceback too with ``--verbose`` (``PERSIA_VERBOSE=1``) or
+  ``LOG_LEVEL=debug``. Any other exception is raised as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from shared.cli import KNOWN_ERRORS, fail_known
+from shared.constants import ENV_LOG_LEVEL
+from shared.redaction import redacting_formatter
+
+_FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
+
+
+def _show_service_logs(tag: str) -> None:
+    """The ``shared`` loggers to stderr at ``LOG_LEVEL`` (default INFO), apart from the root
+    logger, which stays the user script's to configure."""
+    logger = logging.getLogger("shared")
+    if logger.handlers:
+        return
+    level = logging.getLevelName((os.environ.get(ENV_LOG_LEVEL) or "INFO").upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(redacting_formatter(_FORMAT.format(tag=tag)))
+    logger.addHandler(handler)
+    logger.setLevel(level if isinstance(level, int) else logging.INFO)
+    logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m persia._launch.rank train.py [arguments]", file=sys.stderr)
+        return 2
+    script = Path(argv[0])
+    _show_service_logs(f"nn_worker/{os.environ.get('RANK', '0')}")
+    sys.argv = [str(script), *argv[1:]]
+    sys.path[0] = str(script.parent.resolve())  # where `python train.py` looks first
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except KNOWN_ERRORS as exc:
+        return fail_known(exc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
