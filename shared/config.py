@@ -10,9 +10,17 @@ path and what was expected::
 
     embedding_config.yml: slots_config.age.dim: expected a positive integer, got "8x"
 
-An unknown key is a :class:`ConfigWarning` naming the closest known key (PERSIA's
-own example says ``push_interval_sec`` where the key is ``push_interval_seconds``);
-with ``strict=True`` it is an error instead.
+An unknown key is an error naming the closest known key::
+
+    global_config.yml: common_config.checkpointing_config.checkpoint_every_n_step: unknown
+    key (did you mean "checkpoint_every_n_steps"?) ...
+
+``strict=False``, ``--allow-unknown-config-keys`` or ``PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS=1``
+make it a :class:`ConfigWarning` and the key is ignored (a file written for a newer
+version). The keys PERSIA's own example files carry that its schema did not know are known
+here (:data:`PERSIA_EXTRA_KEYS`): ``metrics_config.push_interval_sec`` is read as
+``push_interval_seconds``; a slot's ``capacity`` and ``common_config.num_embedding_io_workers``
+are ignored, as PERSIA ignored them, with a note in the log.
 
 Defaults are those PERSIA's Rust source (``persia-embedding-config``) ran with, e.g.
 ``enable_metrics`` false and ``num_hashmap_internal_shards`` 100.
@@ -21,6 +29,8 @@ Defaults are those PERSIA's Rust source (``persia-embedding-config``) ran with, 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +52,7 @@ from shared.config_schema import (
     _suggest,
     default_global_config,
 )
+from shared.constants import ENV_ALLOW_UNKNOWN_CONFIG_KEYS
 from shared.errors import ConfigError, ConfigWarning
 from shared.yaml_file import read_yaml
 from shared.yaml_file import show_value as _show
@@ -68,6 +79,31 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- reading
+
+
+log = logging.getLogger(__name__)
+
+PERSIA_EXTRA_KEYS = {
+    "slots_config.<slot>.capacity": "ignored: PERSIA's examples set a per-slot capacity that "
+    "PERSIA ignored too; a PS replica's capacity is embedding_parameter_server_config.capacity",
+    "common_config.num_embedding_io_workers": "ignored: a key of PERSIA's examples that its "
+    "schema did not know; the PS's dump/load threads are checkpointing_config.num_workers",
+    "common_config.metrics_config.push_interval_sec": "read as push_interval_seconds (PERSIA's "
+    "examples' spelling, which PERSIA's schema did not know)",
+}
+"""Keys PERSIA's own example files carry that PERSIA's schema did not know, and what Pyrsia
+does with each (so that those files load with unknown keys being errors)."""
+
+
+def unknown_keys_allowed() -> bool:
+    """``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is 1 (true, yes, on)."""
+    raw = os.environ.get(ENV_ALLOW_UNKNOWN_CONFIG_KEYS, "").strip().lower()
+    return raw in ("1", "true", "yes", "on")
+
+
+def _strict(strict: bool | None) -> bool:
+    """``strict`` as given, or by default: unknown keys are errors unless allowed."""
+    return (not unknown_keys_allowed()) if strict is None else strict
 
 
 class _Section:
@@ -140,13 +176,20 @@ class _Section:
         for key in self.data:
             if key in self.known:
                 continue
-            message = (
-                f"{self.source}: {self.where(str(key))}: unknown key, ignored"
-                f"{_suggest(str(key), self.known)}"
-            )
+            where = f"{self.source}: {self.where(str(key))}: unknown key"
+            suggestion = _suggest(str(key), self.known)
             if self.strict:
-                raise ConfigError(message + " (strict mode)")
-            warnings.warn(message, ConfigWarning, stacklevel=4)
+                raise ConfigError(
+                    f"{where}{suggestion}; correct it, or pass --allow-unknown-config-keys "
+                    f"(or set {ENV_ALLOW_UNKNOWN_CONFIG_KEYS}=1) to ignore keys this version "
+                    "does not know"
+                )
+            warnings.warn(f"{where}, ignored{suggestion}", ConfigWarning, stacklevel=4)
+
+    def persia_extra(self, key: str, pattern: str) -> None:
+        """``key`` is one of :data:`PERSIA_EXTRA_KEYS` that Pyrsia ignores: noted in the log."""
+        if self.raw(key) is not ...:
+            log.info("%s: %s: %s", self.source, self.where(key), PERSIA_EXTRA_KEYS[pattern])
 
 
 # --------------------------------------------------------------------------- embedding_config
@@ -168,6 +211,7 @@ def _parse_slot(name: Any, data: object, source: str, strict: bool) -> SlotConfi
     if s.raw("dim") is ...:
         s.fail("dim", "", message="is required: the embedding width, a positive integer")
     dim = s.integer("dim", 0)
+    s.persia_extra("capacity", "slots_config.<slot>.capacity")
     hs = s.section("hash_stack_config")
     hash_stack = HashStackConfig(
         hash_stack_rounds=hs.integer("hash_stack_rounds", 0, minimum=0),
@@ -223,9 +267,13 @@ def _parse_groups(top: _Section, slot_names: list[str]) -> tuple[tuple[str, tupl
 
 
 def parse_embedding_config(
-    data: object, *, source: str = "<dict>", strict: bool = False
+    data: object, *, source: str = "<dict>", strict: bool | None = None
 ) -> EmbeddingSchema:
-    """Validate an already-loaded ``embedding_config.yml`` (a mapping) into an :class:`EmbeddingSchema`."""
+    """Validate an already-loaded ``embedding_config.yml`` (a mapping) into an :class:`EmbeddingSchema`.
+
+    ``strict``: unknown keys are errors (True) or warnings (False); None: errors unless
+    ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is set."""
+    strict = _strict(strict)
     top = _Section(data, source, "", strict)
     bits = top.integer("feature_index_prefix_bit", 8, minimum=1, maximum=63)
     raw_slots = top.raw("slots_config")
@@ -255,13 +303,18 @@ def _parse_common(s: _Section) -> CommonConfig:
         if not isinstance(raw_job, str) or raw_job.lower() not in by_lower:
             s.fail("job_type", "one of Train, Eval, Infer", raw_job)
         job = by_lower[raw_job.lower()]
+    s.persia_extra("num_embedding_io_workers", "common_config.num_embedding_io_workers")
     m = s.section("metrics_config")
+    interval = m.integer("push_interval_seconds", MetricsConfig.push_interval_seconds)
+    if m.raw("push_interval_sec") is not ...:  # PERSIA's examples' spelling (PERSIA_EXTRA_KEYS)
+        if "push_interval_seconds" in m.data:
+            m.fail("push_interval_sec", "", message="and push_interval_seconds are the same "
+                   "setting; keep push_interval_seconds only")  # fmt: skip
+        interval = m.integer("push_interval_sec", MetricsConfig.push_interval_seconds)
     metrics = MetricsConfig(
         enable_metrics=m.boolean("enable_metrics", MetricsConfig.enable_metrics),
         job_name=m.string("job_name", MetricsConfig.job_name),
-        push_interval_seconds=m.integer(
-            "push_interval_seconds", MetricsConfig.push_interval_seconds
-        ),
+        push_interval_seconds=interval,
     )
     m.done()
     c = s.section("checkpointing_config")
@@ -339,10 +392,11 @@ def _parse_worker(s: _Section) -> EmbeddingWorkerConfig:
 
 
 def parse_global_config(
-    data: object, *, source: str = "<dict>", strict: bool = False
+    data: object, *, source: str = "<dict>", strict: bool | None = None
 ) -> GlobalConfig:
-    """Validate an already-loaded ``global_config.yml`` (a mapping, or None for all defaults)."""
-    top = _Section(data, source, "", strict)
+    """Validate an already-loaded ``global_config.yml`` (a mapping, or None for all defaults);
+    ``strict`` as for :func:`parse_embedding_config`."""
+    top = _Section(data, source, "", _strict(strict))
     cfg = GlobalConfig(
         common_config=_parse_common(top.section("common_config")),
         embedding_parameter_server_config=_parse_ps(
@@ -357,13 +411,13 @@ def parse_global_config(
 # --------------------------------------------------------------------------- files
 
 
-def load_embedding_config(path: str | Path, *, strict: bool = False) -> EmbeddingSchema:
+def load_embedding_config(path: str | Path, *, strict: bool | None = None) -> EmbeddingSchema:
     """Load and validate ``embedding_config.yml``."""
     data, source = read_yaml(path)
     return parse_embedding_config(data, source=source, strict=strict)
 
 
-def load_global_config(path: str | Path, *, strict: bool = False) -> GlobalConfig:
+def load_global_config(path: str | Path, *, strict: bool | None = None) -> GlobalConfig:
     """Load and validate ``global_config.yml`` (an empty file gives the defaults)."""
     data, source = read_yaml(path)
     return parse_global_config(data, source=source, strict=strict)

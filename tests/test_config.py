@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -87,15 +88,15 @@ def test_configs_are_frozen():
 # --------------------------------------------------------------------------- PERSIA's own files
 
 
-def test_persia_example_embedding_config_loads_with_a_warning_per_unknown_key():
-    with pytest.warns(ConfigWarning) as record:
-        schema = load_embedding_config(DATA / "persia_embedding_config.yml")
+def test_persia_example_embedding_config_loads_its_slot_capacity_ignored(caplog):
+    """PERSIA's examples give each slot a capacity PERSIA ignored: known here, ignored, noted."""
+    with caplog.at_level(logging.INFO, logger="shared.config"):
+        schema = load_embedding_config(DATA / "persia_embedding_config.yml")  # strict by default
     assert schema.slot_names == ("workclass", "education", "marital_status", "occupation")
     assert schema.feature_index_prefix_bit == 12
-    messages = [str(w.message) for w in record]
-    assert len(messages) == 4
-    assert "slots_config.workclass.capacity: unknown key" in messages[0]
-    assert "persia_embedding_config.yml" in messages[0]
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 4
+    assert "persia_embedding_config.yml: slots_config.workclass.capacity: ignored" in notes[0]
 
 
 def test_full_embedding_config_parses_every_key():
@@ -107,18 +108,35 @@ def test_full_embedding_config_parses_every_key():
     assert schema.feature_groups == (("ids", ("user_id", "item_id")),)
 
 
-def test_persia_example_global_config_warns_with_the_closest_key():
-    with pytest.warns(ConfigWarning) as record:
-        cfg = load_global_config(DATA / "persia_global_config.yml")
-    messages = [str(w.message) for w in record]
-    assert any(
-        "common_config.metrics_config.push_interval_sec: unknown key" in m
-        and 'did you mean "push_interval_seconds"?' in m
-        for m in messages
-    )
-    assert any("common_config.num_embedding_io_workers: unknown key" in m for m in messages)
+def test_persia_example_global_config_loads_with_its_extra_keys(caplog):
+    """push_interval_sec (PERSIA's examples' spelling) counts as push_interval_seconds;
+    num_embedding_io_workers is ignored with a note."""
+    with caplog.at_level(logging.INFO, logger="shared.config"):
+        cfg = load_global_config(DATA / "persia_global_config.yml")  # strict by default
+    assert cfg.common_config.metrics_config.push_interval_seconds == 10
     assert cfg.embedding_parameter_server_config.capacity == 1_000_000
     assert cfg.embedding_parameter_server_config.incremental_buffer_size == 5_000_000
+    notes = [r.getMessage() for r in caplog.records]
+    assert any("common_config.num_embedding_io_workers: ignored" in n for n in notes), notes
+    data = {"common_config": {"metrics_config": {"push_interval_sec": 7}}}
+    assert parse_global_config(data).common_config.metrics_config.push_interval_seconds == 7
+    both = {
+        "common_config": {"metrics_config": {"push_interval_sec": 7, "push_interval_seconds": 7}}
+    }
+    with pytest.raises(
+        ConfigError, match="push_interval_sec: and push_interval_seconds are the same"
+    ):
+        parse_global_config(both)
+
+
+def test_every_persia_extra_key_is_handled():
+    from shared.config import PERSIA_EXTRA_KEYS
+
+    assert set(PERSIA_EXTRA_KEYS) == {
+        "slots_config.<slot>.capacity",
+        "common_config.num_embedding_io_workers",
+        "common_config.metrics_config.push_interval_sec",
+    }
 
 
 def test_persia_infer_config_loads():
@@ -130,11 +148,48 @@ def test_persia_infer_config_loads():
     assert cfg.common_config.metrics_config.enable_metrics is True
 
 
-def test_strict_mode_makes_unknown_keys_errors():
-    with pytest.raises(ConfigError, match=r"push_interval_sec: unknown key.*push_interval_seconds"):
-        load_global_config(DATA / "persia_global_config.yml", strict=True)
-    with pytest.raises(ConfigError, match=r"slots_config\.workclass\.capacity: unknown key"):
-        load_embedding_config(DATA / "persia_embedding_config.yml", strict=True)
+MISSPELT = {"common_config": {"checkpointing_config": {"checkpoint_dir": "/tmp/c", "checkpoint_every_n_step": 100}}}  # fmt: skip
+
+
+def test_an_unknown_key_is_an_error_naming_the_closest_key(monkeypatch):
+    monkeypatch.delenv("PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS", raising=False)
+    with pytest.raises(ConfigError) as err:
+        parse_global_config(MISSPELT, source="global_config.yml")
+    message = str(err.value)
+    assert message.startswith(
+        "global_config.yml: common_config.checkpointing_config.checkpoint_every_n_step: "
+        'unknown key (did you mean "checkpoint_every_n_steps"?)'
+    ), message
+    assert (
+        "--allow-unknown-config-keys" in message and "PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS=1" in message
+    )
+    with pytest.raises(ConfigError, match=r"slots_config\.age\.pooling: unknown key"):
+        parse_embedding_config({"slots_config": {"age": {"dim": 8, "pooling": "sum"}}})
+
+
+def test_unknown_keys_can_be_allowed_for_forward_compatibility(monkeypatch):
+    """strict=False, or $PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS=1: a warning and the key ignored;
+    strict=True wins over the variable."""
+    with pytest.warns(ConfigWarning, match='checkpoint_every_n_step: unknown key, ignored .did you mean "checkpoint_every_n_steps"'):  # fmt: skip
+        cfg = parse_global_config(MISSPELT, strict=False)
+    assert cfg.common_config.checkpointing_config.checkpoint_every_n_steps == 0
+    monkeypatch.setenv("PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS", "1")
+    with pytest.warns(ConfigWarning):
+        parse_global_config(MISSPELT)
+    with pytest.raises(ConfigError):
+        parse_global_config(MISSPELT, strict=True)
+
+
+def test_the_flags_set_strictness():
+    import argparse
+
+    from shared.cli import add_config_flags
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    assert parser.parse_args([]).strict_config is None  # the variable decides, else strict
+    assert parser.parse_args(["--allow-unknown-config-keys"]).strict_config is False
+    assert parser.parse_args(["--strict-config"]).strict_config is True
 
 
 def test_job_type_is_case_insensitive_and_checked():

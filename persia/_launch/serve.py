@@ -23,7 +23,13 @@ from persia.service import ENV_EMBEDDING_WORKER_SERVICE
 from persia.serving.artifact import load_model
 from persia.serving.private_worker import PrivateWorker
 from persia.serving.server import create_app
-from shared.cli import add_server_security_flags, check_server_security_flags, fail, resolve_file
+from shared.cli import (
+    add_server_security_flags,
+    add_unknown_keys_flags,
+    check_server_security_flags,
+    fail,
+    resolve_file,
+)
 from shared.config import load_embedding_config, load_global_config
 from shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
 from shared.errors import ConfigError, InvalidInputError, UsageError
@@ -45,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="the export directory (signature.json, dense.pt2|dense.ts, embedding/)")  # fmt: skip
     p.add_argument("--embedding-config", default=None, help=f"embedding_config.yml; must match the model's (default: ${ENV_EMBEDDING_CONFIG}, else the model's copy)")  # fmt: skip
     p.add_argument("--global-config", default=None, help=f"global_config.yml for the private embedding worker, usually job_type: Infer with infer_config.servers (default: ${ENV_GLOBAL_CONFIG}, else the model's copy)")  # fmt: skip
-    p.add_argument("--strict-config", action="store_true", help="unknown config keys are errors")
+    add_unknown_keys_flags(p)  # --allow-unknown-config-keys, --strict-config (the default)
     p.add_argument("--embedding-worker", action="append", default=None, metavar="HOST:PORT", help=f"an embedding worker to use (repeatable; default ${ENV_EMBEDDING_WORKER_SERVICE}, else start one)")  # fmt: skip
     p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT, help=f"port to listen on, 0 picks a free one (default {DEFAULT_SERVE_PORT})")  # fmt: skip
     p.add_argument("--host", default=os.environ.get("PERSIA_BIND_HOST", "127.0.0.1"), help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)")  # fmt: skip
