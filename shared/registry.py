@@ -188,6 +188,7 @@ class Registry:
         self.lease = JobLease(self._redis, self.settings.job_id, ttl_s=ttl_s)
         self._known: dict[str, dict[int, ServiceRecord]] = {}
         self._heartbeats: list[asyncio.Task] = []
+        self._stopping = False  # set by deregister: the heartbeats end on it
         self._records: list[ServiceRecord] = []
 
     async def ping(self, wait_s: float = 0.0) -> None:
@@ -240,6 +241,7 @@ class Registry:
         except (RedisError, OSError) as exc:
             raise self._unreachable(exc) from exc
         self._records.append(record)
+        self._stopping = False
         self._heartbeats.append(asyncio.create_task(self._heartbeat(record)))
         log.info("registered %s/%d at %s", record.role, record.replica_index, record.address)
 
@@ -249,8 +251,14 @@ class Registry:
 
     async def _heartbeat(self, record: ServiceRecord) -> None:
         healthy = True
-        while True:
+        # The flag, not only the cancel, ends the loop: redis-py can swallow a cancellation
+        # that lands inside a command while it reconnects after a Redis restart, and the
+        # heartbeat then slept on forever, holding deregister() (seen ~1 run in 2 of
+        # test_reregisters_after_redis_restart_and_keeps_addresses_during_outage).
+        while not self._stopping:
             await asyncio.sleep(self.heartbeat_s)
+            if self._stopping:
+                return
             try:
                 # a process whose slot another one took (it was not heard from for a TTL)
                 # stops writing its record: the two would overwrite each other
@@ -274,6 +282,7 @@ class Registry:
 
     async def deregister(self) -> None:
         """Stop heartbeats and delete this process's records (best effort)."""
+        self._stopping = True
         for task in self._heartbeats:
             task.cancel()
         await asyncio.gather(*self._heartbeats, return_exceptions=True)
