@@ -91,3 +91,22 @@ def test_nn_worker_job_listens_on_loopback_only(redis_server, tmp_path):
     assert ddp_port in ports, (sockets, "rank 0's DDP store not found")
     exposed = [s for s in sockets if not is_loopback(s[1])]
     assert not exposed, f"listening beyond loopback (pid, address, port): {exposed}; all: {sockets}"
+
+
+@pytest.mark.parametrize("master", ["127.0.0.1", "localhost"])
+def test_several_nodes_with_a_loopback_master_addr_are_refused_on_node_0(master, monkeypatch):
+    """Node 0's rendezvous store listens where --master-addr resolves on node 0; loopback
+    there (127.0.0.1, or a hostname Debian maps to 127.0.1.1) leaves the other nodes waiting
+    with no error, so node 0 refuses at once naming the address (tests/cluster shows the
+    127.0.1.1 case across real network namespaces)."""
+    from persia._launch.nn_worker import _check_security, build_parser
+    from shared.errors import UsageError
+
+    monkeypatch.setenv("PERSIA_AUTH_TOKEN", "t" * 32)
+    args = build_parser().parse_args(
+        ["train.py", "--nnodes", "2", "--node-rank", "0", "--master-addr", master]
+    )
+    with pytest.raises(UsageError, match="resolves to a loopback address on node 0.*127.0.0.1"):
+        _check_security(args)
+    one_node = build_parser().parse_args(["train.py", "--master-addr", master])
+    _check_security(one_node)  # one node: loopback is the right place

@@ -86,6 +86,14 @@ def _check_security(args: argparse.Namespace) -> None:
         check_bind(host, token=token, insecure=insecure)
         if args.node_rank == 0:  # node 0's agent hosts torch's rendezvous store
             check_bind(args.master_addr, token=token, insecure=insecure)
+        if args.nnodes > 1 and args.node_rank == 0 and is_loopback(args.master_addr):
+            raise ConfigError(
+                f"--master-addr {args.master_addr} resolves to a loopback address on node 0 "
+                f"({', '.join(_addresses(args.master_addr))}), so the rendezvous store would "
+                f"listen where the other {args.nnodes - 1} node(s) cannot reach it and they "
+                "would wait with no error; pass node 0's network address, or fix the name "
+                "in /etc/hosts (Debian writes '127.0.1.1 <hostname>' there)"
+            )
         if args.nnodes > 1 and token is None and not insecure:
             raise ConfigError(
                 f"--nnodes {args.nnodes}: the ranks of several nodes reach each other over the "
@@ -104,6 +112,14 @@ def _check_security(args: argparse.Namespace) -> None:
                 f"{args.max_request_bytes}"
             )
         os.environ[ENV_MAX_MESSAGE_BYTES] = str(args.max_request_bytes)
+
+
+def _addresses(host: str) -> list[str]:
+    """The addresses ``host`` resolves to here (for messages)."""
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(host.strip("[]"), None)})
+    except OSError:
+        return [host]
 
 
 def add_rank_flags(parser: argparse.ArgumentParser) -> None:

@@ -158,12 +158,6 @@ def test_bind_rule_and_default_advertise_on_a_host(network, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="node 0's rendezvous store binds what --master-addr resolves to on node 0; with "
-    "Debian's '127.0.1.1 <hostname>' line that is loopback, and the other nodes wait in the "
-    "rendezvous with no error (persia/_launch/rendezvous.py listening_socket)",
-)
 def test_master_addr_that_resolves_to_loopback_on_node_0_is_refused_or_works(network, tmp_path):
     """Each host resolves its own name to 127.0.1.1 (as Debian's and Ubuntu's installers
     write /etc/hosts) and the others to its address; ``--master-addr nn0`` as in the
