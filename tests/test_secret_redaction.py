@@ -190,15 +190,19 @@ def test_redis_supervisor_messages_hide_requirepass():
     assert _leaks(out.getvalue()) == [], out.getvalue()
 
 
-def test_data_loader_traceback_and_launcher_warning_hide_the_password(locked_redis, tmp_path):
-    """A data loader whose DataCtx meets a refused password dies with a traceback (the
-    exception's message names the URL), after the launcher's own lease warning."""
+@pytest.mark.parametrize("verbose", [False, True])
+def test_data_loader_error_and_launcher_warning_hide_the_password(locked_redis, tmp_path, verbose):
+    """A data loader whose DataCtx meets a refused password ends with one line naming the URL
+    (with LOG_LEVEL=debug: the whole traceback), after the launcher's own lease warning;
+    neither form shows the password."""
     script = tmp_path / "data_loader.py"
     script.write_text("from persia.ctx import DataCtx\nwith DataCtx() as ctx:\n    pass\n")
     url = f"redis://:{WRONG_PASSWORD}@127.0.0.1:{locked_redis.port}/0"
+    extra = {"LOG_LEVEL": "debug"} if verbose else {}
     proc = _run_to_exit("persia.launcher", ["data-loader", "--exit-when-done", str(script)],
-                        _env(url))  # fmt: skip
+                        _env(url, **extra))  # fmt: skip
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "Traceback" in out and REDACTED in out, out[-3000:]
+    assert proc.returncode != 0 and REDACTED in out, out[-3000:]
+    assert ("Traceback" in out) == verbose, out[-3000:]
     assert "no job lease taken" in out, out[-3000:]
     assert _leaks(out) == [], out[-3000:]
