@@ -152,8 +152,10 @@ def test_two_runs_at_once_on_one_machine(tmp_path):
     assert _redis_port(outs[0]) != _redis_port(outs[1])
 
 
-def test_sigterm_stops_every_process(tmp_path):
-    """SIGTERM while the job starts: every child and grandchild exits, run exits 143."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_process(tmp_path, sig):
+    """SIGTERM or Ctrl-C's SIGINT while the job starts: every child and grandchild exits, run
+    exits 128 + the signal's number."""
     proc = subprocess.Popen([*LAUNCHER, *ADULT_ARGS], cwd=tmp_path, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     lines = []
@@ -163,11 +165,11 @@ def test_sigterm_stops_every_process(tmp_path):
             break
     family = _descendants(proc.pid)
     assert len(family) >= 5, "".join(lines)  # redis, 2 servers, nn-worker launcher, loader
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     rest = proc.communicate(timeout=90)[0]
     out = "".join(lines) + rest
-    assert proc.returncode == 128 + signal.SIGTERM, out[-4000:]
-    assert re.search(r"run\s+\| stopped by SIGTERM", out), out[-3000:]
+    assert proc.returncode == 128 + sig, out[-4000:]
+    assert re.search(rf"run\s+\| stopped by {sig.name}", out), out[-3000:]
     assert not [pid for pid in family if _alive(pid)], out[-3000:]
     assert "killed" not in rest, rest[-3000:]  # every process left on its own SIGTERM
 
@@ -194,6 +196,19 @@ def test_a_missing_file_is_one_line_before_anything_starts(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'trian.py'}: no such file (set by --nn-worker)"]  # fmt: skip
+
+
+def test_a_misspelt_config_key_is_one_line_before_anything_starts(tmp_path):
+    config = tmp_path / "global_config.yml"
+    config.write_text("common_config:\n  checkpointing_config:\n    checkpoint_dir: /tmp/c\n"
+                      "    checkpoint_every_n_step: 100\n")  # fmt: skip
+    args = list(ADULT_ARGS)
+    args[args.index("--global-config") + 1] = str(config)
+    proc = subprocess.run([*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True,
+                          capture_output=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert 'checkpoint_every_n_step: unknown key (did you mean "checkpoint_every_n_steps"?)' in line
 
 
 def test_progress_text():
