@@ -221,3 +221,18 @@ def test_progress_text():
     metrics["pyrsia_nn_worker_loss"] = 0.3
     assert progress_text([metrics, other], 5) == "[0:05] step 11  3,001 samples/s  loss 0.4000"
     assert progress_text([], 0) == "[0:00] waiting for the NN worker's first step"
+
+
+def test_the_live_line_stays_below_the_lines_and_within_the_terminal(monkeypatch):
+    import io
+
+    from persia._launch.run import Output
+
+    monkeypatch.setenv("COLUMNS", "40")
+    stream = io.StringIO()
+    out = Output(stream, live=True, color=False)
+    out.status("[0:01] step 1  " + "x" * 100)
+    out.line("nn_worker", "hello")
+    text = stream.getvalue()
+    status = "[0:01] step 1  " + "x" * 24  # 39 columns: a wrapped line would not redraw
+    assert text == f"\r\x1b[K{status}\r\x1b[K{'nn_worker':<26} | hello\n{status}"

@@ -35,6 +35,7 @@ import asyncio
 import ctypes
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,6 +122,8 @@ class Output:
     def status(self, text: str) -> None:
         if not self.live:
             return
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line would not redraw in place
+        text = text[:width] if width > 0 else text
         with self._lock:
             self._status = text
             self.stream.write(f"\r\x1b[K{text}")
