@@ -373,6 +373,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("persia-launcher serve", "persia._launch.serve"),
     ("persia-launcher convert-checkpoint", "services.embedding_ps.persia_convert"),
     ("persia-launcher status", "persia._launch.status"),
+    ("persia-launcher prometheus-targets", "persia._launch.prometheus"),
     ("persia-k8s-utils", "persia.k8s_utils"),
     ("python -m persia.hb.run", "persia.hb.run"),
 ]

@@ -55,6 +55,10 @@ SUBCOMMANDS = {
         "persia._launch.status",
         "every process of a running job: health, uptime, memory, throughput, loss (--watch)",
     ),
+    "prometheus-targets": (
+        "persia._launch.prometheus",
+        "the job's servers as Prometheus file_sd targets (--output F, --watch keeps it current)",
+    ),
 }
 
 

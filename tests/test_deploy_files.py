@@ -18,10 +18,13 @@ import yaml
 
 from persia.launcher import SUBCOMMANDS
 
-TRAINING_COMMANDS = set(SUBCOMMANDS) - {"serve", "convert-checkpoint", "status", "run"}
+TRAINING_COMMANDS = set(SUBCOMMANDS) - {
+    "serve", "convert-checkpoint", "status", "run", "prometheus-targets"
+}  # fmt: skip
 """What a training job runs (serving an exported model is a job of its own: README "Serving";
 converting a PERSIA checkpoint is a one-off command; status only looks at a running job;
-run starts all of these itself, on one machine)."""
+run starts all of these itself, on one machine; prometheus-targets feeds a Prometheus, under
+compose's ``monitoring`` profile: tests/test_prometheus_monitoring.py)."""
 
 REPO = Path(__file__).resolve().parent.parent
 VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -114,8 +117,8 @@ def test_compose_wiring():
     for name, svc in services.items():
         for dep in svc.get("depends_on", []):
             assert dep in services, f"{name} depends on missing service {dep}"
-        if name == "redis":
-            continue
+        if name == "redis" or svc.get("profiles"):
+            continue  # the monitoring profile: tests/test_prometheus_monitoring.py
         assert svc.get("build") == "." and svc["restart"] in ("on-failure", "no"), name
         assert any(v.endswith(":/workspace") for v in svc["volumes"]), (
             f"{name} mounts no /workspace"

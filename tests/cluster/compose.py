@@ -80,6 +80,8 @@ def render(compose_file: Path, env_file: Path) -> dict[str, Service]:
     variables = read_env_file(env_file)
     services = {}
     for name, spec in doc["services"].items():
+        if spec.get("profiles"):
+            continue  # started only with --profile (monitoring): not part of the job
         env: dict[str, str] = {}
         files = spec.get("env_file") or []
         for rel in [files] if isinstance(files, str) else files:
