@@ -10,6 +10,9 @@
     persia-launcher run --nn-worker train.py --data-loader data_loader.py \\
         --embedding-config F --global-config F     (the whole job on this machine)
     persia-launcher serve --model <export dir> --embedding-config F --global-config F --port p
+    persia-launcher status [--watch]                 (every process of a running job)
+    persia-launcher prometheus-targets [--watch --output F]   (Prometheus file_sd targets)
+    persia-launcher convert-checkpoint --persia-dir D --output O --optimizer JSON
 
 Files fall back to ``PERSIA_EMBEDDING_CONFIG``, ``PERSIA_GLOBAL_CONFIG``,
 ``PERSIA_NN_WORKER_ENTRY`` and ``PERSIA_DATALOADER_ENTRY``; the registry is
