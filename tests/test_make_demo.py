@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _recipe(*target: str) -> list[list[str]]:
     """The commands ``make -n`` would run (nothing runs), each split like a shell would."""
-    out = subprocess.run(["make", "-n", *target], cwd=REPO, text=True, capture_output=True,
-                         check=True).stdout  # fmt: skip
+    # --no-print-directory: under `make test` the child make would print "make[1]: Leaving
+    # directory ..." lines (MAKELEVEL is inherited), which are not commands
+    out = subprocess.run(["make", "--no-print-directory", "-n", *target], cwd=REPO, text=True,
+                         capture_output=True, check=True).stdout  # fmt: skip
     return [
         shlex.split(line)
         for line in out.replace("\\\n", " ").splitlines()
