@@ -174,15 +174,31 @@ def get_default_logger(
         _default_logger = logger
     elif level is not None:
         _default_logger.setLevel(level)
+    _add_file_handlers(
+        _default_logger, enable_file_logger, log_filename,
+        enable_err_redirect, err_redirect_filepath, err_redirect_level,
+    )  # fmt: skip
+    return _default_logger
+
+
+def _add_file_handlers(
+    logger: logging.Logger,
+    enable_file_logger: bool,
+    log_filename: str,
+    enable_err_redirect: bool,
+    err_redirect_filepath: str,
+    err_redirect_level: int | str,
+) -> None:
+    """PERSIA's optional files: every record in ``log_filename``, records above
+    ``err_redirect_level`` in ``err_redirect_filepath``."""
     if enable_file_logger:
-        _file_handler(_default_logger, _check_path(log_filename, "log_filename"), "file")
+        _file_handler(logger, _check_path(log_filename, "log_filename"), "file")
     if enable_err_redirect:
         threshold = _parse_level(err_redirect_level, "err_redirect_level")
         handler = _file_handler(
-            _default_logger, _check_path(err_redirect_filepath, "err_redirect_filepath"), "error"
+            logger, _check_path(err_redirect_filepath, "err_redirect_filepath"), "error"
         )
         handler.filters = [_AboveLevel(threshold)]
-    return _default_logger
 
 
 # --- PERSIA's other names ------------------------------------------------------------------
@@ -225,14 +241,10 @@ def setLogger(  # noqa: N802 - PERSIA's name
         setattr(handler, _MARK, "stream")
         logger.addHandler(handler)
     logger.setLevel(_parse_level(log_level, "log_level"))
-    if enable_file_logger:
-        _file_handler(logger, _check_path(log_filename, "log_filename"), "file")
-    if enable_err_redirect:
-        threshold = _parse_level(err_redirect_level, "err_redirect_level")
-        handler = _file_handler(
-            logger, _check_path(err_redirect_filepath, "err_redirect_filepath"), "error"
-        )
-        handler.filters = [levelFilter(threshold)]
+    _add_file_handlers(
+        logger, enable_file_logger, log_filename,
+        enable_err_redirect, err_redirect_filepath, err_redirect_level,
+    )  # fmt: skip
     return logger
 
 
