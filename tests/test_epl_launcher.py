@@ -36,7 +36,7 @@ model = SmallModel()
 option = DDPOption(backend="gloo", master_port=int(sys.argv[2]))
 with TrainCtx(Adagrad(lr=0.05), torch.optim.Adam(model.parameters(), lr=0.05), model=model,
               mixed_precision=False, distributed_option=option) as ctx:
-    assert type(ctx.dense_optimizer).__name__ == "ZeroRedundancyOptimizer"
+    assert isinstance(ctx.dense_optimizer, torch.distributed.optim.ZeroRedundancyOptimizer)
     for batch in DataLoader(Rank()):
         output, labels = ctx.forward(batch)
         ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
