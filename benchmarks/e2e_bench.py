@@ -41,7 +41,7 @@ the same update): the issue's baseline, with the default ``Adam``, stays the yar
 the baseline with fused Adam is run and reported beside it as a reference.
 
 ``--malloc-tuning on,off`` runs Pyrsia with and without the NN worker's heap tuning
-(``PERSIA_MALLOC_TUNING``, ``shared/allocator.py``) in the same run; both sides
+(``PERSIA_MALLOC_TUNING``, ``pyrsia/shared/allocator.py``) in the same run; both sides
 report their page faults per step.
 
 ``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
@@ -93,12 +93,12 @@ from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
 from persia._runtime.precision import cpu_computes_bf16  # noqa: E402
 from persia._runtime.step_clock import StepClock  # noqa: E402
-from shared.constants import (  # noqa: E402
+from pyrsia.shared.constants import (  # noqa: E402
     ENV_MALLOC_TUNING,
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,
 )
-from shared.cpu_priority import CPU_PRIORITIES  # noqa: E402
+from pyrsia.shared.cpu_priority import CPU_PRIORITIES  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
 E2E = REPO / "benchmarks" / "e2e"
@@ -127,7 +127,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
     n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
     module's docstring. ``malloc_tuning`` (``on``, Pyrsia's default, or ``off``):
-    ``PERSIA_MALLOC_TUNING`` of the NN worker (``shared/allocator.py``).
+    ``PERSIA_MALLOC_TUNING`` of the NN worker (``pyrsia/shared/allocator.py``).
     """
     batch = rank_rows(nn_workers, rank_batch)
     lr_scale = nn_workers if rank_batch == "whole" else 1
@@ -176,11 +176,14 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
                 name = "data_loader" if nn_workers == 1 else f"data_loader_{i}"
                 sampler.track(name, loaders[-1].pid)
             ps = cluster.start(
-                "services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
+                "pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
             )
             sampler.track("embedding_ps", ps.proc.pid)
             ew = cluster.start(
-                "services.embedding_worker", flags, role=ROLE_EMBEDDING_WORKER, wait_ready=False
+                "pyrsia.services.embedding_worker",
+                flags,
+                role=ROLE_EMBEDDING_WORKER,
+                wait_ready=False,
             )
             sampler.track("embedding_worker", ew.proc.pid)
             sampler.start()

@@ -38,9 +38,9 @@ import torch
 from _common import Cluster, cpu_seconds, fmt_rate, print_table, summarize, write_json
 from torch import nn
 
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from shared.embedding_spec import EmbeddingHyperparams
-from shared.http_client import HttpClient
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.embedding_spec import EmbeddingHyperparams
+from pyrsia.shared.http_client import HttpClient
 
 SLOTS = 26
 DIM = 16
@@ -263,7 +263,7 @@ def start_cluster(cluster: Cluster, tmp: Path, capacity: int) -> tuple[str, dict
     pids = {}
     for i in range(2):
         ps = cluster.start(
-            "services.embedding_ps",
+            "pyrsia.services.embedding_ps",
             [*flags, "--replica-index", str(i), "--replica-size", "2"],
             role=ROLE_EMBEDDING_PS,
             replica_index=i,
@@ -271,7 +271,7 @@ def start_cluster(cluster: Cluster, tmp: Path, capacity: int) -> tuple[str, dict
         )
         pids[f"ps{i}"] = ps.proc.pid
     worker = cluster.start(
-        "services.embedding_worker",
+        "pyrsia.services.embedding_worker",
         [*flags, "--replica-index", "0", "--replica-size", "1"],
         role=ROLE_EMBEDDING_WORKER,
     )

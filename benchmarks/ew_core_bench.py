@@ -25,17 +25,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from services.embedding_worker.pooling import (
+from pyrsia.services.embedding_worker.pooling import (
     pool_backward,
     pool_forward,
     replica_lookups,
     replica_updates,
     scatter_responses,
 )
-from services.embedding_worker.preprocess import prepare_batch
-from shared.config import EmbeddingSchema, SlotConfig
-from shared.farmhash import farmhash64, farmhash64_numpy
-from shared.wire.batch import IDPart
+from pyrsia.services.embedding_worker.preprocess import prepare_batch
+from pyrsia.shared.config import EmbeddingSchema, SlotConfig
+from pyrsia.shared.farmhash import farmhash64, farmhash64_numpy
+from pyrsia.shared.wire.batch import IDPart
 
 BATCH = 4096
 SLOTS = 26

@@ -34,7 +34,7 @@ from train import WideModel, adult_dataset  # noqa: E402
 
 import persia.hb as hb  # noqa: E402
 from persia.hb._ps import connection  # noqa: E402
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
 
 
 def _steps(model, optimizer, data, batch: int, steps: int) -> dict[str, float]:
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     config = REPO / "examples" / "hb_adult" / "embedding_config.yml"
     rows = []
     with Cluster() as cluster:
-        cluster.start("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
-        cluster.start("services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
+        cluster.start("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+        cluster.start("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
                       role=ROLE_EMBEDDING_WORKER)  # fmt: skip
         import os
 

@@ -39,11 +39,11 @@ import numpy as np
 from _common import Cluster, cpu_seconds, fmt_rate, print_table, write_json
 from ps_bench_engine import OPTIMIZERS, rank_to_id, run_engine_bench, zipf_batches
 
-from services.embedding_ps.engine import EmbeddingStore
-from shared.codec import packb, unpackb
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.embedding_spec import EmbeddingHyperparams
-from shared.http_client import HttpClient
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.embedding_spec import EmbeddingHyperparams
+from pyrsia.shared.http_client import HttpClient
 
 HEAD = (10_000_000, 16, 65536)
 PREFILL_CHUNK = 1 << 18
@@ -238,7 +238,7 @@ def http_grid(args, sizes, dims, batches) -> tuple[list[dict[str, Any]], str | N
         prof = Path(tmp) / "ps.prof"
         with Cluster() as cluster:
             ps = cluster.start(
-                "services.embedding_ps",
+                "pyrsia.services.embedding_ps",
                 [
                     "--global-config",
                     str(glob),

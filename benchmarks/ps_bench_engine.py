@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.embedding_ps.engine import EmbeddingStore  # noqa: E402
-from shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec  # noqa: E402
+from pyrsia.services.embedding_ps.engine import EmbeddingStore  # noqa: E402
+from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec  # noqa: E402
 
 OPTIMIZERS = {"adagrad": AdagradSpec(), "sgd": SGDSpec(0.01), "adam": AdamSpec()}
 
@@ -128,8 +128,8 @@ def run_engine_bench(
 _FIRST_CALL = """
 import time, numpy as np
 t0 = time.perf_counter()
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import AdagradSpec
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import AdagradSpec
 t1 = time.perf_counter()
 s = EmbeddingStore(100, optimizer=AdagradSpec())
 ids = np.arange(10, dtype=np.uint64)

@@ -1,7 +1,7 @@
 """Checkpoint dump and load of one large PS table with 1 thread and with N threads, same run.
 
 ``common_config.checkpointing_config.num_workers`` is the number of threads a PS dumps and
-loads its checkpoint with (services/embedding_ps/checkpoint_files.py). One store is filled with
+loads its checkpoint with (pyrsia/services/embedding_ps/checkpoint_files.py). One store is filled with
 ``--entries`` ids of ``--dim`` floats trained with Adagrad (rows of 2 x dim floats: embedding and
 accumulator), then dumped and loaded ``--repeats`` times with 1 and with ``--workers`` threads,
 interleaved so both see the same machine load. The ratio is the one-thread median over the
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, write_json  # noqa: E402
 
-from services.embedding_ps.engine import EmbeddingStore  # noqa: E402
-from shared.embedding_spec import AdagradSpec  # noqa: E402
+from pyrsia.services.embedding_ps.engine import EmbeddingStore  # noqa: E402
+from pyrsia.shared.embedding_spec import AdagradSpec  # noqa: E402
 
 
 def _filled_store(entries: int, dim: int, shards: int) -> EmbeddingStore:

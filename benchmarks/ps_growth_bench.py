@@ -2,7 +2,7 @@
 
 A PS that trains on a set with many distinct ids grows during the epoch (the Criteo-shaped
 end-to-end set: 1.7M entries in one internal shard, ~8,000 new ids a batch). Each growth
-runs ``services.embedding_ps.shard._grow``: in place (``ndarray.resize``, glibc's ``realloc``
+runs ``pyrsia.services.embedding_ps.shard._grow``: in place (``ndarray.resize``, glibc's ``realloc``
 moving the pages of a large block with ``mremap``), or, when something else still refers to
 the array, a new array and a copy. This benchmark inserts ``--entries`` new ids through the real
 store (``EmbeddingStore.lookup(train=True)``: growth, hash insert, row initialization) in
@@ -32,8 +32,8 @@ from _common import REPO, print_table, write_json
 CHILD = """
 import json, resource, sys, time
 import numpy as np
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import AdagradSpec
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import AdagradSpec
 
 entries, batch, dim, copy = (int(a) for a in sys.argv[1:5])
 store = EmbeddingStore(2 * entries, num_shards=1, optimizer=AdagradSpec())

@@ -43,9 +43,9 @@ from typing import Any
 
 from _common import REPO, Cluster, cpu_seconds, print_table, write_json
 
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from shared.http_client import HttpClient
-from shared.http_server import install_uvloop
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.http_server import install_uvloop
 from tests.faults.load_driver import EVAL_EVERY, StepBodies
 
 ROUTES = ("/batch", "/lookup", "/gradients", "/lookup_direct")
@@ -74,9 +74,9 @@ class Tree:
         launcher = ["benchmarks.run_source", str(source)] if source is not None else None
         flags = ["--port", "0", "--embedding-config", str(CONFIG / "embedding_config.yml"),
                  "--global-config", str(CONFIG / "global_config.yml")]  # fmt: skip
-        self.ps = self.cluster.start("services.embedding_ps", flags, role=ROLE_EMBEDDING_PS,
+        self.ps = self.cluster.start("pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS,
                                      wait_ready=False, python_args=launcher)  # fmt: skip
-        self.ew = self.cluster.start("services.embedding_worker", flags,
+        self.ew = self.cluster.start("pyrsia.services.embedding_worker", flags,
                                      role=ROLE_EMBEDDING_WORKER, python_args=launcher)  # fmt: skip
         # the baseline's client is the baseline's: aiohttp for every call
         self.http = HttpClient(retries=0, lean=source is None)

@@ -17,7 +17,7 @@ def main() -> None:
     if len(sys.argv) < 4 or sys.argv[2] != "-m":
         raise SystemExit("usage: python -m benchmarks.run_source DIR -m MODULE [ARGS...]")
     source, module = Path(sys.argv[1]).resolve(), sys.argv[3]
-    if not (source / "shared").is_dir():
+    if not ((source / "pyrsia" / "shared").is_dir() or (source / "shared").is_dir()):
         raise SystemExit(f"{source} is not a Pyrsia source tree (no shared/ in it)")
     here = Path(__file__).resolve().parents[1]
     keep = [p for p in sys.path if p and Path(p).resolve() != here]

@@ -37,11 +37,11 @@ from model import DNN  # noqa: E402
 from persia.ctx import InferCtx  # noqa: E402
 from persia.embedding.data import IDTypeFeatureWithSingleID, NonIDTypeFeature, PersiaBatch  # noqa: E402
 from persia.serving import export_model, load_model  # noqa: E402
-from services.embedding_ps.engine import EmbeddingStore  # noqa: E402
-from shared.codec import packb, unpackb  # noqa: E402
-from shared.config import parse_embedding_config  # noqa: E402
-from shared.embedding_spec import AdagradSpec  # noqa: E402
-from shared.wire.serve import PredictAnswer, PredictRequest  # noqa: E402
+from pyrsia.services.embedding_ps.engine import EmbeddingStore  # noqa: E402
+from pyrsia.shared.codec import packb, unpackb  # noqa: E402
+from pyrsia.shared.config import parse_embedding_config  # noqa: E402
+from pyrsia.shared.embedding_spec import AdagradSpec  # noqa: E402
+from pyrsia.shared.wire.serve import PredictAnswer, PredictRequest  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
 SLOTS = [f"s{i}" for i in range(8)]
@@ -72,7 +72,7 @@ def _batch(n: int, rng: np.random.Generator) -> PersiaBatch:
 
 
 def _body(batch: PersiaBatch, as_json: bool) -> bytes:
-    """The /predict body a client sends (shared.wire.serve.PredictRequest; ids in CSR form)."""
+    """The /predict body a client sends (pyrsia.shared.wire.serve.PredictRequest; ids in CSR form)."""
     dense = np.asarray(batch.non_id_type_features[0].data)
     request = PredictRequest(batch.batch_size, (("dense", dense),), batch.id_part())
     body = request.to_wire(as_json=as_json)
@@ -125,7 +125,7 @@ def main() -> None:
             f"    embedding_checkpoint: {export / 'embedding'}\n"
         )
         env = {"PERSIA_REDIS_URL": "redis://127.0.0.1:1/0", "PERSIA_JOB_ID": "serve-bench", "LOG_LEVEL": "WARNING"}  # fmt: skip
-        ps = ServiceProc.start("services.embedding_ps", ["--global-config", str(root / "infer.yml"), "--port", str(ps_port)],
+        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--global-config", str(root / "infer.yml"), "--port", str(ps_port)],
                                env, role="ps", address=f"127.0.0.1:{ps_port}", timeout_s=120)  # fmt: skip
         serve = ServiceProc.start("persia.launcher", ["serve", "--model", str(export), "--global-config", str(root / "infer.yml"),
                                   "--port", str(serve_port)], env, role="serve", address=f"127.0.0.1:{serve_port}", timeout_s=120)  # fmt: skip

@@ -4,7 +4,7 @@
 nothing it writes is committed. It produces:
 
 - ``reference/config.md``: every key of ``embedding_config.yml`` and ``global_config.yml``
-  (walked from the frozen dataclasses in ``shared.config_schema``), every EPL key
+  (walked from the frozen dataclasses in ``pyrsia.shared.config_schema``), every EPL key
   (``persia.epl.config.KEYS``) and every HybridBackend option (``persia.hb._options.SPECS``),
   with type and default read from the code and the meaning from :data:`MEANINGS`;
 - ``reference/cli.md``: every flag of ``persia-launcher``'s subcommands, ``persia-k8s-utils``
@@ -139,8 +139,8 @@ def _walk(cls: type, prefix: str) -> Iterator[tuple[str, str, str]]:
 
 
 def schema_keys() -> dict[str, list[tuple[str, str, str]]]:
-    """Every key of the two YAML files, walked from ``shared.config_schema``."""
-    from shared import config_schema as cs
+    """Every key of the two YAML files, walked from ``pyrsia.shared.config_schema``."""
+    from pyrsia.shared import config_schema as cs
 
     embedding: list[tuple[str, str, str]] = []
     for f in dataclasses.fields(cs.EmbeddingSchema):
@@ -177,7 +177,7 @@ def config_reference() -> str:
         "# Configuration reference",
         "",
         "Generated from the code at build time (`docs/gen_reference.py`): keys, types and "
-        "defaults are read from `shared/config_schema.py`, `persia/epl/config.py` and "
+        "defaults are read from `pyrsia/shared/config_schema.py`, `persia/epl/config.py` and "
         "`persia/hb/_options.py`. How the files are found and checked: "
         "[Configuration files](../guides/configuration.md).",
         "",
@@ -218,7 +218,7 @@ def config_reference() -> str:
 
 # --------------------------------------------------------------------------- environment
 
-# Variables named in shared/constants.py whose meaning needs more than the constant's own
+# Variables named in pyrsia/shared/constants.py whose meaning needs more than the constant's own
 # docstring (or that have none). Every ENV_* constant needs one or the other.
 ENV_MEANINGS: dict[str, str] = {
     "PERSIA_REDIS_URL": "the registry's Redis (default `redis://127.0.0.1:6379/0`); put "
@@ -237,7 +237,7 @@ ENV_MEANINGS: dict[str, str] = {
     "LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR (default INFO): the services' level and the "
     "default of `get_default_logger` and of the `persia` logger",
     "PERSIA_MALLOC_TUNING": "`1` (default) or `0`: `0` leaves the NN worker's and the "
-    "services' malloc at glibc's defaults; why they are changed: `shared/allocator.py`. "
+    "services' malloc at glibc's defaults; why they are changed: `pyrsia/shared/allocator.py`. "
     "A bad value stops a service at start with exit 2",
     "PYRSIA_MAX_MESSAGE_BYTES": "largest request body a server accepts (413 beyond) when "
     "`--max-request-bytes` is not given; default 1 GiB",
@@ -263,10 +263,10 @@ OTHER_ENV: list[tuple[str, str]] = [
 
 
 def env_constants() -> list[tuple[str, str]]:
-    """(variable, docstring) for every ``ENV_*`` constant of ``shared/constants.py``."""
+    """(variable, docstring) for every ``ENV_*`` constant of ``pyrsia/shared/constants.py``."""
     import ast
 
-    tree = ast.parse((ROOT / "shared" / "constants.py").read_text())
+    tree = ast.parse((ROOT / "pyrsia" / "shared" / "constants.py").read_text())
     body = tree.body
     found = []
     for i, node in enumerate(body):
@@ -290,7 +290,7 @@ def environment_reference() -> str:
         "# Environment variables",
         "",
         "Generated at build time (`docs/gen_reference.py`) from the `ENV_*` constants of "
-        "`shared/constants.py`. Variables are read when a process or object starts, never at "
+        "`pyrsia/shared/constants.py`. Variables are read when a process or object starts, never at "
         "import. A flag, where there is one, wins over its variable.",
         "",
     ]
@@ -306,7 +306,7 @@ def environment_reference() -> str:
 
 # --------------------------------------------------------------------------- metrics
 
-METRIC_SOURCES = ("services", "persia", "shared")
+METRIC_SOURCES = ("pyrsia", "persia")
 _METRIC_KINDS = ("Counter", "Gauge", "Histogram", "Summary")
 
 
@@ -365,13 +365,13 @@ def metrics_reference() -> str:
 
 # (title, module with build_parser(), how it is invoked)
 COMMANDS: list[tuple[str, str]] = [
-    ("persia-launcher embedding-parameter-server", "services.embedding_ps.main"),
-    ("persia-launcher embedding-worker", "services.embedding_worker.main"),
+    ("persia-launcher embedding-parameter-server", "pyrsia.services.embedding_ps.main"),
+    ("persia-launcher embedding-worker", "pyrsia.services.embedding_worker.main"),
     ("persia-launcher nn-worker", "persia._launch.nn_worker"),
     ("persia-launcher data-loader", "persia._launch.data_loader"),
     ("persia-launcher run", "persia._launch.run"),
     ("persia-launcher serve", "persia._launch.serve"),
-    ("persia-launcher convert-checkpoint", "services.embedding_ps.persia_convert"),
+    ("persia-launcher convert-checkpoint", "pyrsia.services.embedding_ps.persia_convert"),
     ("persia-launcher status", "persia._launch.status"),
     ("persia-launcher prometheus-targets", "persia._launch.prometheus"),
     ("persia-k8s-utils", "persia.k8s_utils"),

@@ -31,17 +31,17 @@ from persia._runtime import job_checkpoint
 from persia._runtime.runtime import get_runtime
 from persia.embedding.data import PersiaBatch
 from persia.env import get_replica_index, get_replica_size
-from shared.constants import (
+from pyrsia.shared.constants import (
     DATA_SEND_TIMEOUT_S,
     DEFAULT_WAIT_TIMEOUT_S,
     ROLE_EMBEDDING_WORKER,
     ROLE_NN_WORKER,
 )
-from shared.errors import DataCtxError
-from shared.registry import Registry, RegistrySettings, ServiceRecord
-from shared.validate import positive_int
-from shared.wire.ingress import IngressBatch, LoaderDone
-from shared.wire.worker import PutBatch
+from pyrsia.shared.errors import DataCtxError
+from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.validate import positive_int
+from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
+from pyrsia.shared.wire.worker import PutBatch
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from persia._runtime.embedding_client import normalize_address
 from persia._runtime.session import Session
 from persia.ctx import EmbeddingCtx, PreprocessMode
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 
 class InferCtx(EmbeddingCtx):

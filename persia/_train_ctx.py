@@ -41,8 +41,8 @@ from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
 from persia.epl.config import Config
 from persia.epl.plan import install_plan
-from shared.allocator import keep_freed_memory
-from shared.constants import (
+from pyrsia.shared.allocator import keep_freed_memory
+from pyrsia.shared.constants import (
     DEFAULT_JOB_ID,
     DEFAULT_WAIT_TIMEOUT_S,
     DISCOVERY_POLL_INTERVAL_S,
@@ -50,9 +50,9 @@ from shared.constants import (
     ENV_JOB_ID,
     ENV_TENSORBOARD_DIR,
 )
-from shared.errors import InvalidInputError, RegistryError
-from shared.scatter import warm_in_background
-from shared.validate import positive_int
+from pyrsia.shared.errors import InvalidInputError, RegistryError
+from pyrsia.shared.scatter import warm_in_background
+from pyrsia.shared.validate import positive_int
 
 _logger = logging.getLogger("persia.ctx")
 
@@ -189,11 +189,11 @@ class TrainCtx(EmbeddingCtx):
 
     # --- lifecycle ----------------------------------------------------------------------
     def _enter(self) -> None:
-        # The gradient kernel (shared/scatter.py), compiled while the servers are reached;
+        # The gradient kernel (pyrsia/shared/scatter.py), compiled while the servers are reached;
         # only a training process needs it (a data loader warming it stole ~0.45 s of CPU
         # from the NN worker's first training seconds).
         warm_in_background()
-        # the step's buffers stay in the heap (shared/allocator.py)
+        # the step's buffers stay in the heap (pyrsia/shared/allocator.py)
         _logger.info("freed heap memory: %s", keep_freed_memory())
         self.world_size = env.get_world_size() or 1
         self.rank_id = env.get_rank() or 0

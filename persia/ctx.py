@@ -32,7 +32,7 @@ from persia._runtime.precision import Precision, check_ctx_args
 from persia._runtime.session import Session
 from persia.embedding import EmbeddingConfig
 from persia.embedding.data import PersiaBatch
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = [
     "BaseCtx",

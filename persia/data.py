@@ -21,8 +21,8 @@ from persia._runtime.even_steps import EvenSteps, agreeing
 from persia._runtime.prefetch import IteratorReader, Prefetcher
 from persia.ctx import BaseCtx, EmbeddingCtx, PreprocessMode, cnt_ctx
 from persia.embedding.data import PersiaBatch
-from shared.errors import InvalidInputError
-from shared.validate import positive_int
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.validate import positive_int
 
 __all__ = [
     "DataLoader",

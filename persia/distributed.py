@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.distributed.constants import default_pg_timeout
 
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 __all__ = [
     "BaguaDistributedOption",

@@ -19,7 +19,7 @@ What the getters return, as PERSIA's API does:
   for them inside NN workers).
 
 An empty variable counts as unset. A malformed or inconsistent value is a
-:class:`~shared.errors.ConfigError` naming the variable.
+:class:`~pyrsia.shared.errors.ConfigError` naming the variable.
 
 ``set_env(rank=..., world_size=..., ...)`` sets the values the getters return, unchecked,
 as PERSIA's does (until :func:`reload_env`). PERSIA's two switches are read when first
@@ -35,7 +35,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 __all__ = [
     "get_local_rank",

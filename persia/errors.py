@@ -1,4 +1,4 @@
-"""Every exception Pyrsia raises on purpose, in one tree (defined in ``shared.errors``).
+"""Every exception Pyrsia raises on purpose, in one tree (defined in ``pyrsia.shared.errors``).
 
 Catch :class:`PersiaError` for anything Pyrsia raised; :class:`InvalidInputError` (also a
 ``ValueError``) names the offending ``field`` and what was ``expected``. Each class's
@@ -7,7 +7,7 @@ Catch :class:`PersiaError` for anything Pyrsia raised; :class:`InvalidInputError
 
 from __future__ import annotations
 
-from shared.errors import (
+from pyrsia.shared.errors import (
     AuthError,
     BackPressureError,
     ConfigError,

@@ -5,9 +5,9 @@ services a job needs and stops them when the block ends::
 
     redis-server                  only when PERSIA_REDIS_URL is unset (PERSIA started a
                                   nats-server); on a free port from nats_server_port
-    embedding PS  x N             python -m services.embedding_ps, free ports from
+    embedding PS  x N             python -m pyrsia.services.embedding_ps, free ports from
                                   embedding_parameter_server_port
-    embedding worker  x M         python -m services.embedding_worker, free ports from
+    embedding worker  x M         python -m pyrsia.services.embedding_worker, free ports from
                                   embedding_worker_port
     data_loader_func()            in a thread of this process
     nn_worker_func()              in a thread of this process
@@ -167,7 +167,7 @@ class PersiaServiceCtx:
         return proc
 
     def _start_redis(self, env: dict[str, str]) -> None:
-        from shared.redis_local import find_redis_server
+        from pyrsia.shared.redis_local import find_redis_server
 
         port = find_free_port(self.nats_server_port)
         assert self._tmp is not None
@@ -230,11 +230,11 @@ class PersiaServiceCtx:
             os.environ["PERSIA_EMBEDDING_CONFIG"] = str(embedding_path)
             os.environ["PERSIA_GLOBAL_CONFIG"] = str(global_path)
             self._start_services(
-                "embedding PS", "services.embedding_ps",
+                "embedding PS", "pyrsia.services.embedding_ps",
                 self.embedding_parameter_replica_num, self.embedding_parameter_server_port,
             )  # fmt: skip
             self._start_services(
-                "embedding worker", "services.embedding_worker",
+                "embedding worker", "pyrsia.services.embedding_worker",
                 self.embedding_worker_replica_num, self.embedding_worker_port,
             )  # fmt: skip
             if self.data_loader_func is not None or self.nn_worker_func is not None:

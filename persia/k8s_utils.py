@@ -28,8 +28,8 @@ import yaml
 
 from persia._k8s.manifests import DEFAULT_IMAGE, JOB_LABEL, build_manifests
 from persia._k8s.spec import PersiaJobSpec, RoleSpec, parse_persia_job
-from shared.cli import fail
-from shared.errors import ConfigError
+from pyrsia.shared.cli import fail
+from pyrsia.shared.errors import ConfigError
 
 __all__ = ["generate", "main"]
 

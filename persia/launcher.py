@@ -27,11 +27,11 @@ import sys
 
 SUBCOMMANDS = {
     "embedding-parameter-server": (
-        "services.embedding_ps.main",
+        "pyrsia.services.embedding_ps.main",
         "the embedding parameter server (a shard of the embedding tables)",
     ),
     "embedding-worker": (
-        "services.embedding_worker.main",
+        "pyrsia.services.embedding_worker.main",
         "an embedding worker (buffers ids, pools embeddings, fans gradients out)",
     ),
     "nn-worker": (
@@ -51,7 +51,7 @@ SUBCOMMANDS = {
         "answers predictions of an exported model over HTTP (msgpack or JSON)",
     ),
     "convert-checkpoint": (
-        "services.embedding_ps.persia_convert",
+        "pyrsia.services.embedding_ps.persia_convert",
         "a PERSIA embedding checkpoint (.emb files) -> a Pyrsia checkpoint",
     ),
     "status": (

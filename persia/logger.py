@@ -37,8 +37,8 @@ import logging
 import os
 import sys
 
-from shared.constants import ENV_LOG_LEVEL
-from shared.errors import InvalidInputError
+from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = [
     "COLOR_FORMATTER",

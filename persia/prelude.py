@@ -33,7 +33,7 @@ import numpy as np
 from persia._runtime.batch import PersiaTrainingBatch
 from persia.embedding.data import PersiaBatch as _PersiaBatch
 from persia.embedding.optim import Optimizer as OptimizerBase
-from shared.wire.batch import DENSE_DTYPES, DENSE_EXPECTED
+from pyrsia.shared.wire.batch import DENSE_DTYPES, DENSE_EXPECTED
 
 if TYPE_CHECKING:
     from persia._runtime.session import Session

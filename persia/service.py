@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
-from shared.constants import ROLE_EMBEDDING_WORKER
-from shared.errors import PersiaError
+from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER
+from pyrsia.shared.errors import PersiaError
 
 __all__ = ["get_embedding_worker_services"]
 
@@ -28,7 +28,7 @@ _logger = logging.getLogger(__name__)
 
 def _registered() -> list[str]:
     from persia._runtime.runtime import get_runtime
-    from shared.registry import Registry, RegistrySettings
+    from pyrsia.shared.registry import Registry, RegistrySettings
 
     async def discover() -> list[str]:
         registry = Registry(RegistrySettings.from_env())

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from shared.constants import ENV_CHECKPOINT_ROOT
-from shared.registry import RegistrySettings
+from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT
+from pyrsia.shared.registry import RegistrySettings
 from tests.redis_server import RedisServer
 
 
@@ -15,7 +15,7 @@ from tests.redis_server import RedisServer
 def checkpoint_root(tmp_path_factory):
     """Services started by tests may /dump and /load under pytest's base temporary directory
     (every ``tmp_path``): a PS otherwise confines them to its working directory, the repository
-    (services/embedding_ps/checkpoint_root.py). A test of the default unsets it."""
+    (pyrsia/services/embedding_ps/checkpoint_root.py). A test of the default unsets it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_CHECKPOINT_ROOT, str(tmp_path_factory.getbasetemp()))
         yield

@@ -16,7 +16,7 @@ from persia.embedding.data import (
     NonIDTypeFeature,
     PersiaBatch,
 )
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from tests.service_procs import ServiceProc
 
 EMBEDDING_CONFIG = """\
@@ -45,11 +45,11 @@ def job_services(
     try:
         for i in range(ps_replicas):
             procs.append(ServiceProc.start(
-                "services.embedding_ps", ["--port", "0", "--replica-index", str(i), "--replica-size", str(ps_replicas)],
+                "pyrsia.services.embedding_ps", ["--port", "0", "--replica-index", str(i), "--replica-size", str(ps_replicas)],
                 env, role=ROLE_EMBEDDING_PS, replica_index=i, wait_ready=False, log_dir=workdir,
             ))  # fmt: skip
         procs.append(ServiceProc.start(
-            "services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
+            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
             env, role=ROLE_EMBEDDING_WORKER, wait_ready=True, log_dir=workdir,
         ))  # fmt: skip
         yield procs

@@ -1,5 +1,5 @@
 """The float32 bit patterns a NaN/inf check must refuse, as one parametrization for the
-kernels that check gradient rows (``shared.scatter``, the embedding worker's ``all_finite``)."""
+kernels that check gradient rows (``pyrsia.shared.scatter``, the embedding worker's ``all_finite``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 import time
 
-from shared.redis_local import find_redis_server
+from pyrsia.shared.redis_local import find_redis_server
 
 
 def free_port() -> int:

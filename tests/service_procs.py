@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.constants import service_key
+from pyrsia.shared.constants import service_key
 
 REPO = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 5.0

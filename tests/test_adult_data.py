@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from benchmarks.baseline import array_batches, roc_auc, train_single_process
-from shared.config import load_embedding_config, load_global_config
-from shared.errors import InvalidInputError
+from pyrsia.shared.config import load_embedding_config, load_global_config
+from pyrsia.shared.errors import InvalidInputError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "adult_income"
 sys.path.insert(0, str(EXAMPLE))  # the example's modules import each other as scripts do

@@ -1,4 +1,4 @@
-"""The training process keeps freed heap memory (shared/allocator.py).
+"""The training process keeps freed heap memory (pyrsia/shared/allocator.py).
 
 Each case runs in a fresh interpreter: malloc's thresholds are per process, and the
 scenario needs glibc's defaults as they are at start.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shared import allocator
-from shared.errors import ConfigError
+from pyrsia.shared import allocator
+from pyrsia.shared.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS_SCRIPT = """
 import json, resource, sys
 import numpy as np
-from shared.allocator import keep_freed_memory
+from pyrsia.shared.allocator import keep_freed_memory
 
 outcome = keep_freed_memory() if sys.argv[1] == "call" else "not called"
 

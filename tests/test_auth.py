@@ -16,10 +16,10 @@ from persia._runtime.runtime import shutdown_runtime
 from persia.ctx import DataCtx, TrainCtx
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.optim import SGD
-from shared.auth import check_bind, check_token, is_authorized, is_loopback
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.errors import AuthError, ConfigError
-from shared.http_client import HttpClient
+from pyrsia.shared.auth import check_bind, check_token, is_authorized, is_loopback
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.errors import AuthError, ConfigError
+from pyrsia.shared.http_client import HttpClient
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.service_procs import REPO
 
@@ -53,7 +53,9 @@ def test_loopback_rule():
         check_bind("0.0.0.0", token=None, insecure=False)
 
 
-@pytest.mark.parametrize("module", ["services.embedding_ps", "services.embedding_worker"])
+@pytest.mark.parametrize(
+    "module", ["pyrsia.services.embedding_ps", "pyrsia.services.embedding_worker"]
+)
 def test_server_refuses_public_bind_without_token_in_one_line(module, tmp_path):
     config = tmp_path / "e.yml"
     config.write_text("slots_config:\n  a:\n    dim: 2\n")
@@ -75,7 +77,7 @@ def test_server_refuses_public_bind_without_token_in_one_line(module, tmp_path):
 
 def test_max_request_bytes_flag_is_validated(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "services.embedding_ps", "--max-request-bytes", "0"],
+        [sys.executable, "-m", "pyrsia.services.embedding_ps", "--max-request-bytes", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "--max-request-bytes" in proc.stderr
@@ -86,7 +88,7 @@ def token_ps(services, monkeypatch):
     monkeypatch.setenv("PERSIA_AUTH_TOKEN", TOKEN)
     monkeypatch.setenv("PERSIA_ADVERTISE_HOST", "127.0.0.1")
     return services(
-        "services.embedding_ps",
+        "pyrsia.services.embedding_ps",
         ["--port", "0", "--host", "0.0.0.0", "--max-request-bytes", "4096"],
         role=ROLE_EMBEDDING_PS,
         wait_ready=False,
@@ -115,7 +117,7 @@ async def test_every_route_needs_the_token(token_ps):
         assert (await right.call(f"{token_ps.url}/health", method="GET"))["ready"]
         # the size cap from --max-request-bytes (a 413 without the token is still a 401)
         big = {"train": False, "groups": [{"dim": 1, "ids": np.zeros(1024, np.uint64)}]}
-        from shared.errors import PayloadTooLargeError
+        from pyrsia.shared.errors import PayloadTooLargeError
 
         with pytest.raises(PayloadTooLargeError):
             await right.call(f"{token_ps.url}/lookup", big)

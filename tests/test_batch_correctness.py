@@ -31,11 +31,11 @@ from persia.embedding.data import (
     PersiaBatch,
 )
 from persia.embedding.optim import SGD
-from shared.errors import InvalidInputError
-from shared.http_client import HttpClient, RemoteBadRequestError
-from shared.registry import Registry, RegistrySettings
-from shared.wire.batch import DenseArray, DensePart, IDPart
-from shared.wire.ingress import IngressBatch
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
+from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.wire.batch import DenseArray, DensePart, IDPart
+from pyrsia.shared.wire.ingress import IngressBatch
 from tests.nn_helpers import PooledModel, environ, job_services
 
 SLOT_A = """\

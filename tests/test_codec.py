@@ -2,8 +2,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.codec import packb, unpackb
-from shared.errors import PayloadTooLargeError, ProtocolError
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.errors import PayloadTooLargeError, ProtocolError
 
 
 @pytest.mark.parametrize(

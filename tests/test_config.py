@@ -1,4 +1,4 @@
-"""shared.config: PERSIA's YAML keys and defaults, and errors that name file, key path and expectation."""
+"""pyrsia.shared.config: PERSIA's YAML keys and defaults, and errors that name file, key path and expectation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import (
+from pyrsia.shared.config import (
     ConfigWarning,
     EmbeddingSchema,
     GlobalConfig,
@@ -22,7 +22,7 @@ from shared.config import (
     parse_embedding_config,
     parse_global_config,
 )
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
 
@@ -90,7 +90,7 @@ def test_configs_are_frozen():
 
 def test_persia_example_embedding_config_loads_its_slot_capacity_ignored(caplog):
     """PERSIA's examples give each slot a capacity PERSIA ignored: known here, ignored, noted."""
-    with caplog.at_level(logging.INFO, logger="shared.config"):
+    with caplog.at_level(logging.INFO, logger="pyrsia.shared.config"):
         schema = load_embedding_config(DATA / "persia_embedding_config.yml")  # strict by default
     assert schema.slot_names == ("workclass", "education", "marital_status", "occupation")
     assert schema.feature_index_prefix_bit == 12
@@ -111,7 +111,7 @@ def test_full_embedding_config_parses_every_key():
 def test_persia_example_global_config_loads_with_its_extra_keys(caplog):
     """push_interval_sec (PERSIA's examples' spelling) counts as push_interval_seconds;
     num_embedding_io_workers is ignored with a note."""
-    with caplog.at_level(logging.INFO, logger="shared.config"):
+    with caplog.at_level(logging.INFO, logger="pyrsia.shared.config"):
         cfg = load_global_config(DATA / "persia_global_config.yml")  # strict by default
     assert cfg.common_config.metrics_config.push_interval_seconds == 10
     assert cfg.embedding_parameter_server_config.capacity == 1_000_000
@@ -130,7 +130,7 @@ def test_persia_example_global_config_loads_with_its_extra_keys(caplog):
 
 
 def test_every_persia_extra_key_is_handled():
-    from shared.config import PERSIA_EXTRA_KEYS
+    from pyrsia.shared.config import PERSIA_EXTRA_KEYS
 
     assert set(PERSIA_EXTRA_KEYS) == {
         "slots_config.<slot>.capacity",
@@ -183,7 +183,7 @@ def test_unknown_keys_can_be_allowed_for_forward_compatibility(monkeypatch):
 def test_the_flags_set_strictness():
     import argparse
 
-    from shared.cli import add_config_flags
+    from pyrsia.shared.cli import add_config_flags
 
     parser = argparse.ArgumentParser()
     add_config_flags(parser)

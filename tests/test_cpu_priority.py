@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.constants import (
+from pyrsia.shared.constants import (
     ENV_CPU_PRIORITY,
     REGISTRATION_TTL_S,
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,
     service_key,
 )
-from shared.cpu_priority import resolve_cpu_priority
-from shared.errors import UsageError
+from pyrsia.shared.cpu_priority import resolve_cpu_priority
+from pyrsia.shared.errors import UsageError
 from tests.service_procs import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,13 +40,13 @@ def thread_policies(pid: int) -> dict[int, int]:
 
 def test_background_services_run_every_thread_in_sched_idle(services):
     ps = services(
-        "services.embedding_ps",
+        "pyrsia.services.embedding_ps",
         ["--port", "0", "--cpu-priority", "background"],
         role=ROLE_EMBEDDING_PS,
         wait_ready=False,  # registered; ready once a job configures it
     )
     worker = services(
-        "services.embedding_worker",
+        "pyrsia.services.embedding_worker",
         ["--port", "0", "--embedding-config", str(CONFIG), "--cpu-priority", "background"],
         role=ROLE_EMBEDDING_WORKER,
         wait_ready=False,
@@ -60,7 +60,7 @@ def test_background_services_run_every_thread_in_sched_idle(services):
 
 def test_services_default_to_the_normal_class(services):
     ps = services(
-        "services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
     )
     assert set(thread_policies(ps.proc.pid).values()) == {os.SCHED_OTHER}
 
@@ -137,7 +137,7 @@ def test_a_background_service_keeps_its_registration_while_training_load_fills_t
     import redis
 
     ps = services(
-        "services.embedding_ps",
+        "pyrsia.services.embedding_ps",
         ["--port", "0", "--cpu-priority", "background"],
         role=ROLE_EMBEDDING_PS,
         wait_ready=False,

@@ -22,8 +22,8 @@ from persia.distributed import BaguaDistributedOption, DDPOption, get_default_di
 from persia.embedding.optim import SGD
 from persia.logger import get_default_logger
 from persia.utils import setup_seed
-from shared.errors import ConfigError, InvalidInputError
-from shared.wire.batch import DenseArray, DensePart
+from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.nn_helpers import PooledModel
 from tests.redis_server import free_port
 

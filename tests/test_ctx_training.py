@@ -175,11 +175,11 @@ def test_mixed_precision_on_cpu_uses_bf16_autocast(job, caplog):
 WARMING_SCRIPT = """
 import json, sys, threading
 import torch
-from shared.allocator import keep_freed_memory
+from pyrsia.shared.allocator import keep_freed_memory
 from persia._runtime.runtime import get_runtime
 from persia.ctx import TrainCtx
 from persia.embedding.optim import SGD
-from shared import scatter
+from pyrsia.shared import scatter
 from tests.nn_helpers import PooledModel
 
 async def nothing():
@@ -200,7 +200,7 @@ print(json.dumps({"alone": alone, "entered": entered}))
 def test_only_a_training_context_warms_the_gradient_kernel(job):
     """A process that only uses the runtime (a data loader) does not compile the NN worker's
     gradient kernel (~0.5-0.9 s of CPU it would take from training); TrainCtx starts it, and
-    tunes the process's malloc (shared/allocator.py) as it enters."""
+    tunes the process's malloc (pyrsia/shared/allocator.py) as it enters."""
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, "-c", WARMING_SCRIPT], cwd=repo, capture_output=True, text=True,

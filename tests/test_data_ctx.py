@@ -11,8 +11,8 @@ import pytest
 from persia._data_ctx import DataCtx, DataCtxError
 from persia._runtime.ingress import BatchQueue, Ingress
 from persia._runtime.runtime import get_runtime
-from shared.errors import RegistryError
-from shared.registry import RegistrySettings
+from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.registry import RegistrySettings
 from tests.nn_helpers import environ, job_services, make_batch
 
 

@@ -88,7 +88,9 @@ def test_procfiles_are_valid_launcher_invocations(procfile):
             if "replica_index" in args:
                 replicas[role].append((args["replica_index"], args["replica_size"]))
         else:
-            assert argv[:3] == ["python", "-m", "shared.redis_local"], f"{procfile}:{n}: {argv}"
+            assert argv[:3] == ["python", "-m", "pyrsia.shared.redis_local"], (
+                f"{procfile}:{n}: {argv}"
+            )
     assert roles == TRAINING_COMMANDS, f"{procfile} runs {roles}"
     check_replicas(replicas, procfile)
 
@@ -146,5 +148,5 @@ def test_dockerfile_installs_the_project_and_runs_the_launcher():
         "ARG TORCH_INDEX_URL" in text and "ARG BASE_IMAGE" in text
     )  # CPU default, CUDA by build arg
     assert 'ENTRYPOINT ["persia-launcher"]' in text
-    for folder in ("persia", "services", "shared"):
+    for folder in ("persia", "pyrsia"):
         assert f"COPY {folder} ./{folder}" in text

@@ -77,8 +77,8 @@ def test_every_nav_page_exists(pages):
 
 
 def test_config_reference_lists_every_schema_key(gen, pages):
-    from shared.config import parse_embedding_config
-    from shared.config_schema import GlobalConfig
+    from pyrsia.shared.config import parse_embedding_config
+    from pyrsia.shared.config_schema import GlobalConfig
 
     page = pages["reference/config.md"]
     global_keys = _flatten(GlobalConfig().to_dict())

@@ -8,14 +8,14 @@ import pytest
 
 from persia.embedding import EmbeddingConfig, get_default_embedding_config
 from persia.embedding.optim import SGD, Adagrad, Adam, Optimizer
-from shared.embedding_spec import (
+from pyrsia.shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,
     EmbeddingHyperparams,
     SGDSpec,
     optimizer_from_dict,
 )
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 # --------------------------------------------------------------------------- EmbeddingConfig
 

@@ -21,7 +21,7 @@ import torch
 
 from persia.ctx import TrainCtx, eval_ctx
 from persia.embedding.optim import SGD
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 from tests.nn_helpers import PooledModel, environ, job_services, make_batch
 from tests.redis_server import free_port
 

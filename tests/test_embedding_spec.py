@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.embedding_spec import (
+from pyrsia.shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,
     EmbeddingHyperparams,
@@ -12,7 +12,7 @@ from shared.embedding_spec import (
     optimizer_from_dict,
     optimizer_to_dict,
 )
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 
 def test_defaults_match_persia():

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from shared.errors import BackPressureError, ConflictError, NotFoundError
-from shared.http_client import HttpClient, RemoteBadRequestError
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.errors import BackPressureError, ConflictError, NotFoundError
+from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 
 EMBEDDING_YML = """
 slots_config:
@@ -43,7 +43,7 @@ def configs(tmp_path):
 def start_cluster(services, flags, n_ps=2, n_workers=1):
     ps = [
         services(
-            "services.embedding_ps",
+            "pyrsia.services.embedding_ps",
             [*flags, "--port", "0", "--replica-index", str(i), "--replica-size", str(n_ps)],
             role=ROLE_EMBEDDING_PS,
             replica_index=i,
@@ -53,7 +53,7 @@ def start_cluster(services, flags, n_ps=2, n_workers=1):
     ]
     workers = [
         services(
-            "services.embedding_worker",
+            "pyrsia.services.embedding_worker",
             [*flags, "--port", "0", "--replica-index", str(i), "--replica-size", str(n_workers)],
             role=ROLE_EMBEDDING_WORKER,
             replica_index=i,
@@ -232,7 +232,7 @@ async def test_killed_ps_replica_is_re_resolved_after_restart(services, configs,
     before = await client.call(f"{w.url}/lookup_direct", {"batch": body, "train": False})
     ps1.kill()
     services(
-        "services.embedding_ps",
+        "pyrsia.services.embedding_ps",
         [*flags, "--port", "0", "--replica-index", "1", "--replica-size", "2"],
         role=ROLE_EMBEDDING_PS,
         replica_index=1,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from persia import env
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 _VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "REPLICA_INDEX", "REPLICA_SIZE")
 

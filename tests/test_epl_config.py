@@ -10,7 +10,7 @@ import pytest
 import persia.epl as epl
 from persia.epl import state
 from persia.epl.config import KEYS, Config, env_name
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 # EPL's configuration page, key by key: (type, default)
 EPL_TABLE = {

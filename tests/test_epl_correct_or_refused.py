@@ -18,7 +18,7 @@ from torch import nn
 
 import persia.epl as epl
 from persia.epl import state
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.epl_helpers import REPO, DeepModel, inputs, make_ctx
 
 bce = nn.functional.binary_cross_entropy_with_logits

@@ -10,7 +10,7 @@ import pytest
 import persia.epl as epl
 from persia.epl import cluster, state
 from persia.epl.config import Config
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 FILES = [f"part-{i}.csv" for i in range(7)]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from persia.epl.pipeline import _balanced_cut, partition
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.epl_helpers import run_two_gloo_ranks
 
 REPO = Path(__file__).resolve().parents[1]

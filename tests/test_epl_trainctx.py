@@ -14,7 +14,7 @@ from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import SGD
 from persia.epl import state
 from persia.epl.microbatch import EplModel
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.nn_helpers import PooledModel, SmallModel, environ, job_services, make_batch
 
 

@@ -14,7 +14,7 @@ from persia.epl import state
 from persia.epl.amp import FixedLossScaler
 from persia.epl.microbatch import EplModel
 from persia.epl.optimizer import GroupedApplyOptimizer
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.epl_helpers import (
     DeepModel,
     grads,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.http_client import RemoteBadRequestError
+from pyrsia.shared.http_client import RemoteBadRequestError
 from tests.test_embedding_worker_service import (  # noqa: F401 - fixtures
     client,
     configs,
@@ -58,10 +58,10 @@ async def test_refused_gradients_leave_the_batch_awaiting(services, configs, cli
 
 @pytest.fixture
 def ps(services):
-    from shared.constants import ROLE_EMBEDDING_PS
+    from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 
     return services(
-        "services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
     )
 
 

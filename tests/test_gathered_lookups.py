@@ -1,4 +1,4 @@
-"""Gathered lookup answers (shared/wire/gathered.py): same tensors and same updates as pooled ones.
+"""Gathered lookup answers (pyrsia/shared/wire/gathered.py): same tensors and same updates as pooled ones.
 
 A single-id summed slot answered as (unique vectors, per-sample rows) must give the NN worker
 exactly the pooled tensor, and the NN worker's per-vector gradient sums must move the PS rows
@@ -12,18 +12,18 @@ import torch
 
 from persia._runtime.features import build_tensors, gradient_payload
 from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
-from services.embedding_worker.gathering import (
+from pyrsia.services.embedding_worker.gathering import (
     answer_embeddings,
     gather_backward,
     gather_plan,
 )
-from services.embedding_worker.pooling import pool_backward, pool_forward
-from services.embedding_worker.preprocess import prepare_batch
-from shared.config_schema import EmbeddingSchema
-from shared.errors import InvalidInputError, ProtocolError
-from shared.scatter import add_rows_if_finite
-from shared.wire.gathered import SlotEmbeddings
-from shared.wire.worker import Embeddings, Gradients
+from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
+from pyrsia.services.embedding_worker.preprocess import prepare_batch
+from pyrsia.shared.config_schema import EmbeddingSchema
+from pyrsia.shared.errors import InvalidInputError, ProtocolError
+from pyrsia.shared.scatter import add_rows_if_finite
+from pyrsia.shared.wire.gathered import SlotEmbeddings
+from pyrsia.shared.wire.worker import Embeddings, Gradients
 from tests.nonfinite import NON_FINITE_FLOAT32_BITS
 from tests.test_embedding_worker_service import client, configs, setup_training, start_cluster
 

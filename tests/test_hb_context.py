@@ -8,7 +8,7 @@ import torch
 import persia.hb as hb
 from persia.embedding.optim import SGD
 from persia.hb._options import Options
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 from tests.nn_helpers import environ
 
 

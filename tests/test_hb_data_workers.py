@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import persia.hb as hb
 from persia.hb.data import _RankShare
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 
 @pytest.fixture(autouse=True)

@@ -288,7 +288,7 @@ def test_a_bucket_count_changed_by_ddps_rebuild_is_reported(tmp_path):
 MISMATCH_SCRIPT = (
     HEADER
     + """
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 try:
     with hb.scope():
         model = torch.nn.Linear(4, 4 + rank)  # not the same model on both ranks

@@ -18,7 +18,7 @@ from torch import nn
 import persia.hb as hb
 from persia.embedding.optim import SGD
 from persia.serving.artifact import load_model
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 from tests.hb_helpers import (
     HB_EMBEDDING_CONFIG,
     AdultWideModel,

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import persia.hb as hb
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 from tests.redis_server import free_port
 
 

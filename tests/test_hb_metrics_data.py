@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 import persia.hb as hb
 from persia.hb.data import _ShareSampler
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from persia._launch.devices import count_visible, visible_gpu_count
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]

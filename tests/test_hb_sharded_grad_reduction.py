@@ -24,7 +24,7 @@ from torch import nn
 
 import persia.hb as hb
 from persia.embedding.optim import SGD
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 from tests.hb_helpers import reset_hb
 from tests.nn_helpers import job_services
 from tests.redis_server import free_port

@@ -16,7 +16,7 @@ import persia.hb as hb
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import SGD
 from persia.hb.embedding import ShardedEmbedding, ShardedEmbeddingBag
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 from tests.hb_helpers import reset_hb
 from tests.nn_helpers import job_services
 

@@ -1,4 +1,4 @@
-"""shared.http_body in-process: the in-flight byte bound and its settings."""
+"""pyrsia.shared.http_body in-process: the in-flight byte bound and its settings."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from shared.constants import INFLIGHT_BYTES_RETRY_AFTER_S
-from shared.errors import ConfigError, ServiceUnavailableError
-from shared.http_body import InflightBytes, body_timeout_s, max_inflight_request_bytes
-from shared.http_server import make_app
+from pyrsia.shared.constants import INFLIGHT_BYTES_RETRY_AFTER_S
+from pyrsia.shared.errors import ConfigError, ServiceUnavailableError
+from pyrsia.shared.http_body import InflightBytes, body_timeout_s, max_inflight_request_bytes
+from pyrsia.shared.http_server import make_app
 
 MiB = 1 << 20
 

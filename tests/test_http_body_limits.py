@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.codec import packb, unpackb
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.http_client import HttpClient
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.http_client import HttpClient
 
 MiB = 1 << 20
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
@@ -149,7 +149,10 @@ def start_ps(services, monkeypatch):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         return services(
-            "services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+            "pyrsia.services.embedding_ps",
+            ["--port", "0"],
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
         )
 
     return start
@@ -365,7 +368,7 @@ def test_bad_body_settings_end_the_service_with_one_line_and_exit_2():
     ]  # fmt: skip
     for args, env, expected in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "services.embedding_ps", *args],
+            [sys.executable, "-m", "pyrsia.services.embedding_ps", *args],
             cwd=REPO, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip
@@ -379,7 +382,10 @@ async def test_flags_set_the_bound_and_the_body_timeout(services, monkeypatch):
     flags = ["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(24 * MiB),
              "--body-timeout-s", "1"]  # fmt: skip
     ps = services(
-        "services.embedding_ps", ["--port", "0", *flags], role=ROLE_EMBEDDING_PS, wait_ready=False
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", *flags],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
     )
     assert _metrics(ps.url)["pyrsia_request_bytes_held_limit"] == 24 * MiB
     await _configure(ps.url)

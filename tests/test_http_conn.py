@@ -1,4 +1,4 @@
-"""The lean keep-alive client (shared/http_conn.py) through HttpClient, against a real aiohttp server."""
+"""The lean keep-alive client (pyrsia/shared/http_conn.py) through HttpClient, against a real aiohttp server."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 import pytest
 from aiohttp import web
 
-from shared.codec import packb
-from shared.errors import AuthError, NotFoundError, ServiceUnavailableError
-from shared.http_client import HttpClient
-from shared.http_server import make_app, msgpack_handler
+from pyrsia.shared.codec import packb
+from pyrsia.shared.errors import AuthError, NotFoundError, ServiceUnavailableError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.http_server import make_app, msgpack_handler
 from tests.redis_server import free_port
 
 
@@ -214,7 +214,7 @@ def _answer(body: bytes, extra: bytes = b"") -> bytes:
 async def test_an_answer_in_any_number_of_chunks_arrives_whole(piece):
     import numpy as np
 
-    from shared.codec import unpackb
+    from pyrsia.shared.codec import unpackb
 
     data = np.arange(1 << 18, dtype=np.float32)  # a 1 MB array, as a Criteo lookup answer
     body = packb({"data": data})

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from persia._runtime import job_checkpoint as jc
-from shared.config import parse_global_config
-from shared.errors import ConfigError
+from pyrsia.shared.config import parse_global_config
+from pyrsia.shared.errors import ConfigError
 
 
 def _checkpointing(**keys):
@@ -83,7 +83,7 @@ def test_prune_keeps_the_newest_and_drops_stale_incomplete_dirs(tmp_path):
 
 async def test_reproducible_order_steps_over_batches_trained_before_the_resume():
     from persia._runtime.ingress import BatchQueue
-    from shared.wire.ingress import IngressBatch
+    from pyrsia.shared.wire.ingress import IngressBatch
 
     # rank 1 of 2 expects 1, 3, 5, ...; 1 and 5 were trained before the checkpoint
     queue = BatchQueue(4, rank=1, world_size=2, reproducible=True, skip=frozenset({0, 1, 5}))

@@ -1,4 +1,4 @@
-"""One running job per PERSIA_JOB_ID: the job lease (shared/job_lease.py).
+"""One running job per PERSIA_JOB_ID: the job lease (pyrsia/shared/job_lease.py).
 
 A second job started with a live job id refuses to start (exit 2, one line naming the
 running job's holder and how to pick another id), whichever process of it comes first;
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from shared.constants import ROLE_EMBEDDING_PS, lease_key, service_key
-from shared.job_lease import Holder, JobConflictError, JobLease
-from shared.registry import Registry
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, lease_key, service_key
+from pyrsia.shared.job_lease import Holder, JobConflictError, JobLease
+from pyrsia.shared.registry import Registry
 from tests.redis_server import free_port
 from tests.service_procs import REPO
 
-PS = "services.embedding_ps"
+PS = "pyrsia.services.embedding_ps"
 
 
 def _second(

@@ -19,7 +19,7 @@ import yaml
 
 from persia.k8s_utils import generate
 from persia.launcher import SUBCOMMANDS
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "data" / "persia_job_adult.yml"

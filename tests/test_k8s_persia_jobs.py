@@ -21,7 +21,7 @@ import yaml
 
 from persia.k8s_utils import generate
 from persia.launcher import SUBCOMMANDS
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 from tests.test_k8s_manifests import check_container, launcher_args, pod_templates
 
 REPO = Path(__file__).resolve().parents[1]

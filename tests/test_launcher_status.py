@@ -16,13 +16,13 @@ from persia._runtime.ingress import BatchQueue, Ingress
 from persia._runtime.rank_stats import RankStats
 from persia.ctx import TrainCtx
 from persia.embedding.optim import SGD
-from shared.constants import (
+from pyrsia.shared.constants import (
     ROLE_DATA_LOADER,
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,
     ROLE_NN_WORKER,
 )
-from shared.registry import Registry, ServiceRecord
+from pyrsia.shared.registry import Registry, ServiceRecord
 from tests.nn_helpers import SmallModel
 from tests.redis_server import free_port
 from tests.service_procs import REPO
@@ -54,9 +54,9 @@ def _row(text: str, name: str) -> str:
 async def test_status_lists_every_process_with_its_health(services, job_env, registry_settings,
                                                           tmp_path):  # fmt: skip
     (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
-    ps = services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
                   wait_ready=False)  # fmt: skip
-    services("services.embedding_worker", ["--port", "0", "--embedding-config",
+    services("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config",
              str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
     stats = RankStats(loss_every=1)
     stats.step_done(42, 128, torch.tensor(0.3125), 1.0, True)
@@ -137,7 +137,9 @@ async def test_status_sends_the_job_token(services, job_env, monkeypatch):
     says what to set instead of showing a half-empty row."""
     token = "t" * 32
     monkeypatch.setenv("PERSIA_AUTH_TOKEN", token)
-    services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)
+    services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
     code, out, err = await _status({**job_env, "PERSIA_AUTH_TOKEN": token}, "--no-color",
                                    "--width", "250", "--interval", "0.2")  # fmt: skip
     row = _row(out, f"{ROLE_EMBEDDING_PS}/0")

@@ -39,5 +39,5 @@ def test_make_demo_runs_the_adult_job_through_persia_launcher_run():
 def test_the_install_step_compiles_the_kernels():
     commands = _recipe("-B", ".venv/.installed")
     install = max(i for i, c in enumerate(commands) if c[:2] == [".venv/bin/pip", "install"])
-    warm = [i for i, c in enumerate(commands) if c[-2:] == ["-m", "services.warmup"]]
+    warm = [i for i, c in enumerate(commands) if c[-2:] == ["-m", "pyrsia.services.warmup"]]
     assert warm and warm[0] > install, commands  # after the project is installed

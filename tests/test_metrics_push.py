@@ -21,10 +21,10 @@ import prometheus_client as prom
 import pytest
 from aiohttp import web
 
-from shared.config_schema import MetricsConfig
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from shared.errors import ConfigError
-from shared.metrics_push import MetricsPusher, MetricsPushSettings, push_settings
+from pyrsia.shared.config_schema import MetricsConfig
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.metrics_push import MetricsPusher, MetricsPushSettings, push_settings
 from tests.redis_server import free_port
 from tests.service_procs import ServiceProc
 
@@ -110,10 +110,10 @@ def test_services_push_to_the_gateway_and_still_serve_metrics(redis_server, tmp_
             "PERSIA_METRICS_GATEWAY_ADDR": gateway.address,
             "PERSIA_GLOBAL_CONFIG": str(tmp_path / "global.yml"),
         }
-        ps = ServiceProc.start("services.embedding_ps", ["--port", "0"], env,
+        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--port", "0"], env,
                                role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=tmp_path)  # fmt: skip
         worker = ServiceProc.start(
-            "services.embedding_worker", ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
+            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
             env, role=ROLE_EMBEDDING_WORKER, log_dir=tmp_path,
         )  # fmt: skip
         try:
@@ -141,7 +141,7 @@ def test_services_push_to_the_gateway_and_still_serve_metrics(redis_server, tmp_
 
 def test_gateway_variable_alone_does_not_push(monkeypatch, caplog):
     # enable_metrics is false by default (PERSIA's server default): no pushing without it.
-    caplog.set_level(logging.INFO, logger="shared.metrics_push")
+    caplog.set_level(logging.INFO, logger="pyrsia.shared.metrics_push")
     monkeypatch.setenv("PERSIA_METRICS_GATEWAY_ADDR", "127.0.0.1:9091")
     assert push_settings(MetricsConfig()) is None
     assert "enable_metrics is false" in caplog.text
@@ -172,7 +172,7 @@ def test_unreachable_gateway_warns_once_and_recovers(caplog):
     port = free_port()  # nothing listens here yet
     pusher = MetricsPusher(registry, MetricsPushSettings(f"http://127.0.0.1:{port}", "j", 1.0),
                            {"role": "r", "replica_index": "0"})  # fmt: skip
-    caplog.set_level(logging.INFO, logger="shared.metrics_push")
+    caplog.set_level(logging.INFO, logger="pyrsia.shared.metrics_push")
     assert pusher.push_now() is False and pusher.push_now() is False
     assert caplog.text.count("metrics push to") == 1
     with recording_gateway() as gateway:
@@ -198,7 +198,7 @@ def test_sigterm_exits_in_time_while_the_gateway_hangs(redis_server, tmp_path):
             "PERSIA_METRICS_GATEWAY_ADDR": f"127.0.0.1:{silent.getsockname()[1]}",
             "PERSIA_GLOBAL_CONFIG": str(tmp_path / "global.yml"),
         }
-        ps = ServiceProc.start("services.embedding_ps", ["--port", "0"], env,
+        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--port", "0"], env,
                                role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=tmp_path)  # fmt: skip
         try:
             time.sleep(1.5)  # a periodic push is hanging on the gateway now

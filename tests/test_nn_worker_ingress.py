@@ -14,11 +14,11 @@ from persia._runtime.ingress import BatchQueue, Ingress
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.optim import SGD
-from shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from shared.errors import BackPressureError, ConflictError, InvalidInputError
-from shared.http_client import HttpClient, RemoteBadRequestError
-from shared.registry import Registry
-from shared.wire.ingress import IngressBatch
+from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
+from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
+from pyrsia.shared.registry import Registry
+from pyrsia.shared.wire.ingress import IngressBatch
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
 

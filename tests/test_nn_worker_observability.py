@@ -18,10 +18,10 @@ from persia._runtime.tensorboard import TensorBoardLog
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
 from persia.embedding.optim import SGD
-from shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from shared.errors import ConfigError
-from shared.http_client import HttpClient
-from shared.registry import Registry
+from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.registry import Registry
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.test_metrics_push import recording_gateway, wait_for
 

@@ -14,8 +14,8 @@ from persia._runtime.backward import BackwardEngine
 from persia._runtime.embedding_client import EmbeddingWorkerClient, normalize_address
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.runtime import Runtime, RuntimeClosedError
-from shared.constants import GIL_SWITCH_INTERVAL_S
-from shared.errors import GradientSendError, InvalidInputError
+from pyrsia.shared.constants import GIL_SWITCH_INTERVAL_S
+from pyrsia.shared.errors import GradientSendError, InvalidInputError
 from tests.redis_server import free_port
 
 

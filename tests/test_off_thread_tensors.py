@@ -19,8 +19,8 @@ from persia._runtime.inflight import InflightLimits
 from persia._runtime.prefetch import Prefetcher
 from persia._runtime.runtime import Runtime
 from persia.ctx import EmbeddingCtx, PreprocessMode
-from shared.errors import GradientSendError, RuntimeClosedError
-from shared.wire.batch import DenseArray, DensePart
+from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
+from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.redis_server import free_port
 
 

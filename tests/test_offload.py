@@ -1,5 +1,5 @@
 """A service's numeric work runs inline when small and its pool is idle, in the pool
-otherwise (shared/offload.py); the embedding worker keeps a Census-Income batch inline."""
+otherwise (pyrsia/shared/offload.py); the embedding worker keeps a Census-Income batch inline."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shared.constants import EW_INLINE_WORK_MAX_IDS, INLINE_WORK_MAX_IDS
-from shared.offload import Offloader
+from pyrsia.shared.constants import EW_INLINE_WORK_MAX_IDS, INLINE_WORK_MAX_IDS
+from pyrsia.shared.offload import Offloader
 
 CENSUS_BATCH_IDS = 1024 * 33  # one id per sample in each of 33 slots
 

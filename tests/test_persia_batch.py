@@ -13,8 +13,8 @@ from persia.embedding.data import (
     NonIDTypeFeature,
     PersiaBatch,
 )
-from shared.errors import InvalidInputError, ProtocolError
-from shared.wire.batch import DensePart, IDPart
+from pyrsia.shared.errors import InvalidInputError, ProtocolError
+from pyrsia.shared.wire.batch import DensePart, IDPart
 
 U64 = np.uint64
 

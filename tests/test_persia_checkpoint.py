@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.embedding_ps.engine import EmbeddingStore
-from services.embedding_ps.persia_convert import convert
-from services.embedding_ps.persia_format import read_checkpoint, read_emb_file
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.embedding_spec import AdagradSpec, AdamSpec, SGDSpec, optimizer_from_dict
-from shared.errors import InvalidInputError
-from shared.http_client import HttpClient
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.persia_convert import convert
+from pyrsia.services.embedding_ps.persia_format import read_checkpoint, read_emb_file
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, SGDSpec, optimizer_from_dict
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.http_client import HttpClient
 from tests.persia_emb_writer import emb_file_bytes, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def _persia_checkpoint(directory: Path, state_of) -> dict[int, tuple[np.ndarray,
 
 
 def _checksum(rows_by_dim: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict:
-    """What the PS's /checksum answers for these ids and full rows (services/embedding_ps/checksum.py)."""
+    """What the PS's /checksum answers for these ids and full rows (pyrsia/services/embedding_ps/checksum.py)."""
     digest = hashlib.blake2b(digest_size=16)
     entries = 0
     for dim, (ids, rows) in sorted(rows_by_dim.items()):
@@ -95,7 +95,7 @@ async def test_converted_checkpoint_loads_into_a_real_ps_with_every_value(servic
     known = _persia_checkpoint(tmp_path / "persia", lambda dim: dim)  # Adagrad: a (dim)
     manifest = convert(tmp_path / "persia", tmp_path / "pyrsia", optimizer_from_dict(ADAGRAD))
     assert manifest["entries"] == 180 and sorted(manifest["dims"]) == ["16", "8"]
-    ps = services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
     client = HttpClient(retries=0)
     try:
         await client.call(f"{ps.url}/register_optimizer", {"optimizer": ADAGRAD})
@@ -220,7 +220,7 @@ def test_empty_preallocated_shards_and_ids_at_two_dims(tmp_path):
 
 def test_loading_a_persia_directory_directly_names_the_converter(tmp_path):
     """A PS pointed at PERSIA's files refuses them (nothing is touched) and says how to convert."""
-    from services.embedding_ps.checkpoint import read_manifests
+    from pyrsia.services.embedding_ps.checkpoint import read_manifests
 
     _persia_checkpoint(tmp_path / "persia", lambda dim: 0)
     with pytest.raises(InvalidInputError, match="written by PERSIA.*convert-checkpoint"):

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from persia.distributed import BaguaDistributedOption, DDPOption
-from services.embedding_ps.main import build_parser as ps_parser
-from services.embedding_worker.main import build_parser as worker_parser
-from shared.errors import InvalidInputError, RegistryError
-from shared.registry import RegistrySettings
+from pyrsia.services.embedding_ps.main import build_parser as ps_parser
+from pyrsia.services.embedding_worker.main import build_parser as worker_parser
+from pyrsia.shared.errors import InvalidInputError, RegistryError
+from pyrsia.shared.registry import RegistrySettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +154,7 @@ def test_service_started_with_nats_only_exits_with_that_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PERSIA_REDIS_URL"}
     env.update(PERSIA_NATS_URL="nats://nats:4222", PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, "-m", "services.embedding_ps", "--port", "0"],
+        [sys.executable, "-m", "pyrsia.services.embedding_ps", "--port", "0"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -15,7 +15,7 @@ from persia import env
 from persia.ctx import BaseCtx, PreprocessMode, _prepare_feature
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.data import IDTypeFeature, Label, PersiaBatch
-from shared.wire.batch import DenseArray, DensePart
+from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.nn_helpers import environ, job_services
 
 
@@ -177,9 +177,9 @@ def test_optimizer_apply_registers_it_through_the_current_context(job_env, tmp_p
 
 def test_metrics_default_is_persias_and_true_without_a_gateway_only_logs_info(caplog):
     """PERSIA's persia-embedding-config: ``#[serde(default = "get_false")] enable_metrics``."""
-    from shared.config import parse_global_config
-    from shared.config_schema import MetricsConfig
-    from shared.metrics_push import push_settings
+    from pyrsia.shared.config import parse_global_config
+    from pyrsia.shared.config_schema import MetricsConfig
+    from pyrsia.shared.metrics_push import push_settings
 
     assert (
         parse_global_config(

@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.embedding_worker import kernels
-from services.embedding_worker.pooling import (
+from pyrsia.services.embedding_worker import kernels
+from pyrsia.services.embedding_worker.pooling import (
     pool_backward,
     pool_forward,
     replica_lookups,
     replica_updates,
     scatter_responses,
 )
-from services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
-from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
-from shared.errors import InvalidInputError
-from shared.wire.batch import IDFeature
-from shared.wire.worker import Gradients
+from pyrsia.services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
+from pyrsia.shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.wire.batch import IDFeature
+from pyrsia.shared.wire.worker import Gradients
 from tests.nonfinite import NON_FINITE_FLOAT32_BITS
 
 REPLICAS = 3

@@ -19,7 +19,7 @@ from persia._runtime.batch import PersiaTrainingBatch
 from persia._runtime.inflight import InflightLimits, Lookahead
 from persia._runtime.prefetch import Prefetcher
 from persia._runtime.runtime import Runtime
-from shared.wire.batch import DensePart
+from pyrsia.shared.wire.batch import DensePart
 
 STEPS = 30
 STEP_S = 0.03

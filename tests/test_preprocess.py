@@ -8,12 +8,12 @@ import farmhash as pyfarmhash
 import numpy as np
 import pytest
 
-from services.embedding_worker.pooling import pool_backward, pool_forward, scatter_responses
-from services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
-from shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
-from shared.errors import InvalidInputError
-from shared.farmhash import farmhash64, farmhash64_numpy, replica_of
-from shared.wire.batch import IDFeature, IDPart, single_id_offsets
+from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward, scatter_responses
+from pyrsia.services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
+from pyrsia.shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.farmhash import farmhash64, farmhash64_numpy, replica_of
+from pyrsia.shared.wire.batch import IDFeature, IDPart, single_id_offsets
 
 
 def _prepare(schema, feats, replica_count):

@@ -26,8 +26,8 @@ import pytest
 import torch
 import yaml
 
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from tests.redis_server import free_port
 from tests.service_procs import REPO
 
@@ -36,7 +36,7 @@ DASHBOARD = MONITORING / "grafana" / "dashboards" / "pyrsia.json"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
-PROCESS_METRICS = {  # prometheus_client's ProcessCollector, on every server (shared/http_server.py)
+PROCESS_METRICS = {  # prometheus_client's ProcessCollector, on every server (pyrsia/shared/http_server.py)
     "process_resident_memory_bytes", "process_virtual_memory_bytes", "process_cpu_seconds_total",
     "process_start_time_seconds", "process_open_fds", "process_max_fds",
 }  # fmt: skip
@@ -62,7 +62,7 @@ def defined_metric_names() -> set[str]:
         names.add(name)
         if kind == "histogram":
             names.update(f"{name}_{suffix}" for suffix in ("bucket", "sum", "count"))
-    # collected at scrape time by shared/http_server.py's _CountsCollector (no prom.Counter call)
+    # collected at scrape time by pyrsia/shared/http_server.py's _CountsCollector (no prom.Counter call)
     names.update({"pyrsia_requests_refused_total", "pyrsia_request_bodies_aborted_total"})
     return names
 
@@ -166,9 +166,9 @@ async def test_targets_of_a_real_registry(services, job_env, registry_settings, 
     """A PS and an embedding worker (processes) and an NN rank's record: one file_sd group
     each, labelled job, role, replica_index; stdout and --output give the same JSON."""
     (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
-    ps = services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
                   wait_ready=False)  # fmt: skip
-    ew = services("services.embedding_worker", ["--port", "0", "--embedding-config",
+    ew = services("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config",
                   str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
     registry = Registry(registry_settings)
     rank = f"127.0.0.1:{free_port()}"
@@ -324,7 +324,7 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
     from persia.ctx import TrainCtx
     from persia.data import DataLoader, StreamingDataset
     from persia.embedding.optim import SGD
-    from shared.http_client import HttpClient
+    from pyrsia.shared.http_client import HttpClient
     from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
     job = f"prom_{uuid.uuid4().hex[:6]}"

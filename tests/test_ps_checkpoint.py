@@ -7,19 +7,19 @@ import json
 import numpy as np
 import pytest
 
-from services.embedding_ps import checkpoint_files
-from services.embedding_ps.checkpoint import read_manifests
-from services.embedding_ps.engine import EmbeddingStore
-from services.embedding_ps.packets import IncrementalWriter, apply_packet
-from shared.embedding_spec import (
+from pyrsia.services.embedding_ps import checkpoint_files
+from pyrsia.services.embedding_ps.checkpoint import read_manifests
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.packets import IncrementalWriter, apply_packet
+from pyrsia.shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,
     EmbeddingHyperparams,
     SGDSpec,
     optimizer_to_dict,
 )
-from shared.errors import ConflictError, InvalidInputError
-from shared.farmhash import replica_of
+from pyrsia.shared.errors import ConflictError, InvalidInputError
+from pyrsia.shared.farmhash import replica_of
 
 SPEC = AdamSpec(lr=0.01, weight_decay=0.01)
 

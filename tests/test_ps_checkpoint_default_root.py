@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.embedding_ps.checkpoint_root import checkpoint_roots, confine
-from shared.constants import ENV_CHECKPOINT_ROOT, ROLE_EMBEDDING_PS
-from shared.errors import InvalidInputError, RemoteBadRequestError, UsageError
-from shared.http_client import HttpClient
+from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots, confine
+from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT, ROLE_EMBEDDING_PS
+from pyrsia.shared.errors import InvalidInputError, RemoteBadRequestError, UsageError
+from pyrsia.shared.http_client import HttpClient
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 IDS = np.arange(1, 101, dtype=np.uint64)
@@ -61,7 +61,7 @@ async def test_a_ps_with_default_settings_writes_only_under_its_working_director
     periodic = tmp_path / "periodic"
     config = tmp_path / "global.yml"
     config.write_text(f"common_config:\n  checkpointing_config:\n    checkpoint_dir: {periodic}\n")
-    ps = services("services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS, wait_ready=False, cwd=work)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS, wait_ready=False, cwd=work)  # fmt: skip
     await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})
     await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "sgd", "lr": 0.5}})
     await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 4, "ids": IDS}]})

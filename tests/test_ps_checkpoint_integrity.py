@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.embedding_ps.checkpoint import read_manifests
-from services.embedding_ps.checksum import store_checksum
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import AdagradSpec, AdamSpec
-from shared.errors import InvalidInputError
+from pyrsia.services.embedding_ps.checkpoint import read_manifests
+from pyrsia.services.embedding_ps.checksum import store_checksum
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec
+from pyrsia.shared.errors import InvalidInputError
 
 SPEC = AdagradSpec(lr=0.05)
 
@@ -133,7 +133,7 @@ def test_a_checkpoint_without_checksums_still_loads_and_says_so_once(tmp_path, c
                 info.pop(key, None)
         path.write_text(json.dumps(manifest))
     reader = EmbeddingStore(100_000, optimizer=AdamSpec(lr=0.1))  # other layout: refused below
-    with caplog.at_level(logging.WARNING, logger="services.embedding_ps.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pyrsia.services.embedding_ps.checkpoint"):
         fresh = EmbeddingStore(100_000)
         assert fresh.load(tmp_path, 0, 1) > 0
     notes = [r for r in caplog.records if "without checksums" in r.getMessage()]
@@ -149,14 +149,14 @@ def test_a_checkpoint_without_checksums_still_loads_and_says_so_once(tmp_path, c
 
 
 async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_had(services, tmp_path):  # fmt: skip
-    from shared.constants import ROLE_EMBEDDING_PS
-    from shared.http_client import HttpClient, RemoteBadRequestError
+    from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+    from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 
     root = tmp_path / "root"
     root.mkdir()
     _checkpoint(root / "ckpt")
     _flip_middle(_last_part_file(root / "ckpt", "rows"))
-    ps = services("services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
     client = HttpClient(retries=0)
     try:
         hyper = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
@@ -177,8 +177,8 @@ async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_
 
 def test_an_incremental_packet_with_flipped_bytes_is_skipped_and_changes_nothing(tmp_path, caplog):
     """Packets carry the same per-file size and CRC-32: a damaged one is never applied."""
-    from services.embedding_ps.incremental import IncrementalLoader
-    from services.embedding_ps.packets import IncrementalWriter
+    from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+    from pyrsia.services.embedding_ps.packets import IncrementalWriter
 
     ids = np.arange(1, 2001, dtype=np.uint64)
     train = _store(ids, seed=2)

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from shared.constants import ENV_CHECKPOINT_ROOT, ROLE_EMBEDDING_PS
-from shared.errors import ConflictError, RemoteBadRequestError
-from shared.http_client import HttpClient
+from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT, ROLE_EMBEDDING_PS
+from pyrsia.shared.errors import ConflictError, RemoteBadRequestError
+from pyrsia.shared.http_client import HttpClient
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 IDS = np.arange(1, 201, dtype=np.uint64)
@@ -40,7 +40,7 @@ async def _filled(ps, client) -> dict:
 
 
 async def test_paths_outside_the_root_are_refused_and_nothing_changes(services, client, root, tmp_path):  # fmt: skip
-    ps = services("services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
     before = await _filled(ps, client)
     await client.call(f"{ps.url}/dump", {"dir": str(root / "ckpt")})  # inside: fine
     outside = tmp_path / "outside"
@@ -69,7 +69,7 @@ async def test_paths_outside_the_root_are_refused_and_nothing_changes(services, 
 
 async def test_the_root_comes_from_the_environment_too(services, client, root, tmp_path, monkeypatch):  # fmt: skip
     monkeypatch.setenv(ENV_CHECKPOINT_ROOT, str(root))
-    ps = services("services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
     before = await _filled(ps, client)
     with pytest.raises(RemoteBadRequestError, match="checkpoint root"):
         await client.call(f"{ps.url}/dump", {"dir": str(tmp_path / "elsewhere")})
@@ -80,7 +80,7 @@ async def test_the_root_comes_from_the_environment_too(services, client, root, t
 def test_a_root_that_is_not_a_directory_stops_the_ps(tmp_path, job_env):
     env = dict(os.environ, **{ENV_CHECKPOINT_ROOT: ""})
     proc = subprocess.run(
-        [sys.executable, "-m", "services.embedding_ps", "--port", "0", "--checkpoint-root", str(tmp_path / "missing")],  # fmt: skip
+        [sys.executable, "-m", "pyrsia.services.embedding_ps", "--port", "0", "--checkpoint-root", str(tmp_path / "missing")],  # fmt: skip
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
@@ -90,7 +90,7 @@ def test_a_root_that_is_not_a_directory_stops_the_ps(tmp_path, job_env):
 async def test_an_infer_ps_refuses_update_with_409_and_says_why(services, client, tmp_path):
     config = tmp_path / "infer.yml"
     config.write_text("common_config:\n  job_type: Infer\n")
-    ps = services("services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS)  # fmt: skip
     lookup = {"train": False, "groups": [{"dim": 4, "ids": IDS}]}
     before = await client.call(f"{ps.url}/checksum")
     body = {"groups": [{"dim": 4, "ids": IDS, "grads": np.ones((len(IDS), 4), np.float32)}]}

@@ -1,5 +1,5 @@
 """``checkpointing_config.num_workers``: a PS dumps and loads its checkpoint with that many
-threads, and the checkpoint does not depend on it (services/embedding_ps/checkpoint_files.py)."""
+threads, and the checkpoint does not depend on it (pyrsia/services/embedding_ps/checkpoint_files.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from services.embedding_ps import checkpoint_files
-from services.embedding_ps.checksum import store_checksum
-from services.embedding_ps.engine import EmbeddingStore
-from shared.config import parse_global_config
-from shared.embedding_spec import AdagradSpec
-from shared.errors import ConfigError, InvalidInputError
-from shared.farmhash import replica_of
+from pyrsia.services.embedding_ps import checkpoint_files
+from pyrsia.services.embedding_ps.checksum import store_checksum
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.config import parse_global_config
+from pyrsia.shared.embedding_spec import AdagradSpec
+from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.farmhash import replica_of
 
 
 @pytest.fixture(autouse=True)

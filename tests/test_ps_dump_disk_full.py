@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.embedding_ps import checkpoint_files
-from services.embedding_ps.checkpoint import read_manifests
-from services.embedding_ps.checksum import store_checksum
-from services.embedding_ps.engine import EmbeddingStore
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.embedding_spec import AdagradSpec
-from shared.errors import ServiceUnavailableError
-from shared.http_client import HttpClient
+from pyrsia.services.embedding_ps import checkpoint_files
+from pyrsia.services.embedding_ps.checkpoint import read_manifests
+from pyrsia.services.embedding_ps.checksum import store_checksum
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.embedding_spec import AdagradSpec
+from pyrsia.shared.errors import ServiceUnavailableError
+from pyrsia.shared.http_client import HttpClient
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 
@@ -101,7 +101,7 @@ def test_files_a_killed_dump_left_are_removed_before_the_next_one_writes(tmp_pat
         seen["at_write"] = _listing(tmp_path)
         return real(pool, files)
 
-    checkpoint_files_write = "services.embedding_ps.checkpoint.write_npy_files"
+    checkpoint_files_write = "pyrsia.services.embedding_ps.checkpoint.write_npy_files"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checkpoint_files_write, spy)
         store.dump(tmp_path, 0, 2)
@@ -136,7 +136,7 @@ def _free(path: Path) -> int:
 
 async def test_a_real_ps_whose_disk_fills_answers_503_and_dumps_again_once_space_exists(services, small_disk):  # fmt: skip
     ckpt = small_disk / "ckpt"
-    ps = services("services.embedding_ps", ["--port", "0", "--checkpoint-root", str(small_disk)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(small_disk)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
     client = HttpClient(retries=0)
     try:
         await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})

@@ -8,10 +8,10 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
-from shared.errors import ConflictError, InvalidInputError
-from shared.wire.ps import PSLookup, PSUpdate
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
+from pyrsia.shared.errors import ConflictError, InvalidInputError
+from pyrsia.shared.wire.ps import PSLookup, PSUpdate
 
 
 def u64(*xs) -> np.ndarray:
@@ -168,7 +168,7 @@ def test_update_skips_unknown_and_nonfinite():
 
 
 def test_validation_errors_name_the_field():
-    """Bodies are checked once, by shared.wire.ps; the store checks its own arguments."""
+    """Bodies are checked once, by pyrsia.shared.wire.ps; the store checks its own arguments."""
     store = EmbeddingStore(10, optimizer=SGDSpec(0.1))
     group = {"dim": 4, "ids": u64(1)}
     for bad in [np.arange(3, dtype=np.int64), np.zeros((2, 2), np.uint64), [1, 2]]:
@@ -301,7 +301,7 @@ class _Owner:
 
 
 def test_arrays_grow_in_place_and_keep_their_rows():
-    from services.embedding_ps.shard import _grow
+    from pyrsia.services.embedding_ps.shard import _grow
 
     owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2).copy())  # owns its data
     assert _grow(owner, "rows", 1000) is True
@@ -311,7 +311,7 @@ def test_arrays_grow_in_place_and_keep_their_rows():
 
 
 def test_an_array_someone_still_holds_is_copied_not_moved():
-    from services.embedding_ps.shard import _grow
+    from pyrsia.services.embedding_ps.shard import _grow
 
     owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2).copy())
     view = owner.rows[:3]  # e.g. a reader still looking at the old rows
@@ -324,7 +324,7 @@ def test_an_array_someone_still_holds_is_copied_not_moved():
 def test_a_store_growing_to_many_entries_never_copies_its_arrays(monkeypatch):
     """The store's own growth path holds no other reference, so every growth is in place
     (a copy would write the table again: 38 copies and 1 s of CPU on the Criteo benchmark)."""
-    from services.embedding_ps import shard
+    from pyrsia.services.embedding_ps import shard
 
     grown: list[tuple[str, bool]] = []
     real = shard._grow

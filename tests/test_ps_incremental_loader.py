@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from services.embedding_ps.engine import EmbeddingStore
-from services.embedding_ps.incremental import IncrementalLoader
-from services.embedding_ps.packets import IncrementalWriter
-from shared.embedding_spec import AdagradSpec, SGDSpec
-from shared.farmhash import replica_of
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+from pyrsia.services.embedding_ps.packets import IncrementalWriter
+from pyrsia.shared.embedding_spec import AdagradSpec, SGDSpec
+from pyrsia.shared.farmhash import replica_of
 
 SPEC = AdagradSpec(lr=0.1)
 IDS = np.arange(1, 201, dtype=np.uint64)
@@ -94,7 +94,7 @@ def test_packet_without_done_before_a_finished_one_is_skipped_as_torn(tmp_path, 
     _step(train, writer, IDS[50:60], 2)
     infer = EmbeddingStore(10_000)
     loader = IncrementalLoader(infer, tmp_path / "inc", 0, 1)
-    with caplog.at_level(logging.WARNING, logger="services.embedding_ps.incremental"):
+    with caplog.at_level(logging.WARNING, logger="pyrsia.services.embedding_ps.incremental"):
         assert loader.scan() == 1
     assert any("skipped as torn" in r.getMessage() and torn.name in r.getMessage() for r in caplog.records)  # fmt: skip
     assert loader.stats.packets_skipped_torn == 1
@@ -119,7 +119,7 @@ def test_finished_but_damaged_packet_is_skipped_whole(tmp_path, caplog, damage):
         (bad / "manifest.json").write_text("{")
     infer = EmbeddingStore(10_000)
     loader = IncrementalLoader(infer, tmp_path / "inc", 0, 1)
-    with caplog.at_level(logging.ERROR, logger="services.embedding_ps.incremental"):
+    with caplog.at_level(logging.ERROR, logger="pyrsia.services.embedding_ps.incremental"):
         assert loader.scan() == 2
     assert any(bad.name in r.getMessage() and "torn" in r.getMessage() for r in caplog.records)
     assert len(infer) == 30  # the first and the last packet; nothing of the damaged one
@@ -146,7 +146,7 @@ def test_incompatible_optimizer_layout_is_refused_with_a_log_line(tmp_path, capl
     _step(train, writer, IDS[:5], 1)
     infer = EmbeddingStore(10_000, optimizer=SGDSpec(lr=0.1, momentum=0.5))
     loader = IncrementalLoader(infer, tmp_path / "inc", 0, 1)
-    with caplog.at_level(logging.ERROR, logger="services.embedding_ps.incremental"):
+    with caplog.at_level(logging.ERROR, logger="pyrsia.services.embedding_ps.incremental"):
         assert loader.scan() == 0
     assert loader.stats.packets_skipped_torn == 1 and len(infer) == 0
     assert any("incompatible" in r.getMessage() for r in caplog.records)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.embedding_ps.engine import EmbeddingStore
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.embedding_spec import AdagradSpec
-from shared.errors import ConflictError
-from shared.http_client import HttpClient
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.embedding_spec import AdagradSpec
+from pyrsia.shared.errors import ConflictError
+from pyrsia.shared.http_client import HttpClient
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 IDS = np.arange(1, 301, dtype=np.uint64)
@@ -35,7 +35,7 @@ def infer_ps(services, tmp_path):
     trained.dump(root / "ckpt", 0, 1)
     config = tmp_path / "infer.yml"
     config.write_text("common_config:\n  job_type: Infer\n")
-    ps = services("services.embedding_ps", ["--port", "0", "--global-config", str(config), "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS)  # fmt: skip
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config), "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS)  # fmt: skip
     return ps, root
 
 

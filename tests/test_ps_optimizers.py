@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
 
 DIM = 8
 STEPS = 6

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from shared.constants import ROLE_EMBEDDING_PS
-from shared.errors import ServiceUnavailableError
-from shared.http_client import HttpClient, RemoteBadRequestError
-from shared.registry import Registry
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.errors import ServiceUnavailableError
+from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
+from pyrsia.shared.registry import Registry
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 
@@ -15,7 +15,7 @@ HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bo
 def ps(services, monkeypatch):
     monkeypatch.setenv("PYRSIA_MAX_MESSAGE_BYTES", str(1 << 20))
     return services(
-        "services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
     )
 
 
@@ -152,7 +152,7 @@ async def test_bad_input_is_a_400_naming_the_field_and_nothing_changes(ps, clien
 async def test_oversized_body_is_413_and_unknown_route_404(ps, client):
     await ready(client, ps.url)
     big = np.zeros(2 << 20, np.uint8)
-    from shared.errors import NotFoundError, PayloadTooLargeError
+    from pyrsia.shared.errors import NotFoundError, PayloadTooLargeError
 
     with pytest.raises(PayloadTooLargeError) as err:
         await client.call(f"{ps.url}/lookup", {"train": False, "groups": [{"dim": 1, "ids": big}]})
@@ -179,7 +179,7 @@ async def test_server_side_optimizer_arguments_are_honoured(ps, client):
     stats = await client.call(f"{ps.url}/stats")
     assert stats["optimizer"] == spec
     sgd = {"type": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.001}
-    from shared.errors import ConflictError
+    from pyrsia.shared.errors import ConflictError
 
     ids = np.arange(3, dtype=np.uint64)
     await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 2, "ids": ids}]})
@@ -207,7 +207,7 @@ async def test_incremental_packets_are_written_and_flushed_on_shutdown(services,
         f"  incremental_dir: {inc}\n"
     )
     ps = services(
-        "services.embedding_ps",
+        "pyrsia.services.embedding_ps",
         ["--port", "0", "--global-config", str(glob)],
         role=ROLE_EMBEDDING_PS,
         wait_ready=False,

@@ -129,19 +129,19 @@ def test_top_level_package_exposes_persias_submodules_lazily():
 
 
 def test_every_exception_class_lives_in_the_one_tree():
-    """persia.errors is shared.errors: the same classes, and no other module defines one."""
+    """persia.errors is pyrsia.shared.errors: the same classes, and no other module defines one."""
     import ast
     from pathlib import Path
 
-    import shared.errors
+    import pyrsia.shared.errors
 
     errors = importlib.import_module("persia.errors")
-    assert sorted(errors.__all__) == sorted(shared.errors.__all__)
+    assert sorted(errors.__all__) == sorted(pyrsia.shared.errors.__all__)
     for name in errors.__all__:
-        assert getattr(errors, name) is getattr(shared.errors, name)
+        assert getattr(errors, name) is getattr(pyrsia.shared.errors, name)
     root = Path(__file__).resolve().parents[1]
     outside = []
-    for package in ("persia", "services", "shared"):
+    for package in ("persia", "pyrsia"):
         for path in (root / package).rglob("*.py"):
             if path.name == "errors.py" and path.parent.name == "shared":
                 continue
@@ -153,11 +153,11 @@ def test_every_exception_class_lives_in_the_one_tree():
                     for base in node.bases
                 ):
                     outside.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
-    assert outside == [], "exception classes outside shared/errors.py"
+    assert outside == [], "exception classes outside pyrsia/shared/errors.py"
 
 
 def test_http_status_is_a_class_attribute():
-    from shared import errors
+    from pyrsia.shared import errors
 
     assert errors.InvalidInputError.status == 400
     assert errors.PayloadTooLargeError.status == 413

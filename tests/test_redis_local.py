@@ -1,4 +1,4 @@
-"""``python -m shared.redis_local --restart-on-failure``: the Procfile's Redis supervisor.
+"""``python -m pyrsia.shared.redis_local --restart-on-failure``: the Procfile's Redis supervisor.
 
 A redis-server killed with SIGKILL is started again on the same port (the job rides
 through, see tests/faults/test_kill9.py); SIGTERM ends supervisor and server with exit 0;
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.redis_local import supervise
+from pyrsia.shared.redis_local import supervise
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def _alive(pid: int) -> bool:
 def supervisor():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.redis_local", "--port", str(port), "--restart-on-failure"],
+        [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port), "--restart-on-failure"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     _wait(lambda: _pong(port))

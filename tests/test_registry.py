@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
-from shared.errors import RegistryError
-from shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from tests.redis_server import RedisServer
 
 
@@ -92,7 +92,7 @@ async def test_every_redis_failure_is_a_registry_error():
 
 
 def test_malformed_redis_url_is_a_config_error_naming_the_variable():
-    from shared.errors import ConfigError
+    from pyrsia.shared.errors import ConfigError
 
     with pytest.raises(ConfigError, match="PERSIA_REDIS_URL"):
         Registry(RegistrySettings(redis_url="http://nowhere", job_id="x"))

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.redaction import REDACTED, redact, redact_url, redacting_formatter
-from shared.registry import RegistrySettings
+from pyrsia.shared.redaction import REDACTED, redact, redact_url, redacting_formatter
+from pyrsia.shared.registry import RegistrySettings
 from tests.redis_server import RedisServer, free_port
 from tests.service_procs import REPO
 
@@ -113,7 +113,7 @@ def test_ps_exit_message_on_redis_errors_hides_the_password(case, locked_redis, 
         url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
     else:
         url = f"redis://:{PASSWORD}@127.0.0.1:port/0"
-    proc = _run_to_exit("services.embedding_ps", ["--port", "0"], _env(url))
+    proc = _run_to_exit("pyrsia.services.embedding_ps", ["--port", "0"], _env(url))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-2000:]
     assert "REDIS" in proc.stderr.upper() and REDACTED in proc.stderr, proc.stderr[-2000:]
@@ -139,7 +139,7 @@ def test_worker_health_logs_and_exit_hide_the_secrets(locked_redis, emb_config, 
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.embedding_worker", "--embedding-config",
+            [sys.executable, "-m", "pyrsia.services.embedding_worker", "--embedding-config",
              str(emb_config), "--port", str(port), "--ps-wait-timeout", "1"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -171,11 +171,11 @@ def test_worker_health_logs_and_exit_hide_the_secrets(locked_redis, emb_config, 
 
 
 def test_redis_supervisor_messages_hide_requirepass():
-    """``shared.redis_local --restart-on-failure`` names the redis-server it restarts: by its
+    """``pyrsia.shared.redis_local --restart-on-failure`` names the redis-server it restarts: by its
     port, never by arguments that may include ``--requirepass``."""
     import io
 
-    from shared.redis_local import supervise
+    from pyrsia.shared.redis_local import supervise
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     out = io.StringIO()

@@ -12,8 +12,8 @@ import pytest
 
 from persia import launcher
 from persia.serving import export_model
-from services.embedding_ps.engine import EmbeddingStore
-from shared.embedding_spec import SGDSpec
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.embedding_spec import SGDSpec
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel
 from tests.service_procs import REPO
 

@@ -22,9 +22,9 @@ import torch
 from persia.ctx import TrainCtx, eval_ctx
 from persia.embedding.optim import Adagrad
 from persia.serving import export_model, load_model
-from shared.codec import packb, unpackb
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
-from shared.wire.serve import PredictAnswer
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.wire.serve import PredictAnswer
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, environ, make_batch
 from tests.redis_server import free_port
 from tests.service_procs import ServiceProc
@@ -72,11 +72,11 @@ def stack(redis_server, tmp_path_factory):
     try:
         with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None, EMBEDDING_WORKER_SERVICE=None):  # fmt: skip
             for i in range(2):
-                start("services.embedding_ps", [*common, "--global-config", str(root / "train.yml"), "--port", "0",
+                start("pyrsia.services.embedding_ps", [*common, "--global-config", str(root / "train.yml"), "--port", "0",
                       "--replica-index", str(i), "--replica-size", "2"], env, role=ROLE_EMBEDDING_PS, replica_index=i,
                       wait_ready=False)  # fmt: skip
             start(
-                "services.embedding_worker",
+                "pyrsia.services.embedding_worker",
                 [*common, "--port", "0"],
                 env,
                 role=ROLE_EMBEDDING_WORKER,
@@ -100,7 +100,7 @@ def stack(redis_server, tmp_path_factory):
             infer_env = {**env, "PERSIA_REDIS_URL": NO_REDIS}
             infer_ps = [
                 start(
-                    "services.embedding_ps",
+                    "pyrsia.services.embedding_ps",
                     [
                         "--global-config",
                         str(root / "infer.yml"),
@@ -296,7 +296,7 @@ def test_serve_refuses_workers_with_another_embedding_config(stack):
     env = {**stack["serve"].env}
     worker_port, port = free_port(), free_port()
     worker = ServiceProc.start(
-        "services.embedding_worker",
+        "pyrsia.services.embedding_worker",
         ["--embedding-config", str(other_cfg), "--global-config", str(root / "infer.yml"),
          "--port", str(worker_port)],
         env, role="other_worker", address=f"127.0.0.1:{worker_port}", log_dir=root,

@@ -11,11 +11,11 @@ import torch
 
 from persia.serving import export_model, load_model
 from persia.serving.signature import Signature
-from services.embedding_ps.engine import EmbeddingStore
-from shared.config import parse_embedding_config
-from shared.constants import EMBEDDING_CHECKPOINT_FORMAT
-from shared.embedding_spec import AdagradSpec
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.config import parse_embedding_config
+from pyrsia.shared.constants import EMBEDDING_CHECKPOINT_FORMAT
+from pyrsia.shared.embedding_spec import AdagradSpec
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 EMBEDDING_YAML = """\
 feature_index_prefix_bit: 8
@@ -249,7 +249,7 @@ def test_signature_to_dict_round_trips(tmp_path, files):
 
 
 def test_checkpoint_format_name_is_the_ps_one():
-    from services.embedding_ps import checkpoint
+    from pyrsia.services.embedding_ps import checkpoint
 
     assert checkpoint.FORMAT == EMBEDDING_CHECKPOINT_FORMAT
 

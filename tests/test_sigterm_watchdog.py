@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.constants import SIGTERM_DEADLINE_S
+from pyrsia.shared.constants import SIGTERM_DEADLINE_S
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -102,8 +102,8 @@ def test_verbose_shows_the_traceback_too(tmp_path):
 
 
 def test_a_bad_wait_timeout_is_named():
-    from shared.errors import ConfigError
-    from shared.registry import wait_timeout_s
+    from pyrsia.shared.errors import ConfigError
+    from pyrsia.shared.registry import wait_timeout_s
 
     os.environ["PERSIA_WAIT_TIMEOUT_S"] = "soon"
     try:

@@ -1,5 +1,5 @@
-"""The answer bodies of the PS and the embedding worker (shared.wire.ps / .worker) and the
-``/predict`` bodies (shared.wire.serve): each is checked once where it is decoded, a bad
+"""The answer bodies of the PS and the embedding worker (pyrsia.shared.wire.ps / .worker) and the
+``/predict`` bodies (pyrsia.shared.wire.serve): each is checked once where it is decoded, a bad
 answer is a ProtocolError naming the field, and to_wire -> from_wire is the identity."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from shared.codec import packb, unpackb
-from shared.config_schema import EmbeddingSchema, SlotConfig
-from shared.errors import InvalidInputError, ProtocolError
-from shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSStats, UpdateTotals
-from shared.wire.serve import DenseInput, PredictAnswer, PredictInputs, PredictRequest
-from shared.wire.worker import GradientsApplied, WorkerSchema, WorkerStats
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
+from pyrsia.shared.errors import InvalidInputError, ProtocolError
+from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSStats, UpdateTotals
+from pyrsia.shared.wire.serve import DenseInput, PredictAnswer, PredictInputs, PredictRequest
+from pyrsia.shared.wire.worker import GradientsApplied, WorkerSchema, WorkerStats
 
 
 def _wire(body):

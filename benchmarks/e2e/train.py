@@ -21,7 +21,7 @@ embedding gradients to the sender; the finite check every 20 steps), ``dense_ste
 (dense optimizer), ``other`` (the rest of the loop on this thread: ``loss.item()``,
 bookkeeping) and the final ``flush``; ``threads_cpu_s`` is the CPU time of each thread of
 this process over the same window (``/proc/self/task``), ``page_faults`` its page faults
-(``getrusage``; see ``shared/allocator.py`` for why they matter).
+(``getrusage``; see ``pyrsia/shared/allocator.py`` for why they matter).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ class AdultData:
 
 
 def _check_array(field: str, value: Any, dtype: Any, shape: tuple[int, int]) -> None:
-    from shared.errors import InvalidInputError
+    from pyrsia.shared.errors import InvalidInputError
 
     if not isinstance(value, np.ndarray) or value.dtype != dtype or value.shape != shape:
         got = (
@@ -252,7 +252,7 @@ def env_int(name: str, default: int) -> int:
 def load_adult(split: Split, data_dir: str | os.PathLike[str] = DATA_DIR) -> AdultData:
     """One split of UCI Adult as :class:`AdultData`, from the cache (built on first use)."""
     if split not in SOURCES:
-        from shared.errors import InvalidInputError
+        from pyrsia.shared.errors import InvalidInputError
 
         raise InvalidInputError("split", '"train" or "test"', split)
     cache = prepare_cache(data_dir)
@@ -269,7 +269,7 @@ def load_adult(split: Split, data_dir: str | os.PathLike[str] = DATA_DIR) -> Adu
 def vocabulary(column: str, data_dir: str | os.PathLike[str] = DATA_DIR) -> np.ndarray:
     """The train vocabulary of a categorical column (value ``v`` has id ``index + 1``)."""
     if column not in CATEGORICAL_COLUMNS:
-        from shared.errors import InvalidInputError
+        from pyrsia.shared.errors import InvalidInputError
 
         raise InvalidInputError("column", f"one of {list(CATEGORICAL_COLUMNS)}", column)
     with np.load(prepare_cache(data_dir)) as z:
@@ -297,7 +297,7 @@ def make_batches(
     )
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        from shared.errors import InvalidInputError
+        from pyrsia.shared.errors import InvalidInputError
 
         raise InvalidInputError("batch_size", "a positive integer", batch_size)
     columns = np.ascontiguousarray(data.cat_ids.T)  # one contiguous row per slot

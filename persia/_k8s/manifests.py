@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from persia._k8s.spec import PersiaJobSpec, RoleSpec
-from shared.constants import DEFAULT_EMBEDDING_WORKER_PORT, DEFAULT_PS_PORT
+from pyrsia.shared.constants import DEFAULT_EMBEDDING_WORKER_PORT, DEFAULT_PS_PORT
 
 DEFAULT_IMAGE = "pyrsia:latest"
 REDIS_IMAGE = "redis:7"

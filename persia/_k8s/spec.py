@@ -13,7 +13,7 @@ PERSIA's older formats are read too: the four paths at spec level (``globalConfi
 format or the other, not both) and the oldest role names (``embeddingServer``,
 ``middlewareServer``, ``trainer``, ``trainerPyEntryPath``), read as the new ones.
 
-Every wrong value or unknown key is a :class:`~shared.errors.ConfigError` naming the file and
+Every wrong value or unknown key is a :class:`~pyrsia.shared.errors.ConfigError` naming the file and
 the key path.
 """
 
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")

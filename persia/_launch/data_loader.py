@@ -4,7 +4,7 @@ The script runs in this process (``runpy``), with ``REPLICA_INDEX`` and
 ``REPLICA_SIZE`` set so that ``persia.env`` and ``DataCtx`` know which replica this
 is. Its exit code is the process's; the process ends without interpreter finalization
 (its ``atexit`` handlers run) unless the script left threads running. The loader holds its
-slot ``data_loader/<replica index>`` of the job lease while it runs (shared/job_lease.py):
+slot ``data_loader/<replica index>`` of the job lease while it runs (pyrsia/shared/job_lease.py):
 a second job's loader with the same ``PERSIA_JOB_ID`` and index refuses to start.
 """
 
@@ -21,12 +21,16 @@ import threading
 
 from persia._launch.nn_worker import take_job_slot
 from persia.env import reload_env
-from shared.cli import KNOWN_ERRORS, fail, fail_known, resolve_file
-from shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ENV_VERBOSE, ROLE_DATA_LOADER
-from shared.cpu_priority import add_cpu_priority_flag, apply_cpu_priority, resolve_cpu_priority
-from shared.errors import UsageError
-from shared.logging_setup import configure_logging
-from shared.registry import SlotKeeper
+from pyrsia.shared.cli import KNOWN_ERRORS, fail, fail_known, resolve_file
+from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ENV_VERBOSE, ROLE_DATA_LOADER
+from pyrsia.shared.cpu_priority import (
+    add_cpu_priority_flag,
+    apply_cpu_priority,
+    resolve_cpu_priority,
+)
+from pyrsia.shared.errors import UsageError
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.registry import SlotKeeper
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         os.environ[ENV_RESUME] = "1"  # read by DataCtx
     if args.verbose:
-        os.environ[ENV_VERBOSE] = "1"  # read by shared.cli.fail_known
+        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.shared.cli.fail_known
     reload_env()
     configure_logging("data_loader", args.replica_index)
     global _KEEPER
@@ -142,7 +146,7 @@ def _leave_when_done(code: int) -> None:
         return
     atexit._run_exitfuncs()  # what finalization would run first (logging's shutdown among them)
     _give_back_slot()
-    from shared.process_exit import exit_now
+    from pyrsia.shared.process_exit import exit_now
 
     exit_now(code)
 
@@ -174,7 +178,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def _leave_after_sigterm() -> None:
     """Exit 0 now: the script has unwound; skip interpreter finalization (seconds with torch
     loaded), so that the whole SIGTERM to exit stays well inside 5 s."""
-    from shared.process_exit import exit_now
+    from pyrsia.shared.process_exit import exit_now
 
     logging.getLogger(__name__).info("SIGTERM: data loader stopped")
     _give_back_slot()
@@ -186,9 +190,13 @@ def _wait_for_job_end() -> None:
     import asyncio
     import time
 
-    from shared.constants import DATA_LOADER_LINGER_S, DISCOVERY_POLL_INTERVAL_S, ROLE_NN_WORKER
-    from shared.errors import RegistryError
-    from shared.registry import Registry
+    from pyrsia.shared.constants import (
+        DATA_LOADER_LINGER_S,
+        DISCOVERY_POLL_INTERVAL_S,
+        ROLE_NN_WORKER,
+    )
+    from pyrsia.shared.errors import RegistryError
+    from pyrsia.shared.registry import Registry
 
     async def wait() -> None:
         registry = Registry()

@@ -9,14 +9,14 @@ Values: a comma list of indices or UUIDs (``0,1``, ``GPU-6f2d...``, ``MIG-...``)
 its entries (CUDA stops at the first negative index: ``0,-1,2`` is one GPU);
 ``all`` counts the GPUs torch sees; an empty value, ``none``, ``void`` or ``NoDevFiles``
 means no GPU. With neither variable set, the GPUs torch sees are counted. Any other
-value is a :class:`~shared.errors.ConfigError` naming the variable.
+value is a :class:`~pyrsia.shared.errors.ConfigError` naming the variable.
 """
 
 from __future__ import annotations
 
 import os
 
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 VISIBLE_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 _NO_DEVICE = ("", "none", "void", "nodevfiles")

@@ -29,9 +29,9 @@ import sys
 from collections.abc import Callable
 
 from persia._launch.devices import visible_gpu_count
-from shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
-from shared.cli import add_server_security_flags, fail
-from shared.constants import (
+from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
+from pyrsia.shared.cli import add_server_security_flags, fail
+from pyrsia.shared.constants import (
     DEFAULT_BIND_HOST,
     ENV_ADVERTISE_HOST,
     ENV_AUTH_TOKEN,
@@ -43,9 +43,9 @@ from shared.constants import (
     ENV_VERBOSE,
     ROLE_NN_WORKER_NODE,
 )
-from shared.errors import ConfigError, RegistryError, UsageError
-from shared.job_lease import JobConflictError
-from shared.registry import SlotKeeper
+from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
+from pyrsia.shared.job_lease import JobConflictError
+from pyrsia.shared.registry import SlotKeeper
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
-    """This launcher's slot in the job lease (shared/job_lease.py), held until ``stop()``.
+    """This launcher's slot in the job lease (pyrsia/shared/job_lease.py), held until ``stop()``.
 
     A live job with this ``PERSIA_JOB_ID`` holding the slot is a UsageError (one line, exit
     2). Without a reachable Redis the launcher goes on without a lease, with a warning:
@@ -304,7 +304,7 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
         # SIGTERM/SIGINT: torch's agent forwarded it to the ranks (TrainCtx drains their
         # in-flight gradients and exits) and waited for them; a stop asked for is a clean exit
         log.warning("nn-worker stopped by %s; ranks shut down", exc.sigval.name)
-        from shared.process_exit import exit_now
+        from pyrsia.shared.process_exit import exit_now
 
         if before_exit is not None:
             before_exit()

@@ -39,9 +39,9 @@ import tempfile
 from pathlib import Path
 
 from persia._launch.status import SERVER_ROLES
-from shared.errors import PersiaError
-from shared.logging_setup import configure_logging
-from shared.registry import Registry, RegistrySettings
+from pyrsia.shared.errors import PersiaError
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.registry import Registry, RegistrySettings
 
 log = logging.getLogger(__name__)
 

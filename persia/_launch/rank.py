@@ -8,7 +8,7 @@
 - the ``shared`` loggers (registry waits, Redis trouble) print to stderr, tagged
   ``nn_worker/<rank>``, so a rank waiting for a service says so every few seconds;
 - a known error leaving the script (a bad config, Redis unreachable, a service that never
-  registered: :data:`shared.cli.KNOWN_ERRORS`) ends the rank with one line ``error: ...``
+  registered: :data:`pyrsia.shared.cli.KNOWN_ERRORS`) ends the rank with one line ``error: ...``
   and exit code 2; its traceback too with ``--verbose`` (``PERSIA_VERBOSE=1``) or
   ``LOG_LEVEL=debug``. Any other exception is raised as usual.
 """
@@ -21,17 +21,17 @@ import runpy
 import sys
 from pathlib import Path
 
-from shared.cli import KNOWN_ERRORS, fail_known
-from shared.constants import ENV_LOG_LEVEL
-from shared.redaction import redacting_formatter
+from pyrsia.shared.cli import KNOWN_ERRORS, fail_known
+from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.redaction import redacting_formatter
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
 
 
 def _show_service_logs(tag: str) -> None:
-    """The ``shared`` loggers to stderr at ``LOG_LEVEL`` (default INFO), apart from the root
+    """The ``pyrsia`` loggers to stderr at ``LOG_LEVEL`` (default INFO), apart from the root
     logger, which stays the user script's to configure."""
-    logger = logging.getLogger("shared")
+    logger = logging.getLogger("pyrsia")
     if logger.handlers:
         return
     level = logging.getLevelName((os.environ.get(ENV_LOG_LEVEL) or "INFO").upper())

@@ -31,8 +31,8 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from shared.auth import is_loopback
-from shared.errors import ConfigError
+from pyrsia.shared.auth import is_loopback
+from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@
 
 starts, as children of this process::
 
-    redis                       python -m shared.redis_local on a free port, restarted if it
+    redis                       python -m pyrsia.shared.redis_local on a free port, restarted if it
                                 crashes (only when PERSIA_REDIS_URL is unset)
     embedding_parameter_server  persia-launcher embedding-parameter-server --port 0
     embedding_worker            persia-launcher embedding-worker --port 0
@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shared.cli import add_config_flags, fail, resolve_file
-from shared.constants import (
+from pyrsia.shared.cli import add_config_flags, fail, resolve_file
+from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
@@ -59,7 +59,7 @@ from shared.constants import (
     ENV_VERBOSE,
     ROLE_NN_WORKER,
 )
-from shared.errors import ConfigError, UsageError
+from pyrsia.shared.errors import ConfigError, UsageError
 
 STOP_TIMEOUT_S = 20.0
 """Seconds a child gets between SIGTERM and SIGKILL."""
@@ -232,7 +232,7 @@ def _start_redis(job: Job) -> str:
     binds it); its URL."""
     for _ in range(3):
         port = _free_port()
-        child = job.start("redis", [sys.executable, "-m", "shared.redis_local", "--port",
+        child = job.start("redis", [sys.executable, "-m", "pyrsia.shared.redis_local", "--port",
                                     str(port), "--restart-on-failure"])  # fmt: skip
         if _wait_port(port, child.proc, REDIS_START_TIMEOUT_S):
             return f"redis://127.0.0.1:{port}/0"
@@ -298,9 +298,9 @@ class Progress(threading.Thread):
     async def _loop(self) -> None:
         import aiohttp
 
-        from shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
-        from shared.errors import RegistryError
-        from shared.registry import Registry
+        from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+        from pyrsia.shared.errors import RegistryError
+        from pyrsia.shared.registry import Registry
 
         token = auth_token_from_env()
         headers = {AUTH_HEADER: auth_header_value(token)} if token else {}
@@ -343,7 +343,7 @@ def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
         raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if not args.stop_timeout > 0:
         raise UsageError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
-    from shared.config import load_embedding_config, load_global_config
+    from pyrsia.shared.config import load_embedding_config, load_global_config
 
     # checked here once: a bad file is one line before anything starts
     load_embedding_config(emb, strict=args.strict_config)
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _display(url: str) -> str:
-    from shared.redaction import redact_url
+    from pyrsia.shared.redaction import redact_url
 
     return redact_url(url)
 

@@ -23,19 +23,19 @@ from persia.service import ENV_EMBEDDING_WORKER_SERVICE
 from persia.serving.artifact import load_model
 from persia.serving.private_worker import PrivateWorker
 from persia.serving.server import create_app
-from shared.cli import (
+from pyrsia.shared.cli import (
     add_server_security_flags,
     add_unknown_keys_flags,
     check_server_security_flags,
     fail,
     resolve_file,
 )
-from shared.config import load_embedding_config, load_global_config
-from shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
-from shared.errors import ConfigError, InvalidInputError, UsageError
-from shared.http_server import serve
-from shared.logging_setup import configure_logging
-from shared.service import run
+from pyrsia.shared.config import load_embedding_config, load_global_config
+from pyrsia.shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
+from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
+from pyrsia.shared.http_server import serve
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.service import run
 
 log = logging.getLogger(__name__)
 

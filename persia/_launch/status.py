@@ -39,8 +39,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
-from shared.constants import (
+from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+from pyrsia.shared.constants import (
     ENV_AUTH_TOKEN,
     REDIS_SOCKET_TIMEOUT_S,
     ROLE_DATA_LOADER,
@@ -50,8 +50,8 @@ from shared.constants import (
     ROLE_NN_WORKER_NODE,
     lease_key,
 )
-from shared.errors import PersiaError
-from shared.registry import Registry, RegistrySettings
+from pyrsia.shared.errors import PersiaError
+from pyrsia.shared.registry import Registry, RegistrySettings
 
 SERVER_ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
 """Registered roles that serve /health and /metrics, in the order shown."""
@@ -132,7 +132,7 @@ async def _scrape(session: aiohttp.ClientSession, proc: Process) -> None:
 
 
 async def _lease_slots(settings: RegistrySettings) -> list[Process]:
-    """The launcher processes holding a slot of the job lease (shared/job_lease.py)."""
+    """The launcher processes holding a slot of the job lease (pyrsia/shared/job_lease.py)."""
     import json
 
     client = aioredis.Redis.from_url(

@@ -24,7 +24,7 @@ from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia._runtime.features import GradientPayload
 from persia._runtime.inflight import InflightLimits
 from persia._runtime.runtime import Runtime
-from shared.errors import GradientSendError
+from pyrsia.shared.errors import GradientSendError
 
 log = logging.getLogger(__name__)
 

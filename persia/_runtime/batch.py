@@ -33,15 +33,15 @@ from persia._runtime.features import (
     to_tensor,
 )
 from persia.embedding.data import Label, NonIDTypeFeature
-from shared.wire.batch import DensePart
-from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
+from pyrsia.shared.wire.batch import DensePart
+from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 
 @dataclass
 class PersiaTrainingBatch:
     """Dense features, labels and looked-up embeddings of one batch.
 
-    Built in one way, from the batch's checked dense half (``shared.wire.batch.DensePart``,
+    Built in one way, from the batch's checked dense half (``pyrsia.shared.wire.batch.DensePart``,
     which ``PersiaBatch.dense_part()`` also gives) and the embedding worker's answer; the
     array attributes below are views of the dense half (no copy).
     """

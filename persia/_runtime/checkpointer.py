@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from persia._runtime import job_checkpoint as jc
-from shared.config import CheckpointingConfig
+from pyrsia.shared.config import CheckpointingConfig
 
 if TYPE_CHECKING:
     from persia._train_ctx import TrainCtx

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.constants import (
+from pyrsia.shared.constants import (
     ADMIN_TIMEOUT_S,
     DEFAULT_WAIT_TIMEOUT_S,
     HEALTH_CHECK_TIMEOUT_S,
@@ -29,13 +29,13 @@ from shared.constants import (
     LOOKUP_TIMEOUT_S,
     ROLE_EMBEDDING_WORKER,
 )
-from shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
-from shared.errors import InvalidInputError, ServiceUnavailableError
-from shared.http_client import HttpClient
-from shared.registry import Registry
-from shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
-from shared.wire.batch import IDPart
-from shared.wire.worker import (
+from pyrsia.shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
+from pyrsia.shared.errors import InvalidInputError, ServiceUnavailableError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.registry import Registry
+from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
+from pyrsia.shared.wire.batch import IDPart
+from pyrsia.shared.wire.worker import (
     Embeddings,
     Gradients,
     GradientsApplied,
@@ -151,7 +151,7 @@ class EmbeddingWorkerClient:
 
         Returns them with whether the worker awaits gradients for the batch (``train`` and
         the batch's ``requires_grad``). With ``gathered`` single-id summed slots come as
-        tables (``shared.wire.gathered``), and their gradients must go back as tables.
+        tables (``pyrsia.shared.wire.gathered``), and their gradients must go back as tables.
         """
         url = await self.url(worker)
         body = Lookup(batch_id, train, gathered).to_wire()

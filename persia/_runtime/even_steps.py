@@ -26,7 +26,7 @@ A PERSIA ``train.py`` has no ``Join`` in it, and must run unchanged, so the trai
   the batches left untrained) instead of waiting in a collective for a rank that is gone.
 
 A rank that never received a batch has nothing to shadow with (fewer batches than ranks);
-then every rank raises the same :class:`~shared.errors.ConfigError`.
+then every rank raises the same :class:`~pyrsia.shared.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from persia._runtime.batch import PersiaTrainingBatch
-from shared.constants import RANK_STOP_NOTICE_TIMEOUT_S
-from shared.errors import ConfigError
+from pyrsia.shared.constants import RANK_STOP_NOTICE_TIMEOUT_S
+from pyrsia.shared.errors import ConfigError
 
 if TYPE_CHECKING:
     from persia._train_ctx import TrainCtx

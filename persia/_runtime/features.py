@@ -4,7 +4,7 @@ training thread.
 Forward: :func:`build_tensors` copies every array (decoded wire arrays are read-only views of
 the message, so torch cannot share them) into a CPU tensor of the same dtype and shape;
 embedding tensors are leaves with ``requires_grad`` when training. A gathered answer's tables
-(``shared.wire.gathered``) become their slots' tensors by one ``index_select`` per table. The data loader runs it
+(``pyrsia.shared.wire.gathered``) become their slots' tensors by one ``index_select`` per table. The data loader runs it
 on the runtime's event-loop thread right after the lookup decoded the answer, so the
 training thread only takes the finished tensors (:func:`place` moves them to the context's
 CUDA device; on the CPU it is a no-op). Backward: :func:`gradient_arrays` turns each
@@ -12,7 +12,7 @@ embedding tensor's gradient into a float32 array of the embedding's layout (a ze
 for float32 CPU gradients; the worker ignores the mask column of raw slots); the gradient
 sender calls it on the event loop, after the training thread has moved on; with tables,
 :func:`gradient_payload` also sums the gathered slots' gradients per unique vector (a compiled
-scatter-add that releases the GIL, ``shared.scatter``), so what goes back is one row per
+scatter-add that releases the GIL, ``pyrsia.shared.scatter``), so what goes back is one row per
 distinct id.
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shared.scatter import add_rows_if_finite
-from shared.wire.gathered import EmbeddingTable, SlotEmbeddings
+from pyrsia.shared.scatter import add_rows_if_finite
+from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 log = logging.getLogger(__name__)
 

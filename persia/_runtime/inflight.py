@@ -3,7 +3,7 @@
 A trained batch passes these bounded stages; every bound is made here, from the arguments of
 ``persia.data.DataLoader`` (per iteration, :class:`LookupLimits`) and of ``TrainCtx`` (per
 context, :class:`InflightLimits`), plus the embedding worker's gradient buffer
-(``shared.constants.GRADIENT_BUFFER_FACTOR``). Nothing else bounds this pipeline::
+(``pyrsia.shared.constants.GRADIENT_BUFFER_FACTOR``). Nothing else bounds this pipeline::
 
     lookahead ─► lookup ──► forward buffer ──► training step ──► TrainCtx.backward ──► /gradients ──► PS applied
     |◄────── staleness permit (DataLoader embedding_staleness) ─────────────────────────────────────────────►|
@@ -57,9 +57,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from shared.constants import RUNTIME_CLOSED_POLL_S
-from shared.errors import RuntimeClosedError
-from shared.validate import positive_int
+from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
+from pyrsia.shared.errors import RuntimeClosedError
+from pyrsia.shared.validate import positive_int
 
 
 class InflightLimits:

@@ -29,22 +29,22 @@ from typing import Any
 from aiohttp import web
 
 from persia._runtime.rank_stats import RankStats, register_rank_metrics
-from shared.auth import auth_token_from_env, check_bind, insecure_from_env
-from shared.config import load_global_config
-from shared.config_schema import MetricsConfig
-from shared.constants import (
+from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env
+from pyrsia.shared.config import load_global_config
+from pyrsia.shared.config_schema import MetricsConfig
+from pyrsia.shared.constants import (
     DEFAULT_BIND_HOST,
     ENV_GLOBAL_CONFIG,
     INGRESS_ROOM_WAIT_S,
     ROLE_NN_WORKER,
     SHUTDOWN_CANCEL_S,
 )
-from shared.errors import BackPressureError, ConflictError, InvalidInputError
-from shared.http_server import METRICS, STATE, make_app, msgpack_handler
-from shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
-from shared.registry import Registry, RegistrySettings, ServiceRecord
-from shared.service import advertise_host
-from shared.wire.ingress import IngressBatch, LoaderDone
+from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
+from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler
+from pyrsia.shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
+from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.service import advertise_host
+from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.config import CheckpointingConfig, load_global_config
-from shared.constants import ENV_GLOBAL_CONFIG, ENV_RESUME
-from shared.errors import ConfigError
+from pyrsia.shared.config import CheckpointingConfig, load_global_config
+from pyrsia.shared.constants import ENV_GLOBAL_CONFIG, ENV_RESUME
+from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

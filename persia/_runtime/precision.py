@@ -16,8 +16,8 @@ import platform
 
 import torch
 
-from shared.errors import InvalidInputError
-from shared.validate import positive_int
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 from persia._runtime.batch import PersiaTrainingBatch
 from persia._runtime.inflight import InflightLimits, LookupLimits
 from persia._runtime.runtime import Runtime
-from shared.constants import RUNTIME_CLOSED_POLL_S
-from shared.errors import RuntimeClosedError
+from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
+from pyrsia.shared.errors import RuntimeClosedError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 ``train.py`` is ordinary synchronous PyTorch code, while everything that talks to
 the other services (embedding lookups, gradient sends, the batch ingress) is
 asyncio. ``Runtime`` runs one event loop in a background thread and owns the
-process's single :class:`~shared.http_client.HttpClient`; synchronous code hands
+process's single :class:`~pyrsia.shared.http_client.HttpClient`; synchronous code hands
 it coroutines:
 
 - ``run(coro)`` blocks until the coroutine is done and returns its result (or raises
@@ -28,13 +28,13 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from persia._runtime.serial_ops import run_torch_ops_serially_on_this_thread
-from shared.constants import (
+from pyrsia.shared.constants import (
     GIL_SWITCH_INTERVAL_S,
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
     RUNTIME_STOP_TIMEOUT_S,
 )
-from shared.errors import RuntimeClosedError
-from shared.http_client import HttpClient
+from pyrsia.shared.errors import RuntimeClosedError
+from pyrsia.shared.http_client import HttpClient
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia._runtime.ingress import BatchQueue, Ingress
 from persia._runtime.rank_stats import RankStats
 from persia._runtime.runtime import Runtime, get_runtime
-from shared.constants import DEFAULT_WAIT_TIMEOUT_S
-from shared.registry import Registry, RegistrySettings
+from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
+from pyrsia.shared.registry import Registry, RegistrySettings
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from persia._runtime.rank_stats import RankStats
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

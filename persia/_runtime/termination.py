@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 
-from shared.constants import SIGTERM_DEADLINE_S, SIGTERM_DRAIN_S
+from pyrsia.shared.constants import SIGTERM_DEADLINE_S, SIGTERM_DRAIN_S
 
 __all__ = ["SIGTERM_DRAIN_S", "TerminationGuard"]
 
@@ -82,13 +82,13 @@ def _exit_overdue() -> None:
         faulthandler.dump_traceback(all_threads=True)
     except (OSError, ValueError, RuntimeError):  # stderr closed
         pass
-    from shared.process_exit import exit_now
+    from pyrsia.shared.process_exit import exit_now
 
     exit_now(1)
 
 
 def _exit_fast() -> None:
-    from shared.process_exit import exit_now
+    from pyrsia.shared.process_exit import exit_now
 
     log.warning(
         "SIGTERM: training stopped, exit 0 %.2fs after the signal", time.monotonic() - _STATE["at"]

@@ -1,7 +1,7 @@
 """Embedding hyperparameters: initialization, admission and weight bound (PERSIA's API).
 
 ``EmbeddingConfig`` is a thin, validated wrapper around
-:class:`shared.embedding_spec.EmbeddingHyperparams`, which is what the embedding
+:class:`pyrsia.shared.embedding_spec.EmbeddingHyperparams`, which is what the embedding
 parameter servers receive.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.embedding_spec import EmbeddingHyperparams
+from pyrsia.shared.embedding_spec import EmbeddingHyperparams
 
 __all__ = ["EmbeddingConfig", "get_default_embedding_config"]
 

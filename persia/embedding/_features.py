@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import InvalidInputError
-from shared.validate import describe as _describe
-from shared.wire.batch import (
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.validate import describe as _describe
+from pyrsia.shared.wire.batch import (
     DENSE_DTYPES,
     DENSE_EXPECTED,
     MAX_BATCH_SIZE,
@@ -41,7 +41,7 @@ from shared.wire.batch import (
     IDFeature,
     single_id_offsets,
 )
-from shared.wire.batch import bad_array as _bad
+from pyrsia.shared.wire.batch import bad_array as _bad
 
 __all__ = ["MAX_BATCH_SIZE"]  # the rest is re-exported by persia.embedding.data
 

@@ -12,10 +12,10 @@ Wire form (``batch.to_wire()``, checked field by field by ``PersiaBatch.from_wir
      "labels": [{"name": str | None, "data": ndarray}]}
 
 The data loader sends ``batch.id_part()`` to an embedding worker and
-``batch.dense_part()`` to an NN worker: the wire types ``shared.wire.batch.IDPart`` and
+``batch.dense_part()`` to an NN worker: the wire types ``pyrsia.shared.wire.batch.IDPart`` and
 ``DensePart``, whose ``from_wire`` validates them once on arrival. Every check raises an exception with a message, never an
 ``assert``; bad values from users and from the wire are
-:class:`~shared.errors.InvalidInputError` (a ``ValueError``) naming the field.
+:class:`~pyrsia.shared.errors.InvalidInputError` (a ``ValueError``) naming the field.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from persia.embedding._features import (
     _dense,
     _id_feature,
 )
-from shared import codec
-from shared.errors import InvalidInputError
-from shared.wire.batch import (
+from pyrsia.shared import codec
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.wire.batch import (
     DENSE_DTYPES,
     DensePart,
     IDPart,
@@ -73,7 +73,7 @@ class PersiaBatch:
         non_id_type_features: dense inputs, optional.
         labels: targets; required when ``requires_grad`` (PERSIA raises RuntimeError too).
             Float labels and float dense features must be finite: a NaN or an infinity is
-            refused here (:class:`~shared.errors.InvalidInputError` naming the feature, its
+            refused here (:class:`~pyrsia.shared.errors.InvalidInputError` naming the feature, its
             index and name, and the first bad row), since one such batch makes every dense
             parameter NaN. PERSIA does not check this; Pyrsia refuses rather than train on it.
         batch_size: defaults to the first id feature's; every part must match; 1..65535.

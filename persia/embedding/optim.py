@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.embedding_spec import (
+from pyrsia.shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,
     OptimizerSpec,

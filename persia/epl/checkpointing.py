@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from persia.epl.buffers import buffers_kept
 from persia.epl.config import Config
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from persia.epl.config import Config
 from persia.epl.state import current_config, note_io_read
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 
 def slice_files(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 
 def split_groups(params: list[torch.Tensor], n: int) -> list[list[torch.Tensor]]:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from persia.epl.config import Config
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from persia.epl.config import KEYS, Config
 from persia.epl.microbatch import EplModel
 from persia.epl.optimizer import GroupedApplyOptimizer
 from persia.epl.state import current_clip_norm, current_config, note_io_reported
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

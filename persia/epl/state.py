@@ -11,7 +11,7 @@ import logging
 
 from persia.epl.cluster import apply_cluster_config
 from persia.epl.config import KEYS, Config
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import warnings
 import torch
 
 from persia.epl.config import Config
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 

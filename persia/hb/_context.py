@@ -27,7 +27,7 @@ import torch
 
 from persia import env
 from persia.hb._options import Options
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

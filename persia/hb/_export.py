@@ -34,7 +34,7 @@ from torch import nn
 from persia.hb._ps import connection
 from persia.hb.embedding import ShardedEmbedding, ShardedEmbeddingBag
 from persia.serving.artifact import export_model
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 _SHARDED = (ShardedEmbedding, ShardedEmbeddingBag)
 

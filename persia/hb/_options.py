@@ -44,7 +44,7 @@ from typing import Any
 
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
-from shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 ENV_PREFIX = "HB_"
 COMM_BACKENDS = ("auto", "nccl", "gloo")

@@ -53,7 +53,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from persia.hb._context import context
-from shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from persia._runtime.session import Session
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
 from persia.hb._context import context
-from shared.config_schema import EmbeddingSchema, SlotConfig
-from shared.errors import ConfigError
-from shared.wire.batch import IDPart
+from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
+from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.wire.batch import IDPart
 
 log = logging.getLogger(__name__)
 

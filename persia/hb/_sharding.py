@@ -31,7 +31,7 @@ from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
 from persia.hb.embedding import SHARDED_CLASSES
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 _CONSTRUCTORS = frozenset(cls.__init__.__code__ for cls in SHARDED_CLASSES)
 

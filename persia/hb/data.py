@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from persia.hb._context import context
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["InitializableIterator", "make_initializable_iterator", "make_one_shot_iterator"]
 

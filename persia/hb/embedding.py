@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from persia.hb._ps import connection
-from shared.errors import InvalidInputError
-from shared.wire.batch import MAX_BATCH_SIZE, IDFeature, IDPart
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.wire.batch import MAX_BATCH_SIZE, IDFeature, IDPart
 
 __all__ = ["ShardedEmbedding", "ShardedEmbeddingBag"]
 

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from persia.hb._context import context
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["AUC", "Accuracy", "Evaluation", "accuracy", "auc", "evaluate", "roc_auc"]
 

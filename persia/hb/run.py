@@ -18,8 +18,8 @@ import shutil
 import sys
 
 from persia._launch.nn_worker import add_rank_flags, check_rank_flags, run_ranks, torchrun_args
-from shared.cli import fail
-from shared.errors import UsageError
+from pyrsia.shared.cli import fail
+from pyrsia.shared.errors import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ from typing import Any
 from persia.hb import metrics
 from persia.hb._context import context
 from persia.hb._ps import connection
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["EvaluationHook", "export", "flush", "train_and_evaluate"]
 

@@ -42,14 +42,14 @@ from persia.serving.signature import (
     TensorSpec,
     embedding_input_shape,
 )
-from shared.config import (
+from pyrsia.shared.config import (
     EmbeddingSchema,
     GlobalConfig,
     default_global_config,
     load_embedding_config,
     load_global_config,
 )
-from shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["ServingModel", "export_model", "load_model"]
 

@@ -1,6 +1,6 @@
 """The embedding part of a serving artifact: a PS checkpoint, checked and copied from persia.
 
-The format is the one the PS's ``/dump`` writes (``services/embedding_ps/checkpoint.py``
+The format is the one the PS's ``/dump`` writes (``pyrsia/services/embedding_ps/checkpoint.py``
 documents it): ``replica_<i>.manifest.json`` commit markers naming ``.npy`` data files.
 This side only reads the manifests (JSON) and moves files; the PS loads the data.
 """
@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
-from shared.errors import InvalidInputError
+from pyrsia.shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
+from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["checkpoint_manifests", "copy_checkpoint"]
 

@@ -1,6 +1,6 @@
 """An embedding worker started by ``persia-launcher serve`` for itself, when none is named.
 
-The worker is the ordinary one (``python -m services.embedding_worker``: a process, not an
+The worker is the ordinary one (``python -m pyrsia.services.embedding_worker``: a process, not an
 import, so the layering ``persia -> shared`` holds) run with the same embedding and global
 config as the endpoint: with ``job_type: Infer`` and ``infer_config.servers`` it dials the PS
 replicas at those addresses and needs no Redis. It listens on a free loopback port, is
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from shared.constants import SHUTDOWN_BUDGET_S
-from shared.http_server import STATE
+from pyrsia.shared.constants import SHUTDOWN_BUDGET_S
+from pyrsia.shared.http_server import STATE
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "services.embedding_worker"
+WORKER_MODULE = "pyrsia.services.embedding_worker"
 WATCH_INTERVAL_S = 0.5
 PR_SET_PDEATHSIG = 1
 

@@ -7,7 +7,7 @@
                                                 │◀── one tensor per slot ─────────┘ PS replicas (Infer)
                                                 └─ dense model (thread) ─▶ {"outputs": {...}}
 
-Routes: ``POST /predict`` (body: :mod:`shared.wire.serve`), ``GET /signature`` (the
+Routes: ``POST /predict`` (body: :mod:`pyrsia.shared.wire.serve`), ``GET /signature`` (the
 model's ``signature.json``), ``GET /health`` (ready once every embedding worker is ready and
 serves the model's embedding schema), ``GET /metrics``. Bad input is a 400 naming the field,
 in the request's own format (JSON errors for JSON requests). At most ``max_inflight``
@@ -29,13 +29,13 @@ from aiohttp import web
 
 from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia.serving.artifact import ServingModel
-from shared.codec import packb, unpackb
-from shared.constants import MSGPACK_CONTENT_TYPE
-from shared.errors import BackPressureError, PersiaError, ProtocolError
-from shared.http_client import HttpClient
-from shared.http_server import METRICS, STATE, make_app, read_body, require_ready
-from shared.wire.serve import PredictAnswer, PredictRequest
-from shared.wire.worker import WorkerSchema
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import MSGPACK_CONTENT_TYPE
+from pyrsia.shared.errors import BackPressureError, PersiaError, ProtocolError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.http_server import METRICS, STATE, make_app, read_body, require_ready
+from pyrsia.shared.wire.serve import PredictAnswer, PredictRequest
+from pyrsia.shared.wire.worker import WorkerSchema
 
 __all__ = ["SERVE", "ServeState", "create_app"]
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.config import EmbeddingSchema
-from shared.errors import ConfigError, InvalidInputError
-from shared.wire.serve import DenseInput, PredictInputs
+from pyrsia.shared.config import EmbeddingSchema
+from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.wire.serve import DenseInput, PredictInputs
 
 __all__ = [
     "DENSE_KINDS",
@@ -114,7 +114,7 @@ class Signature:
     torch_version: str = ""
 
     def predict_inputs(self, max_batch: int) -> PredictInputs:
-        """What a ``/predict`` request must carry (``shared.wire.serve`` checks it against this)."""
+        """What a ``/predict`` request must carry (``pyrsia.shared.wire.serve`` checks it against this)."""
         dense = tuple(
             DenseInput(t.name, t.numpy_dtype, tuple(int(d) for d in t.shape[1:]))
             for t in self.non_id_inputs

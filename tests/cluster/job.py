@@ -41,9 +41,9 @@ from pathlib import Path
 import redis as redis_lib
 import yaml
 
-from shared.constants import ROLE_NN_WORKER, service_key
-from shared.redis_local import find_redis_server
-from shared.registry import ServiceRecord
+from pyrsia.shared.constants import ROLE_NN_WORKER, service_key
+from pyrsia.shared.redis_local import find_redis_server
+from pyrsia.shared.registry import ServiceRecord
 from tests.cluster.netns import Network
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ import sys
 
 import pytest
 
-from shared.auth import check_bind
-from shared.errors import ConfigError
-from shared.redis_local import find_redis_server
+from pyrsia.shared.auth import check_bind
+from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.redis_local import find_redis_server
 from tests.cluster.compose import Service, read_env_file, render
 from tests.cluster.job import REPO
 
@@ -64,7 +64,7 @@ def bind_host(svc: Service) -> str:
 
 
 def advertised(svc: Service) -> str:
-    """What the service registers (shared.service.advertise_host, with the container's
+    """What the service registers (pyrsia.shared.service.advertise_host, with the container's
     hostname for a wildcard bind)."""
     explicit = svc.environment.get("PERSIA_ADVERTISE_HOST")
     if explicit:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.codec import packb, unpackb
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from shared.errors import ProtocolError
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.errors import ProtocolError
 from tests.faults.fuzz_bodies import UNUSABLE_DIRS
 from tests.faults.raw_http import RawClient
 from tests.nn_helpers import EMBEDDING_CONFIG, make_batch
@@ -81,11 +81,11 @@ class Cluster:
         config.write_text(EMBEDDING_CONFIG)
         cap = ["--max-request-bytes", str(self.cap_bytes)]
         self.procs["ps"] = ServiceProc.start(
-            "services.embedding_ps", ["--port", "0", *cap], self.env,
+            "pyrsia.services.embedding_ps", ["--port", "0", *cap], self.env,
             role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=self.workdir,
         )  # fmt: skip
         self.procs["ew"] = ServiceProc.start(
-            "services.embedding_worker", ["--port", "0", "--embedding-config", str(config), *cap],
+            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config), *cap],
             self.env, role=ROLE_EMBEDDING_WORKER, log_dir=self.workdir,
         )  # fmt: skip
         self.procs["nn"] = ServiceProc.start(

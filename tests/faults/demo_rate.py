@@ -28,7 +28,7 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, service_key
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, service_key
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]

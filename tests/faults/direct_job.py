@@ -20,8 +20,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from shared.codec import unpackb
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.codec import unpackb
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from tests.redis_server import RedisServer, free_port
 from tests.service_procs import ServiceProc
 
@@ -60,11 +60,11 @@ class DirectJob:
     def start(self) -> DirectJob:
         flags = ["--port", "0", "--replica-index", "0", "--replica-size", "1"]
         self.ps = ServiceProc.start(
-            "services.embedding_ps", flags, self.env, role=ROLE_EMBEDDING_PS,
+            "pyrsia.services.embedding_ps", flags, self.env, role=ROLE_EMBEDDING_PS,
             wait_ready=False, log_dir=self.workdir,
         )  # fmt: skip
         self.ew = ServiceProc.start(
-            "services.embedding_worker", flags, self.env, role=ROLE_EMBEDDING_WORKER,
+            "pyrsia.services.embedding_worker", flags, self.env, role=ROLE_EMBEDDING_WORKER,
             wait_ready=False, log_dir=self.workdir,
         )  # fmt: skip
         self.nn = self._launch("nn_worker", ["nn-worker", str(ADULT / "train.py")])

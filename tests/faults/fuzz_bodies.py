@@ -21,9 +21,9 @@ import msgpack
 import numpy as np
 from hypothesis import strategies as st
 
-from shared.codec import packb
-from shared.constants import NDARRAY_EXT_CODE
-from shared.errors import ProtocolError
+from pyrsia.shared.codec import packb
+from pyrsia.shared.constants import NDARRAY_EXT_CODE
+from pyrsia.shared.errors import ProtocolError
 
 DTYPES = ["uint64", "int64", "int32", "uint32", "int16", "int8", "uint8", "float64",
           "float32", "float16", "bool"]  # fmt: skip

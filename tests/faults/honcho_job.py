@@ -33,7 +33,7 @@ RESUMED_ENTRIES = ("nn_worker", "data_loader")
 _MATCHERS = {
     "redis": lambda argv: Path(argv[0]).name.startswith("redis-server"),
     # the Procfile's redis entry itself: the supervisor that restarts redis-server
-    "redis_supervisor": lambda argv: "shared.redis_local" in argv,
+    "redis_supervisor": lambda argv: "pyrsia.shared.redis_local" in argv,
     "embedding_parameter_server": lambda argv: "embedding-parameter-server" in argv,
     "embedding_worker": lambda argv: "embedding-worker" in argv,
     "data_loader": lambda argv: "data-loader" in argv,

@@ -23,10 +23,10 @@ import msgpack
 import numpy as np
 
 from persia.embedding.data import IDTypeFeatureWithSingleID, Label, PersiaBatch
-from shared.codec import packb
-from shared.errors import PersiaError
-from shared.http_client import HttpClient
-from shared.http_server import install_uvloop
+from pyrsia.shared.codec import packb
+from pyrsia.shared.errors import PersiaError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.http_server import install_uvloop
 
 SLOTS = {"workclass": 9, "education": 16, "marital_status": 7, "occupation": 15,
          "relationship": 6, "race": 5, "gender": 2, "native_country": 42}  # fmt: skip

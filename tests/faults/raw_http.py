@@ -1,6 +1,6 @@
 """A blocking HTTP client for the fault and fuzz suites: sends exactly the bytes it is given.
 
-``shared.http_client`` encodes, retries and translates errors, which is right for the
+``pyrsia.shared.http_client`` encodes, retries and translates errors, which is right for the
 services and wrong for a fuzzer: here every request is one attempt with raw bytes, and
 the answer is ``(status, decoded body or raw bytes)``. ``truncated_post`` announces a
 longer body than it sends and hangs up, which no well-behaved client can do.
@@ -14,8 +14,8 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from shared.codec import unpackb
-from shared.errors import ProtocolError
+from pyrsia.shared.codec import unpackb
+from pyrsia.shared.errors import ProtocolError
 
 
 def auth_headers() -> dict[str, str]:

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from persia.serving import export_model
-from services.embedding_ps.engine import EmbeddingStore
-from shared.codec import packb
-from shared.embedding_spec import SGDSpec
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.shared.codec import packb
+from pyrsia.shared.embedding_spec import SGDSpec
 from tests.faults.cluster import InvariantError, check_answer_and_processes
 from tests.faults.raw_http import RawClient
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, make_batch
@@ -106,7 +106,7 @@ class ServeStack:
             f"    - 127.0.0.1:{ps_port}\n    embedding_checkpoint: {self.export / 'embedding'}\n"
         )
         self.procs["ps"] = ServiceProc.start(
-            "services.embedding_ps", ["--global-config", str(infer), "--port", str(ps_port)],
+            "pyrsia.services.embedding_ps", ["--global-config", str(infer), "--port", str(ps_port)],
             self.env, role="infer_ps", address=f"127.0.0.1:{ps_port}", log_dir=self.workdir,
         )  # fmt: skip
         self.procs["serve"] = ServiceProc.start(

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import redis as redis_lib
 
-from shared.constants import ROLE_NN_WORKER, service_key
-from shared.registry import ServiceRecord
+from pyrsia.shared.constants import ROLE_NN_WORKER, service_key
+from pyrsia.shared.registry import ServiceRecord
 
 _GAUGE = re.compile(rb"^pyrsia_nn_worker_steps (\S+)$", re.MULTILINE)
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.codec import packb
+from pyrsia.shared.codec import packb
 from tests.faults.fuzz_bodies import damaged_bytes, hostile_body, mutated
 from tests.faults.raw_http import truncated_post
 from tests.faults.serve_stack import ServeStack, artifact_digest

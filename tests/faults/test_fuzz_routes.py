@@ -94,7 +94,7 @@ EW_TEMPLATES = {
         "train": False,
     },  # fmt: skip
     "/gradients": _gradients_template,
-    # the gathered forms (shared/wire/gathered.py): "#..." names a variant of the route
+    # the gathered forms (pyrsia/shared/wire/gathered.py): "#..." names a variant of the route
     "/lookup#gathered": lambda c: {"batch_id": c.buffered_batch(), "train": True, "gathered": True},
     "/lookup_direct#gathered": lambda c: {
         "batch": make_batch([11, 12], requires_grad=False).id_part().to_wire(),
@@ -158,7 +158,7 @@ def test_hostile_bodies(cluster, service, path):
 def test_over_the_cap_is_413_and_truncated_bodies_do_no_harm(cluster, service, path):
     big = np.zeros(cluster.cap_bytes // 8 + 16, np.uint64)
     body = {**TEMPLATES[service][path](cluster), "x": big}
-    from shared.codec import packb
+    from pyrsia.shared.codec import packb
 
     assert cluster.send(service, _route(path), packb(body)) == 413
     valid = packb(TEMPLATES[service][path](cluster))

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from shared.constants import SHUTDOWN_BUDGET_S
+from pyrsia.shared.constants import SHUTDOWN_BUDGET_S
 from tests.faults.direct_job import DirectJob, sigterm_and_time
 from tests.faults.honcho_job import REPO
 from tests.redis_server import RedisServer

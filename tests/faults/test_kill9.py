@@ -8,7 +8,7 @@ mid-job on a quiet machine as on a loaded one. The step read at the kill is reco
 must be below 60 % of the epoch, and the resume must start from the step-50 checkpoint.
 Honcho then stops the whole job (it names the process and its -9), and the same Procfile
 with ``--resume`` on the nn_worker and data_loader lines finishes the epoch. Redis is the
-exception: the Procfile runs it under ``shared.redis_local --restart-on-failure``, which
+exception: the Procfile runs it under ``pyrsia.shared.redis_local --restart-on-failure``, which
 starts a killed redis-server again on the same port; the services kept their known
 addresses meanwhile and re-register, so the job completes without a stop (recovery is
 then the time until every record is back). Killing that supervisor too takes the stop and
@@ -41,7 +41,7 @@ import pytest
 import redis as redis_lib
 
 from persia._runtime.job_checkpoint import latest_complete, read_manifest
-from shared.constants import (
+from pyrsia.shared.constants import (
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,
     service_key,

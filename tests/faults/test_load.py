@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from tests.service_procs import ServiceProc, cpu_seconds
 
 pytestmark = pytest.mark.slow
@@ -77,9 +77,9 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
     config = REPO / "examples/adult_income/config"
     flags = ["--port", "0", "--embedding-config", str(config / "embedding_config.yml"),
              "--global-config", str(config / "global_config.yml")]  # fmt: skip
-    ps = ServiceProc.start("services.embedding_ps", flags, env, role=ROLE_EMBEDDING_PS,
+    ps = ServiceProc.start("pyrsia.services.embedding_ps", flags, env, role=ROLE_EMBEDDING_PS,
                            wait_ready=False, log_dir=tmp_path)  # fmt: skip
-    ew = ServiceProc.start("services.embedding_worker", flags, env, role=ROLE_EMBEDDING_WORKER,
+    ew = ServiceProc.start("pyrsia.services.embedding_worker", flags, env, role=ROLE_EMBEDDING_WORKER,
                            log_dir=tmp_path)  # fmt: skip
     load_before = os.getloadavg()
     sampler = RssSampler({"ps": ps.proc.pid, "ew": ew.proc.pid})

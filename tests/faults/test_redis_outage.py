@@ -24,7 +24,7 @@ import time
 import pytest
 import redis as redis_lib
 
-from shared.constants import (
+from pyrsia.shared.constants import (
     HEARTBEAT_INTERVAL_S,
     REDIS_SOCKET_TIMEOUT_S,
     ROLE_EMBEDDING_PS,

@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 
-from shared.codec import packb
+from pyrsia.shared.codec import packb
 from tests.faults.raw_http import RawClient
 from tests.faults.serve_stack import ServeStack
 

@@ -1,0 +1,186 @@
+"""``persia-launcher embedding-parameter-server``: run one embedding PS replica."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pyrsia.services.embedding_ps.checkpoint import read_manifests
+from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+from pyrsia.services.embedding_ps.packets import IncrementalWriter
+from pyrsia.services.embedding_ps.server import create_app
+from pyrsia.services.warmup import warm_ps
+from pyrsia.shared.allocator import keep_freed_memory
+from pyrsia.shared.cli import (
+    add_config_flags,
+    add_replica_flags,
+    check_replica_flags,
+    fail,
+    global_config_from_flags,
+    resolve_file,
+)
+from pyrsia.shared.config import JobType
+from pyrsia.shared.constants import (
+    DEFAULT_PS_PORT,
+    ENV_CHECKPOINT_ROOT,
+    ENV_EMBEDDING_CONFIG,
+    ROLE_EMBEDDING_PS,
+)
+from pyrsia.shared.cpu_priority import (
+    add_cpu_priority_flag,
+    apply_cpu_priority,
+    resolve_cpu_priority,
+)
+from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError, UsageError
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.metrics_push import install_metrics_push, push_settings
+from pyrsia.shared.service import run, run_service
+from pyrsia.shared.warming import warm_in_background
+
+log = logging.getLogger(__name__)
+
+MAX_INTERNAL_SHARDS = 64
+"""More shards than this buy no parallelism on the machines Pyrsia targets."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher embedding-parameter-server",
+        description="Run one embedding parameter server replica: it stores a shard of the "
+        "embedding tables and applies the embedding optimizer.",
+    )
+    add_config_flags(parser)
+    add_cpu_priority_flag(parser)
+    add_replica_flags(parser, port_default=DEFAULT_PS_PORT)
+    parser.add_argument(
+        "--checkpoint-root",
+        default=None,
+        metavar="DIR",
+        help=f"refuse /dump and /load paths outside DIR (symlinks and .. resolved; '/' allows "
+        f"any path); default ${ENV_CHECKPOINT_ROOT}, else the PS's working directory and "
+        "checkpointing_config.checkpoint_dir",
+    )
+    return parser
+
+
+def _check_infer_address(servers: tuple[str, ...], args: argparse.Namespace) -> str | None:
+    """With ``infer_config.servers`` (no registry), replica i must listen where servers[i] says."""
+    if len(servers) != args.replica_size:
+        return (
+            f"infer_config.servers lists {len(servers)} PS address(es) but --replica-size is "
+            f"{args.replica_size}: list one host:port per replica"
+        )
+    _, _, port = servers[args.replica_index].rpartition(":")
+    if not port.strip().isdigit() or int(port) != args.port:
+        return (
+            f"infer_config.servers[{args.replica_index}] is {servers[args.replica_index]!r} but "
+            f"--port is {args.port}: replica {args.replica_index} must listen on that port"
+        )
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_replica_flags(args)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
+        # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
+        resolve_file(
+            args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
+        )
+        config = global_config_from_flags(args)
+        roots = checkpoint_roots(
+            args.checkpoint_root, config.common_config.checkpointing_config.checkpoint_dir
+        )
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    infer = config.common_config.job_type == JobType.Infer
+    servers = config.common_config.infer_config.servers
+    if infer and servers:
+        problem = _check_infer_address(servers, args)
+        if problem:
+            return fail(problem)
+    configure_logging(ROLE_EMBEDDING_PS, args.replica_index)
+    apply_cpu_priority(cpu_priority)
+    try:
+        metrics_push = push_settings(config.common_config.metrics_config)
+        log.info("freed heap memory: %s", keep_freed_memory())  # pyrsia/shared/allocator.py
+    except ConfigError as exc:
+        return fail(str(exc))
+    ps = config.embedding_parameter_server_config
+    shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
+    if shards != ps.num_hashmap_internal_shards:
+        log.info(
+            "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
+            ps.num_hashmap_internal_shards,
+            shards,
+        )
+    store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+    workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
+    log.info(
+        "checkpoint roots %s: /dump and /load paths outside them are refused",
+        ", ".join(map(str, roots)),
+    )
+    infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
+    since_ms = 0
+    if infer and infer_checkpoint:
+        try:
+            loaded = store.load(infer_checkpoint, args.replica_index, args.replica_size, workers)
+        except PersiaError as exc:
+            return fail(f"infer_config.embedding_checkpoint {infer_checkpoint}: {exc}")
+        since_ms = min(
+            m.get("started_unix_ms", m["created_unix_ms"]) for m in read_manifests(infer_checkpoint)
+        )
+        log.info("inference: loaded %d entries from %s", loaded, infer_checkpoint)
+    loader = None
+    if ps.enable_incremental_update and infer:
+        loader = IncrementalLoader(store, ps.incremental_dir, args.replica_index, args.replica_size, since_unix_ms=since_ms)  # fmt: skip
+        log.info("incremental updates: applying packets from %s every %ds", ps.incremental_dir, ps.incremental_scan_interval_seconds)  # fmt: skip
+    elif ps.enable_incremental_update:
+        replica_dir = Path(ps.incremental_dir) / f"replica_{args.replica_index}"
+        try:
+            store.incremental = IncrementalWriter(replica_dir, ps.incremental_buffer_size)
+        except OSError as exc:
+            return fail(f"incremental_dir {replica_dir}: cannot be created: {exc}")
+        log.info(
+            "incremental updates: packets of %d ids under %s",
+            ps.incremental_buffer_size,
+            replica_dir,
+        )
+    app = create_app(
+        store,
+        replica_index=args.replica_index,
+        replica_size=args.replica_size,
+        ready_without_configure=infer,
+        incremental_loader=loader,
+        scan_interval_s=float(ps.incremental_scan_interval_seconds),
+        max_request_bytes=args.max_request_bytes,
+        checkpoint_workers=workers,
+        checkpoint_root=roots,
+    )
+    install_metrics_push(
+        app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index
+    )
+    warm_in_background(warm_ps, "PS")  # kernels loaded before the first update needs them
+    try:
+        run(
+            lambda: run_service(
+                app,
+                role=ROLE_EMBEDDING_PS,
+                replica_index=args.replica_index,
+                replica_size=args.replica_size,
+                host=args.host,
+                port=args.port,
+                use_registry=not (infer and servers),
+            )
+        )
+    except RegistryError as exc:
+        return fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,369 @@
+"""The embedding parameter server's HTTP routes around an ``EmbeddingStore``.
+
+Routes (POST, msgpack bodies, each checked once by its ``pyrsia.shared.wire`` dataclass;
+PROTOCOL.md):
+
+=====================  ===================================================  ==========================
+route                  body                                                 answer
+=====================  ===================================================  ==========================
+/configure             {"hyperparams": {emb_initialization, admit_...}}     {"hyperparams": {...}}
+/register_optimizer    {"optimizer": {"type": "adagrad", "lr": ...}}         {"optimizer": {...}}
+/lookup                {"train": bool, "groups": [{"dim", "ids"}]}          {"groups": [float32 (n, dim)]}
+/update                {"groups": [{"dim", "ids", "grads"}]}                {"applied", "skipped_..."}
+/dump, /load           {"dir": str} (inside the PS checkpoint roots)          manifest / {"entries"}
+/clear, /stats         {} / none                                            stats
+/checksum              {} / none                                            {"entries", "checksum"}
+=====================  ===================================================  ==========================
+
+An Infer PS (``job_type: Infer``) serves reads only: ``/update``, ``/clear``,
+``/register_optimizer`` and train ``/lookup`` answer 409 naming its role (``INFER_READ_ONLY``).
+
+Lookups and updates run in a thread pool (the compiled kernels release the GIL),
+so ``/health`` answers while a large batch is being processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import prometheus_client as prom
+from aiohttp import web
+
+from pyrsia.services.embedding_ps.checkpoint_root import confine
+from pyrsia.services.embedding_ps.checksum import store_checksum
+from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+from pyrsia.shared.embedding_spec import optimizer_to_dict
+from pyrsia.shared.errors import (
+    ConflictError,
+    InvalidInputError,
+    PersiaError,
+    ServiceUnavailableError,
+)
+from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from pyrsia.shared.offload import Offloader
+from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
+from pyrsia.shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
+
+log = logging.getLogger(__name__)
+
+STORE = web.AppKey("ps_store", EmbeddingStore)
+OFFLOAD = web.AppKey("ps_offload", Offloader)
+PS_METRICS = web.AppKey("ps_metrics", dict)
+LOADER = web.AppKey("ps_incremental_loader", IncrementalLoader)
+CHECKPOINT_WORKERS = web.AppKey("ps_checkpoint_workers", int)
+CHECKPOINT_ROOT = web.AppKey("ps_checkpoint_root", tuple)  # the roots (checkpoint_root.py)
+
+
+class _Status:
+    """Why the PS is not ready yet: it needs hyperparameters and an optimizer."""
+
+    def __init__(self) -> None:
+        self.configured = False
+        self.infer = False  # an Infer replica serves eval lookups: it needs no optimizer
+
+    def refresh(self, app: web.Application) -> None:
+        store = app[STORE]
+        missing = []
+        if not self.configured:
+            missing.append("not configured (POST /configure)")
+        if store.optimizer is None and not self.infer:
+            missing.append("no optimizer registered (POST /register_optimizer)")
+        if missing:
+            app[STATE].set_not_ready("; ".join(missing))
+        else:
+            app[STATE].set_ready()
+
+
+STATUS = web.AppKey("ps_status", _Status)
+
+INFER_READ_ONLY = {
+    "/update": "it applies no gradients; send them to the PS replicas of a Train job",
+    "/clear": "clearing would drop every entry it serves",
+    "/register_optimizer": "registering one would rewrite its entries' optimizer state",
+    "/lookup": "a train lookup would insert (and evict) entries; send train=False",
+}
+"""Routes an Infer PS refuses, and why. It keeps what serves: eval lookups, /load of its served
+checkpoint, incremental packets (applied by its loader, not over HTTP), /dump, /stats,
+/checksum, and /configure (its settings are used only by train lookups and updates, both
+refused here, so it changes nothing served; an InferCtx built with an embedding_config sends
+it)."""
+
+
+def _refuse_on_infer(request: web.Request, route: str) -> None:
+    """409 naming the role when an Infer PS is asked to change what it serves. 409 and not 403:
+    the refusal comes from the server's mode, not from who is asking."""
+    if request.app[STATUS].infer:
+        raise ConflictError(
+            f"{route} refused (409 Conflict): this PS runs job_type Infer, a read-only replica "
+            f"serving a loaded checkpoint; {INFER_READ_ONLY[route]}. 409 and not 403: the refusal "
+            "comes from the server's mode, not from who is asking (no token or permission would "
+            "change it)."
+        )
+
+
+async def _in_thread(request: web.Request, fn, *args):
+    """Unbounded work (dumps, loads, clears, checksums): always in the thread pool."""
+    return await request.app[OFFLOAD].run(None, fn, *args)
+
+
+@msgpack_handler
+async def configure(request: web.Request, body: Any) -> dict:
+    """Set initialization bounds, admission probability and weight bound."""
+    params = Configure.from_wire(body).hyperparams
+    request.app[STORE].configure(params)
+    request.app[STATUS].configured = True
+    request.app[STATUS].refresh(request.app)
+    log.info("configured: %s", params)
+    return {"hyperparams": params.to_dict()}
+
+
+@msgpack_handler
+async def register_optimizer(request: web.Request, body: Any) -> dict:
+    """Register the embedding optimizer (same one again is a no-op; another one needs /clear)."""
+    _refuse_on_infer(request, "/register_optimizer")
+    spec = RegisterOptimizer.from_wire(body).optimizer
+    request.app[STORE].register_optimizer(spec)
+    request.app[STATUS].refresh(request.app)
+    log.info("optimizer registered: %s", spec)
+    return {"optimizer": optimizer_to_dict(spec)}
+
+
+@msgpack_handler
+async def lookup(request: web.Request, body: Any) -> dict:
+    """Embeddings of every id of every dim group; train lookups may insert and evict.
+
+    An eval lookup needs only the hyperparameters (/configure), not an optimizer: it never
+    inserts, so no optimizer state is made, and PERSIA's PS served it the same way."""
+    msg = PSLookup.from_wire(body)
+    train = msg.train
+    if train:
+        _refuse_on_infer(request, "/lookup")
+        require_ready(request)
+    elif not request.app[STATUS].configured:
+        require_ready(request)
+    store, metrics = request.app[STORE], request.app[PS_METRICS]
+    started = time.perf_counter()
+
+    def work() -> tuple[np.ndarray, ...]:
+        return tuple(store.lookup(g.ids, g.dim, train=train) for g in msg.groups)
+
+    n = sum(len(g.ids) for g in msg.groups)
+    out = await request.app[OFFLOAD].run(n, work)
+    ids, latency = metrics["lookup_train" if train else "lookup_eval"]
+    ids.inc(n)
+    latency.observe(time.perf_counter() - started)
+    return PSLookupAnswer(out).to_wire()
+
+
+@msgpack_handler
+async def update(request: web.Request, body: Any) -> dict:
+    """Apply per-id gradients with the registered optimizer (an Infer replica refuses: 409)."""
+    _refuse_on_infer(request, "/update")
+    require_ready(request)
+    groups = PSUpdate.from_wire(body).groups
+    store, metrics = request.app[STORE], request.app[PS_METRICS]
+    started = time.perf_counter()
+
+    def work() -> UpdateTotals:
+        total = UpdateTotals()
+        for group in groups:
+            r = store.update(group.ids, group.grads)
+            total += UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
+        return total
+
+    n = sum(len(g.ids) for g in groups)
+    total = await request.app[OFFLOAD].run(n, work)
+    ids, latency = metrics["update"]
+    ids.inc(n)
+    latency.observe(time.perf_counter() - started)
+    return total.to_wire()
+
+
+_PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM,
+                          errno.EROFS, errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR,
+                          errno.ELOOP})  # fmt: skip
+
+
+def _checkpoint_io(fn, directory: str, *args):
+    """Run a dump or load; a path that cannot be used is a 400 naming ``dir`` (not a 500),
+    and a failing disk (full, I/O error) a 503 the caller may retry."""
+    try:
+        return fn(directory, *args)
+    except PersiaError:
+        raise
+    except ValueError as exc:  # e.g. "embedded null byte"
+        raise InvalidInputError("dir", f"a usable directory path ({exc})", directory) from exc
+    except OSError as exc:
+        if exc.errno in _PATH_ERRNOS:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise InvalidInputError(
+                "dir", f"a directory this PS can create, read and write ({why})", directory
+            ) from exc
+        raise ServiceUnavailableError(f"checkpoint I/O in {directory!r} failed: {exc}") from exc
+
+
+@msgpack_handler
+async def dump(request: web.Request, body: Any) -> dict:
+    """Write this replica's shard of a checkpoint into ``dir``."""
+    directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
+    state = request.app[STATE].details
+    manifest = await _in_thread(
+        request, _checkpoint_io, request.app[STORE].dump, directory, state["replica_index"],
+        state["replica_size"], request.app[CHECKPOINT_WORKERS],
+    )  # fmt: skip
+    return {"manifest": manifest}
+
+
+@msgpack_handler
+async def load(request: web.Request, body: Any) -> dict:
+    """Load the ids routed to this replica from a checkpoint written by any number of replicas."""
+    directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
+    state = request.app[STATE].details
+    entries = await _in_thread(
+        request, _checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
+        state["replica_size"], request.app[CHECKPOINT_WORKERS],
+    )  # fmt: skip
+    request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
+    request.app[STATUS].refresh(request.app)
+    return {"entries": entries}
+
+
+@msgpack_handler
+async def clear(request: web.Request, body: Any) -> dict:
+    """Drop every entry (the optimizer and hyperparameters stay); an Infer PS refuses (409)."""
+    _refuse_on_infer(request, "/clear")
+    Empty.from_wire(body)
+    await _in_thread(request, request.app[STORE].clear)
+    return request.app[STORE].stats()
+
+
+@msgpack_handler
+async def stats(request: web.Request, body: Any) -> dict:
+    """Entries, evictions, admission refusals, skipped updates, memory."""
+    Empty.from_wire(body)
+    store = request.app[STORE]
+    out = dict(store.stats())
+    out["optimizer"] = optimizer_to_dict(store.optimizer) if store.optimizer else None
+    out["hyperparams"] = store.hyperparams.to_dict()
+    loader = request.app.get(LOADER)
+    if loader is not None:
+        out["incremental"] = loader.stats.to_dict()
+    return PSStats(out["entries"], out["updates_applied"], out).to_wire()
+
+
+@msgpack_handler
+async def checksum(request: web.Request, body: Any) -> dict:
+    """``{"entries", "checksum"}``: a hash of every stored id and row (pyrsia/services/embedding_ps/checksum.py)."""
+    Empty.from_wire(body)
+    return await _in_thread(request, store_checksum, request.app[STORE])
+
+
+def _metrics(app: web.Application) -> dict[str, Any]:
+    registry = app[METRICS]
+    store = app[STORE]
+    entries = prom.Gauge("pyrsia_ps_entries", "embedding entries held", registry=registry)
+    entries.set_function(lambda: len(store))
+    ids = prom.Counter("pyrsia_ps_ids", "ids processed", ["op"], registry=registry)
+    latency = prom.Histogram(
+        "pyrsia_ps_request_seconds", "time to serve a request", ["op"], registry=registry
+    )
+    # op -> its (ids, latency) children, made once: labels() costs a lock and a lookup per call
+    return {op: (ids.labels(op=op), latency.labels(op=op))
+            for op in ("lookup_train", "lookup_eval", "update")}  # fmt: skip
+
+
+async def _scan_loop(app: web.Application, interval_s: float) -> None:
+    """Apply new incremental packets now and every ``interval_s`` (in the executor)."""
+    loader = app[LOADER]
+    while True:
+        try:
+            await app[OFFLOAD].run(None, loader.scan)
+        except Exception:  # a failed scan is logged; the next one retries
+            log.exception("incremental scan of %s failed", loader.root)
+        await asyncio.sleep(interval_s)
+
+
+def create_app(
+    store: EmbeddingStore,
+    *,
+    replica_index: int = 0,
+    replica_size: int = 1,
+    threads: int = 2,
+    ready_without_configure: bool = False,
+    incremental_loader: IncrementalLoader | None = None,
+    scan_interval_s: float = 10.0,
+    max_request_bytes: int | None = None,
+    checkpoint_workers: int = 1,
+    checkpoint_root: tuple[Path, ...] | Path | None = None,
+) -> web.Application:
+    """The PS app for one replica. ``ready_without_configure``: an Infer replica (serves eval
+    lookups without /configure or an optimizer); ``incremental_loader`` scans for packets;
+    ``max_request_bytes`` caps request bodies (413 beyond); ``checkpoint_workers`` threads
+    write and read /dump and /load files (``checkpointing_config.num_workers``); with
+    ``checkpoint_root`` (one root or several) those paths must lie in one
+    (``checkpoint_root.py``; the launcher always passes the roots, None is for in-process apps)."""
+    app = make_app(f"embedding_parameter_server/{replica_index}", client_max_size=max_request_bytes)
+    app[STORE] = store
+    app[CHECKPOINT_WORKERS] = checkpoint_workers
+    if checkpoint_root is not None:
+        roots = (checkpoint_root,) if isinstance(checkpoint_root, Path) else tuple(checkpoint_root)
+        app[CHECKPOINT_ROOT] = roots
+    app[STATUS] = _Status()
+    app[STATUS].configured = ready_without_configure
+    app[STATUS].infer = ready_without_configure
+    if incremental_loader is not None:
+        app[LOADER] = incremental_loader
+        counts = incremental_loader.stats
+        prom.Gauge("pyrsia_ps_incremental_packets_applied", "incremental packets applied", registry=app[METRICS]).set_function(lambda: counts.packets_applied)  # fmt: skip
+        prom.Gauge("pyrsia_ps_incremental_packets_torn", "torn incremental packets skipped", registry=app[METRICS]).set_function(lambda: counts.packets_skipped_torn)  # fmt: skip
+        prom.Gauge("pyrsia_ps_incremental_delay_seconds", "age of the last packet applied when it was applied", registry=app[METRICS]).set_function(lambda: counts.last_delay_s)  # fmt: skip
+    app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
+    app[PS_METRICS] = _metrics(app)
+
+    async def executor_ctx(app: web.Application):
+        app[OFFLOAD] = Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"))
+        scanner = None
+        if incremental_loader is not None:
+            scanner = asyncio.create_task(_scan_loop(app, scan_interval_s))
+        yield
+        if scanner is not None:
+            scanner.cancel()
+            await asyncio.gather(scanner, return_exceptions=True)
+        # queued work whose request is gone is dropped; the running kernel finishes
+        app[OFFLOAD].shutdown()
+        final = store.stats()
+        log.info(
+            "final stats: updates_applied=%d entries=%d",
+            final["updates_applied"],
+            final["entries"],
+        )
+        if store.incremental is not None:
+            store.incremental.flush(store)  # the last partial packet is not lost on shutdown
+        store.close()
+
+    app.cleanup_ctx.append(executor_ctx)
+    app[STATUS].refresh(app)
+    for path, handler in [
+        ("/configure", configure),
+        ("/register_optimizer", register_optimizer),
+        ("/lookup", lookup),
+        ("/update", update),
+        ("/dump", dump),
+        ("/load", load),
+        ("/clear", clear),
+        ("/stats", stats),
+        ("/checksum", checksum),
+    ]:
+        app.router.add_post(path, handler)
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/checksum", checksum)
+    return app

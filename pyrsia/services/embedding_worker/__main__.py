@@ -1,0 +1,3 @@
+from pyrsia.services.embedding_worker.main import main
+
+raise SystemExit(main())

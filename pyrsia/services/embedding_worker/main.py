@@ -1,0 +1,119 @@
+"""``persia-launcher embedding-worker``: run one embedding worker replica."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from pyrsia.services.embedding_worker.ps_client import PSClient
+from pyrsia.services.embedding_worker.server import create_app
+from pyrsia.services.warmup import warm_worker
+from pyrsia.shared.allocator import keep_freed_memory
+from pyrsia.shared.cli import (
+    add_config_flags,
+    add_replica_flags,
+    check_replica_flags,
+    fail,
+    global_config_from_flags,
+    resolve_file,
+)
+from pyrsia.shared.config import JobType, load_embedding_config
+from pyrsia.shared.constants import (
+    DEFAULT_EMBEDDING_WORKER_PORT,
+    DEFAULT_WAIT_TIMEOUT_S,
+    ENV_EMBEDDING_CONFIG,
+    ROLE_EMBEDDING_WORKER,
+)
+from pyrsia.shared.cpu_priority import (
+    add_cpu_priority_flag,
+    apply_cpu_priority,
+    resolve_cpu_priority,
+)
+from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.metrics_push import install_metrics_push, push_settings
+from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.service import run, run_service
+from pyrsia.shared.warming import warm_in_background
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher embedding-worker",
+        description="Run one embedding worker replica: it buffers the id features data loaders "
+        "send, looks their embeddings up on the PS replicas, pools them per slot, and turns "
+        "the NN workers' gradients into per-id updates.",
+    )
+    add_config_flags(parser)
+    add_cpu_priority_flag(parser)
+    add_replica_flags(parser, port_default=DEFAULT_EMBEDDING_WORKER_PORT)
+    parser.add_argument(
+        "--ps-wait-timeout",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT_S,
+        help=f"seconds to wait for every PS replica to register (default {DEFAULT_WAIT_TIMEOUT_S:g})",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_replica_flags(args)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
+        emb_path = resolve_file(
+            args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
+        )
+        schema = load_embedding_config(emb_path, strict=args.strict_config)
+        config = global_config_from_flags(args)
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    configure_logging(ROLE_EMBEDDING_WORKER, args.replica_index)
+    apply_cpu_priority(cpu_priority)
+    try:
+        metrics_push = push_settings(config.common_config.metrics_config)
+        log.info("freed heap memory: %s", keep_freed_memory())  # pyrsia/shared/allocator.py
+    except ConfigError as exc:
+        return fail(str(exc))
+
+    common = config.common_config
+    fixed = common.infer_config.servers if common.job_type == JobType.Infer else ()
+
+    async def serve() -> None:
+        # Inference with infer_config.servers: PS replicas at fixed addresses, no Redis at all.
+        registry = None if fixed else Registry(RegistrySettings.from_env())
+        app = create_app(
+            index=args.replica_index,
+            schema=schema,
+            config=config.embedding_worker_config,
+            ps=PSClient(registry, HttpClient(), addresses=fixed),
+            ps_wait_timeout_s=args.ps_wait_timeout,
+            max_request_bytes=args.max_request_bytes,
+        )
+        install_metrics_push(
+            app, metrics_push, role=ROLE_EMBEDDING_WORKER, replica_index=args.replica_index
+        )
+        await run_service(
+            app,
+            role=ROLE_EMBEDDING_WORKER,
+            replica_index=args.replica_index,
+            replica_size=args.replica_size,
+            host=args.host,
+            port=args.port,
+            registry=registry,
+            use_registry=registry is not None,
+        )
+
+    warm_in_background(warm_worker, "embedding worker")  # before the first batch needs them
+    try:
+        run(serve)
+    except RegistryError as exc:
+        return fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

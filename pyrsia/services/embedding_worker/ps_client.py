@@ -1,0 +1,192 @@
+"""The embedding worker's view of the PS replicas: addresses, retries, fan-out.
+
+Addresses come from the registry, or for inference from ``infer_config.servers``
+(replica i at ``servers[i]``, no Redis). When a replica stops answering, the client
+re-reads the registry (the replica may have restarted on another port) and
+retries within a bound; lookups are safe to repeat. Gradient updates for a
+replica that stays unreachable are dropped and counted, never raised into the
+worker's request loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from pyrsia.shared.constants import (
+    PS_REDISCOVER_TIMEOUT_S,
+    PS_RETRY_WINDOW_S,
+    PS_SETUP_REPLAY_TIMEOUT_S,
+    ROLE_EMBEDDING_PS,
+)
+from pyrsia.shared.errors import PersiaError, RegistryError, ServiceUnavailableError
+from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.registry import Registry
+from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSUpdate, UpdateTotals
+
+log = logging.getLogger(__name__)
+
+
+class PSClient:
+    """Calls to every PS replica of the job, by replica index."""
+
+    def __init__(
+        self,
+        registry: Registry | None,
+        http: HttpClient,
+        *,
+        retry_window_s: float = PS_RETRY_WINDOW_S,
+        addresses: tuple[str, ...] = (),
+    ):
+        if (registry is None) == (not addresses):
+            raise ValueError("PSClient needs a registry or fixed addresses (infer_config.servers)")
+        self.registry = registry
+        self.http = http
+        self.retry_window_s = retry_window_s
+        self.fixed = [
+            a if a.startswith("http") else f"http://{a.replace(' ', '')}" for a in addresses
+        ]
+        self.urls: list[str] = []
+        self.dropped_updates = 0
+        self.applied_updates = 0  # id rows the PS replicas said they applied (their answers)
+        self._setup: dict[str, Any] = {}
+
+    @property
+    def replica_count(self) -> int:
+        return len(self.urls)
+
+    async def connect(self, timeout_s: float) -> None:
+        """Wait for every PS replica (count from the registry) and remember their addresses.
+
+        With fixed addresses (``infer_config.servers``) replica i is ``addresses[i]``.
+        """
+        if self.registry is None:
+            self.urls = list(self.fixed)
+            log.info("PS replicas from infer_config.servers: %s", ", ".join(self.urls))
+            return
+        records = await self.registry.wait_for(ROLE_EMBEDDING_PS, timeout_s=timeout_s)
+        self.urls = [r.url for r in records]
+        log.info("found %d PS replica(s): %s", len(self.urls), ", ".join(self.urls))
+
+    async def _rediscover(self, index: int) -> None:
+        if self.registry is None:
+            return  # fixed addresses: retry the same one
+        try:
+            records = await self.registry.wait_for(
+                ROLE_EMBEDDING_PS, count=len(self.urls), timeout_s=PS_REDISCOVER_TIMEOUT_S
+            )
+        except RegistryError as exc:
+            log.warning("PS replica %d still missing from the registry: %s", index, exc)
+            return
+        fresh = records[index].url
+        if fresh != self.urls[index]:
+            log.info("PS replica %d moved: %s -> %s", index, self.urls[index], fresh)
+            self.urls[index] = fresh
+
+    def remember_setup(self, path: str, body: Any) -> None:
+        """Keep the last /configure and /register_optimizer so a restarted replica gets them again."""
+        self._setup[path] = body
+
+    async def _replay_setup(self, index: int) -> None:
+        for path, body in self._setup.items():
+            try:
+                await self.http.call(
+                    f"{self.urls[index]}{path}", body, timeout_s=PS_SETUP_REPLAY_TIMEOUT_S
+                )
+            except PersiaError as exc:
+                log.debug("replaying %s to PS replica %d failed: %s", path, index, exc)
+                return
+        if self._setup:
+            log.info("PS replica %d: replayed %s", index, ", ".join(self._setup))
+
+    async def call(
+        self, index: int, path: str, body: Any, *, timeout_s: float | None = None
+    ) -> Any:
+        """POST to replica ``index``, re-resolving and retrying while it is unreachable.
+
+        A replica that answers 503 (a restarted one that was never configured) is sent
+        the remembered /configure and /register_optimizer before the retry.
+        """
+        deadline = time.monotonic() + self.retry_window_s
+        delay = 0.05
+        while True:
+            try:
+                return await self.http.call(
+                    f"{self.urls[index]}{path}",
+                    body,
+                    idempotent=True,
+                    retries=1,
+                    timeout_s=timeout_s,
+                )
+            except ServiceUnavailableError as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise ServiceUnavailableError(
+                        f"PS replica {index} unreachable for {self.retry_window_s:g}s: {exc}"
+                    ) from exc
+                log.warning("PS replica %d: %s; re-resolving", index, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                await self._rediscover(index)
+                if path not in self._setup:
+                    await self._replay_setup(index)
+
+    async def fan_out(
+        self, path: str, body: Any = None, *, timeout_s: float | None = None
+    ) -> list[Any]:
+        """The same call to every replica, concurrently; answers in replica order."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self.call(i, path, body or {}, timeout_s=timeout_s)
+                    for i in range(len(self.urls))
+                )
+            )
+        )
+
+    async def lookup(
+        self, per_replica: list[list[tuple[int, Any]]], *, train: bool
+    ) -> list[tuple[np.ndarray, ...]]:
+        """One /lookup per replica with all its dim groups; answers (checked by
+        ``PSLookupAnswer``: one ``(n, dim)`` float32 array per group) in replica order."""
+
+        async def one(index: int, groups: list[tuple[int, Any]]) -> tuple[np.ndarray, ...]:
+            if all(len(ids) == 0 for _, ids in groups):
+                return tuple(np.empty((0, dim), np.float32) for dim, _ in groups)
+            request = PSLookup(train, tuple(IdGroup(d, ids) for d, ids in groups))
+            answer = await self.call(index, "/lookup", request.to_wire())
+            return PSLookupAnswer.from_wire(answer, request).groups
+
+        return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica))))
+
+    async def update(
+        self, per_replica: list[list[tuple[int, Any, Any]]]
+    ) -> tuple[UpdateTotals, int]:
+        """One /update per replica: the summed totals, and the ids dropped because their
+        replica stayed unreachable (counted in ``dropped_updates`` too)."""
+        totals: list[UpdateTotals] = []
+        dropped = 0
+
+        async def one(index: int, groups: list[tuple[int, Any, Any]]) -> None:
+            nonlocal dropped
+            groups = [(d, ids, g) for d, ids, g in groups if len(ids)]
+            if not groups:
+                return
+            body = PSUpdate(tuple(IdGroup(d, ids, g) for d, ids, g in groups)).to_wire()
+            try:
+                answer = await self.call(index, "/update", body)
+            except ServiceUnavailableError as exc:
+                n = sum(len(ids) for _, ids, _ in groups)
+                self.dropped_updates += n
+                dropped += n
+                log.error("dropping gradients of %d ids for PS replica %d: %s", n, index, exc)
+                return
+            result = UpdateTotals.from_wire(answer)
+            totals.append(result)
+            self.applied_updates += result.applied
+
+        await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica)))
+        return sum(totals, UpdateTotals()), dropped

@@ -1,0 +1,237 @@
+"""Command-line flags the services share, with their environment fallbacks.
+
+A missing file or unreachable Redis must end a service with one clear line naming
+the path or URL and the flag or variable that set it, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env
+from pyrsia.shared.config import GlobalConfig, default_global_config, load_global_config
+from pyrsia.shared.constants import (
+    ENV_ALLOW_UNKNOWN_CONFIG_KEYS,
+    ENV_AUTH_TOKEN,
+    ENV_BODY_TIMEOUT_S,
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+    ENV_INSECURE,
+    ENV_LOG_LEVEL,
+    ENV_MAX_INFLIGHT_REQUEST_BYTES,
+    ENV_MAX_MESSAGE_BYTES,
+    ENV_VERBOSE,
+)
+from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
+from pyrsia.shared.http_body import body_timeout_s, max_inflight_request_bytes
+from pyrsia.shared.http_server import max_message_bytes
+from pyrsia.shared.redaction import redact
+
+EXIT_USAGE = 2
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, embedding: bool = True) -> None:
+    if embedding:
+        parser.add_argument(
+            "--embedding-config",
+            default=None,
+            help=f"embedding_config.yml: slots, dims, pooling (default: ${ENV_EMBEDDING_CONFIG})",
+        )
+    parser.add_argument(
+        "--global-config",
+        default=None,
+        help=f"global_config.yml: capacities, buffers, job type (default: ${ENV_GLOBAL_CONFIG}; "
+        "built-in defaults when neither is set)",
+    )
+    add_unknown_keys_flags(parser)
+
+
+def add_unknown_keys_flags(parser: argparse.ArgumentParser) -> None:
+    """``--allow-unknown-config-keys`` / ``--strict-config``: ``args.strict_config`` is False,
+    True, or None (then ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` decides; unset: errors)."""
+    parser.add_argument(
+        "--allow-unknown-config-keys",
+        dest="strict_config",
+        action="store_false",
+        default=None,
+        help="a key of the config files this version does not know is a warning and ignored "
+        f"(a file written for a newer version); default ${ENV_ALLOW_UNKNOWN_CONFIG_KEYS}, else "
+        "an error naming the closest known key",
+    )
+    parser.add_argument(
+        "--strict-config",
+        dest="strict_config",
+        action="store_true",
+        default=None,
+        help="unknown keys in the config files are errors (the default; overrides "
+        f"${ENV_ALLOW_UNKNOWN_CONFIG_KEYS})",
+    )
+
+
+def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0) -> None:
+    parser.add_argument(
+        "--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)"
+    )
+    parser.add_argument(
+        "--replica-size", type=int, default=1, help="number of replicas of this service (default 1)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=port_default,
+        help=f"port to listen on; 0 picks a free one (default {port_default})",
+    )
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("PERSIA_BIND_HOST", "127.0.0.1"),
+        help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1; 0.0.0.0 in containers)",
+    )
+    add_server_security_flags(parser)
+
+
+class _ToEnvironment(argparse.Action):
+    """Store a positive number and export it as ``env``, where every app of this process
+    (``pyrsia.shared.http_server.make_app``, also in child processes such as NN-worker ranks) reads
+    it: the flag wins over the variable, with no plumbing through each service."""
+
+    def __init__(self, *args, env: str, **kwargs):
+        self.env = env
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if not values > 0:  # type: ignore[operator]
+            parser.error(f"{option_string} must be positive, got {values}")
+        setattr(namespace, self.dest, values)
+        os.environ[self.env] = str(values)
+
+
+def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
+    """``--insecure``, ``--max-request-bytes``, ``--max-inflight-request-bytes`` and
+    ``--body-timeout-s``: the flags every server takes."""
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help=f"allow listening on a non-loopback address without ${ENV_AUTH_TOKEN} "
+        f"(default ${ENV_INSECURE}, else off)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help=f"largest request body accepted, larger ones get 413 "
+        f"(default ${ENV_MAX_MESSAGE_BYTES}, else 1 GiB)",
+    )
+    parser.add_argument(
+        "--max-inflight-request-bytes",
+        type=int,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_MAX_INFLIGHT_REQUEST_BYTES,
+        help=f"request-body bytes held at once; a body that does not fit waits up to 1 s, then "
+        f"gets 503 + Retry-After (default ${ENV_MAX_INFLIGHT_REQUEST_BYTES}, else twice "
+        "--max-request-bytes, at most 1/8 of memory, never under --max-request-bytes)",
+    )
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_BODY_TIMEOUT_S,
+        help=f"a request body with a gap this long, or under 1 MiB/s after this long, is "
+        f"dropped and its client disconnected (default ${ENV_BODY_TIMEOUT_S}, else 30)",
+    )
+
+
+def check_server_security_flags(args: argparse.Namespace) -> None:
+    """Resolve ``args.auth_token``, ``args.insecure`` and ``args.max_request_bytes`` from the
+    flags and environment, and refuse a non-loopback ``--host`` without a token."""
+    try:
+        args.auth_token = auth_token_from_env()
+        if args.insecure is None:
+            args.insecure = insecure_from_env()
+        if args.max_request_bytes is None:
+            args.max_request_bytes = max_message_bytes()
+        check_bind(args.host, token=args.auth_token, insecure=args.insecure)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.max_request_bytes <= 0:
+        raise UsageError(
+            f"--max-request-bytes must be a positive number of bytes, got {args.max_request_bytes}"
+        )
+    try:  # checked here, so that a bad value is one line and exit 2, not a traceback
+        max_inflight_request_bytes(args.max_request_bytes)
+        body_timeout_s()
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (--max-inflight-request-bytes, --body-timeout-s)") from exc
+
+
+def check_replica_flags(args: argparse.Namespace) -> None:
+    if args.replica_size < 1:
+        raise UsageError(f"--replica-size must be >= 1, got {args.replica_size}")
+    if not 0 <= args.replica_index < args.replica_size:
+        raise UsageError(
+            f"--replica-index must be in [0, {args.replica_size - 1}] for --replica-size "
+            f"{args.replica_size}, got {args.replica_index}"
+        )
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    check_server_security_flags(args)
+
+
+def resolve_file(flag_value: str | None, flag: str, env: str, *, required: bool) -> Path | None:
+    """The file named by ``flag`` or else ``$env``; a missing file is a UsageError naming both."""
+    if flag_value:
+        path, source = Path(flag_value), flag
+    elif os.environ.get(env):
+        path, source = Path(os.environ[env]), f"${env}"
+    elif required:
+        raise UsageError(f"no file given: pass {flag} or set ${env}")
+    else:
+        return None
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file (set by {source})")
+    return path
+
+
+def global_config_from_flags(args: argparse.Namespace) -> GlobalConfig:
+    """``--global-config`` or ``$PERSIA_GLOBAL_CONFIG`` loaded, else the built-in defaults."""
+    path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+    if path is None:
+        return default_global_config()
+    return load_global_config(path, strict=args.strict_config)
+
+
+def fail(message: str) -> int:
+    """Print one line to stderr (secrets as ``***``) and return the usage exit code."""
+    print(f"error: {redact(message)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+KNOWN_ERRORS = (ConfigError, RegistryError)
+"""Errors whose message says the cause and the fix (a bad config or flag, Redis unreachable,
+a service never registered): one line is enough, the traceback only helps a developer."""
+
+
+def verbose() -> bool:
+    """``$PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
+    return (
+        os.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
+        or os.environ.get(ENV_LOG_LEVEL, "").strip().lower() == "debug"
+    )
+
+
+def fail_known(exc: BaseException) -> int:
+    """End on a known error: its traceback first when :func:`verbose`, then one line."""
+    if verbose():
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        exc.__traceback__ = None
+    hint = "" if verbose() else f" (traceback: --verbose, {ENV_VERBOSE}=1 or {ENV_LOG_LEVEL}=debug)"
+    print(f"error: {redact(str(exc))}{hint}", file=sys.stderr, flush=True)
+    return EXIT_USAGE

@@ -1,0 +1,236 @@
+"""Every registry key, TTL, default port, size cap and timeout Pyrsia uses, in one place.
+
+Nothing else in the code base spells a Redis key or picks a timeout by itself: it
+imports the value from here, so the whole protocol surface can be read at once.
+"""
+
+from __future__ import annotations
+
+# --- environment variables -------------------------------------------------------------
+ENV_REDIS_URL = "PERSIA_REDIS_URL"
+ENV_JOB_ID = "PERSIA_JOB_ID"
+ENV_EMBEDDING_CONFIG = "PERSIA_EMBEDDING_CONFIG"
+ENV_GLOBAL_CONFIG = "PERSIA_GLOBAL_CONFIG"
+ENV_NN_WORKER_ENTRY = "PERSIA_NN_WORKER_ENTRY"
+ENV_DATALOADER_ENTRY = "PERSIA_DATALOADER_ENTRY"
+ENV_ADVERTISE_HOST = "PERSIA_ADVERTISE_HOST"
+ENV_LOG_LEVEL = "LOG_LEVEL"
+ENV_RESUME = "PERSIA_RESUME"
+"""Set to 1 by ``persia-launcher nn-worker|data-loader --resume``: start from the last checkpoint."""
+ENV_METRICS_GATEWAY_ADDR = "PERSIA_METRICS_GATEWAY_ADDR"
+"""host:port of a Prometheus push gateway (PERSIA's variable); pushing also needs enable_metrics."""
+ENV_TENSORBOARD_DIR = "PERSIA_TENSORBOARD_DIR"
+"""Where TrainCtx writes TensorBoard scalars (``<dir>/<job id>/rank_<r>``) when
+``tensorboard_dir=`` is not given; unset or empty: none written."""
+ENV_NATS_URLS = ("PERSIA_NATS_URL", "PERSIA_NATS_IP")
+"""PERSIA's service-discovery variables (NATS); Pyrsia uses Redis and says so when they are set."""
+ENV_AUTH_TOKEN = "PERSIA_AUTH_TOKEN"
+"""Shared token every route requires when set (pyrsia.shared.auth)."""
+ENV_INSECURE = "PERSIA_INSECURE"
+"""1 allows a server to listen on a non-loopback address without a token (``--insecure``)."""
+MIN_AUTH_TOKEN_CHARS = 16
+ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
+"""normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``)."""
+ENV_MALLOC_TUNING = "PERSIA_MALLOC_TUNING"
+"""1 (default) or 0: whether a training process keeps freed heap memory for reuse
+(pyrsia/shared/allocator.py)."""
+MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
+"""Blocks below this come from the heap, not from mmap (glibc's maximum on 64-bit)."""
+MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
+"""Free memory at the top of the heap is handed back to the kernel only past this."""
+ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
+"""The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or
+empty: any path the PS process can write."""
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_JOB_ID = "default"
+
+# --- registry (Redis) ------------------------------------------------------------------
+KEY_PREFIX = "pyrsia"
+"""Every key is ``pyrsia:<job id>:...`` so that several jobs can share one Redis."""
+
+
+def service_key(job_id: str, role: str, replica_index: int) -> str:
+    """Key holding one replica's registration record (a short-lived heartbeat)."""
+    return f"{KEY_PREFIX}:{job_id}:svc:{role}:{replica_index}"
+
+
+def service_pattern(job_id: str, role: str) -> str:
+    """SCAN pattern matching every replica of ``role``."""
+    return f"{KEY_PREFIX}:{job_id}:svc:{role}:*"
+
+
+def master_addr_key(job_id: str) -> str:
+    """Key where NN-worker rank 0 publishes the torch.distributed master address."""
+    return f"{KEY_PREFIX}:{job_id}:nn_master_addr"
+
+
+def lease_key(job_id: str) -> str:
+    """Hash holding the job lease: its instance and which process holds each slot
+    (pyrsia/shared/job_lease.py)."""
+    return f"{KEY_PREFIX}:{job_id}:lease"
+
+
+REGISTRATION_TTL_S = 6.0
+"""A replica that stops refreshing disappears from the registry after this long."""
+HEARTBEAT_INTERVAL_S = 1.5
+LEASE_TTL_S = REGISTRATION_TTL_S
+"""A slot of the job lease whose holder has not refreshed it for this long is free, and the
+lease itself lapses this long after its last member's heartbeat."""
+LEASE_CLAIM_POLL_S = 0.5
+"""How often a process waiting for a slot held on another host to lapse asks again."""
+LEASE_KEEPER_TICK_S = 0.1
+"""How often a launcher's lease thread checks whether it is asked to stop."""
+REDIS_SOCKET_TIMEOUT_S = 2.0
+REDIS_STARTUP_WAIT_S = 15.0
+"""How long a starting service waits for Redis (under a Procfile it starts alongside)."""
+REDIS_RESTART_LIMIT = 5
+REDIS_RESTART_WINDOW_S = 60.0
+"""``pyrsia.shared.redis_local --restart-on-failure`` gives up (and exits, so honcho stops the job)
+after this many restarts of redis-server within this many seconds: a crash loop is not
+ridden through."""
+REDIS_RESTART_DELAY_S = 0.2
+DISCOVERY_POLL_INTERVAL_S = 0.1
+DEFAULT_WAIT_TIMEOUT_S = 120.0
+"""How long a service or context waits for the replicas it needs before giving up."""
+ENV_WAIT_TIMEOUT_S = "PERSIA_WAIT_TIMEOUT_S"
+"""Seconds every process of this job waits for the services it needs to register (and for
+Redis at start-up) before it gives up with one line naming what is missing; unset: each
+wait's own default (120 s for the replicas, 15 s for Redis)."""
+WAIT_REPORT_INTERVAL_S = 5.0
+"""A process waiting for Redis or for replicas says what it waits for this often."""
+ENV_ALLOW_UNKNOWN_CONFIG_KEYS = "PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS"
+"""1: a key of embedding_config.yml or global_config.yml this version does not know is a
+warning and ignored (for a file written for a newer version), as with
+``--allow-unknown-config-keys``; by default it is an error naming the closest known key."""
+ENV_VERBOSE = "PERSIA_VERBOSE"
+"""1: a known error (Redis unreachable, a service never registered, a bad config) in a
+user script run by ``persia-launcher`` shows its traceback too, as with ``LOG_LEVEL=debug``;
+else it is one line (``--verbose`` sets it)."""
+
+# --- roles -----------------------------------------------------------------------------
+ROLE_EMBEDDING_PS = "embedding_parameter_server"
+ROLE_EMBEDDING_WORKER = "embedding_worker"
+ROLE_NN_WORKER = "nn_worker"
+ROLE_NN_WORKER_NODE = "nn_worker_node"
+"""A ``persia-launcher nn-worker`` process (one per node): a slot of the job lease only."""
+ROLE_DATA_LOADER = "data_loader"
+"""A ``persia-launcher data-loader`` process: a slot of the job lease only."""
+
+# --- wire --------------------------------------------------------------------------------
+MSGPACK_CONTENT_TYPE = "application/msgpack"
+NDARRAY_EXT_CODE = 42
+MAX_MESSAGE_BYTES = 1 << 30
+"""Largest request or response body a service accepts (1 GiB; ``PYRSIA_MAX_MESSAGE_BYTES``)."""
+ENV_MAX_MESSAGE_BYTES = "PYRSIA_MAX_MESSAGE_BYTES"
+MAX_ARRAY_DIMS = 8
+ENV_MAX_INFLIGHT_REQUEST_BYTES = "PYRSIA_MAX_INFLIGHT_REQUEST_BYTES"
+"""Request-body bytes a service holds at once (default: see ``INFLIGHT_BYTES_CAPS``)."""
+INFLIGHT_BYTES_CAPS = 2
+"""Default in-flight bound: this many per-request caps (two largest bodies, or any mix) ..."""
+INFLIGHT_BYTES_MEMORY_SHARE = 8
+"""... but at most 1/this of physical memory, and never less than one per-request cap."""
+INFLIGHT_BYTES_WAIT_S = 1.0
+"""How long a request waits for room under the in-flight bound before its 503."""
+INFLIGHT_BYTES_RETRY_AFTER_S = 1
+"""``Retry-After`` (seconds) of that 503."""
+ENV_BODY_TIMEOUT_S = "PYRSIA_BODY_TIMEOUT_S"
+BODY_TIMEOUT_S = 30.0
+"""Longest gap in a request body, and the grace before ``BODY_MIN_RATE`` applies."""
+BODY_MIN_RATE = 1 << 20
+"""Least average rate (bytes/s) of a request body once its first ``BODY_TIMEOUT_S`` are over."""
+
+# --- HTTP --------------------------------------------------------------------------------
+DEFAULT_BIND_HOST = "127.0.0.1"
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_RETRIES = 3
+RETRY_BACKOFF_S = 0.05
+RETRY_BACKOFF_MAX_S = 2.0
+BACKPRESSURE_BACKOFF_S = 0.005
+BACKPRESSURE_BACKOFF_MAX_S = 0.2
+INGRESS_ROOM_WAIT_S = 0.25
+"""How long an NN worker's /ingress holds a batch that finds its queue full, waiting for the
+training loop to take one, before it answers 429. Answering at once sent the data loader
+into its backoff (up to BACKPRESSURE_BACKOFF_MAX_S), and the loop then starved for up to
+0.2 s after draining the queue (Census e2e: 170-200 ms stalls, ~1 s of an 8 s epoch)."""
+CONNECTION_POOL_LIMIT = 64
+SHUTDOWN_GRACE_S = 3.0
+"""On SIGTERM a service finishes in-flight requests for at most this long, then cancels them."""
+SHUTDOWN_CANCEL_S = 1.0
+"""After the grace period, how long aiohttp waits for cancelled handlers to unwind."""
+DEREGISTER_TIMEOUT_S = 0.5
+"""Longest a stopping service spends deleting its registry record (Redis may be gone already)."""
+SIGTERM_DRAIN_S = 2.5
+"""An NN-worker rank's longest wait for its in-flight embedding gradients after SIGTERM."""
+SIGTERM_DEADLINE_S = 4.0
+"""An NN-worker rank still running this long after SIGTERM (its exit path is stuck, e.g. on
+a dead Redis) dumps its threads' stacks and exits 1: before honcho's SIGKILL at 5 s, which
+reaches only torch's launcher and would leave the rank orphaned, holding the job's output."""
+SHUTDOWN_BUDGET_S = 5.0
+"""SIGTERM to exit 0, at most (honcho and docker compose kill after their own grace period):
+SHUTDOWN_GRACE_S + SHUTDOWN_CANCEL_S + DEREGISTER_TIMEOUT_S + process exit must fit in it."""
+METRICS_PUSH_TIMEOUT_S = 2.0
+"""One periodic push to the metrics gateway gives up after this long."""
+METRICS_FINAL_PUSH_TIMEOUT_S = 0.3
+"""The push on shutdown; short, so that SIGTERM still ends a service within SHUTDOWN_BUDGET_S."""
+LOOKUP_TIMEOUT_S = 120.0
+"""An NN worker's /lookup, /lookup_direct and /gradients calls to an embedding worker."""
+ADMIN_TIMEOUT_S = 3600.0
+"""Dumps and loads of large tables take long; they still have a bound."""
+HEALTH_CHECK_TIMEOUT_S = 5.0
+HEALTH_POLL_S = 0.1
+"""How often a waiting context re-asks ``/health`` of a peer that is not ready yet."""
+PS_RETRY_WINDOW_S = 30.0
+"""How long an embedding worker keeps re-resolving and retrying an unreachable PS replica."""
+PS_REDISCOVER_TIMEOUT_S = 2.0
+PS_SETUP_REPLAY_TIMEOUT_S = 5.0
+"""Replaying /configure and /register_optimizer to a PS replica that restarted."""
+
+INLINE_WORK_MAX_IDS = 16384
+"""PS: numeric work on at most this many ids runs on the event loop (~2 ms at the PS's
+~0.14 µs per id); larger batches go to the service's thread pool so /health keeps
+answering. A thread hand-off costs more CPU than the kernels of a small batch
+(pyrsia/shared/offload.py)."""
+EW_INLINE_WORK_MAX_IDS = 65536
+"""The embedding worker's bound: its per-batch kernels cost ~14 ns per id (preprocessing;
+pooling and backward ~3), so this is ~1 ms on the loop. A Census-Income batch (33,792 ids)
+then stays on the loop: its three pool hand-offs per batch had cost ~0.6 CPU-ms and ~6
+thread wake-ups, each taking a core from the NN worker's training step (issue 10)."""
+
+GRADIENT_BUFFER_FACTOR = 4
+"""An embedding worker keeps at most forward_buffer_size x this many batches awaiting their
+gradients (the last of the four in-flight limits: persia/_runtime/inflight.py)."""
+
+# --- in-process runtime (train.py / data_loader.py) -------------------------------------
+RUNTIME_STOP_TIMEOUT_S = 10.0
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The GIL switch interval a training process gets when it starts the runtime thread
+(only if it still has Python's default, 5 ms): the training thread then waits at most
+0.5 ms, not 5, for the GIL the loop thread holds while it decodes and sends. Census
+e2e, quiet 2-core machine, same-run pairs: ratio 0.76-0.77 at 5 ms, 0.80-0.81 at 0.5 ms."""
+PYTHON_DEFAULT_SWITCH_INTERVAL_S = 0.005
+"""How long stopping the event-loop thread waits for it to end."""
+RUNTIME_CLOSED_POLL_S = 1.0
+"""A thread blocked on a runtime permit re-checks this often whether the runtime stopped."""
+DATA_SEND_TIMEOUT_S = 600.0
+"""How long one data-loader batch may wait on back-pressure before its send fails."""
+RANK_STOP_NOTICE_TIMEOUT_S = 60.0
+"""A rank whose training loop stopped early waits this long for the other ranks to hear it
+(they learn it in their next per-step agreement: persia/_runtime/even_steps.py)."""
+DATA_LOADER_LINGER_S = 60.0
+"""A data loader whose NN workers have left lingers this long before exiting on its own.
+
+Under a Procfile the SIGTERM that ends it comes when the NN-worker *process* exits, which
+can be several seconds after its ranks deregistered (5 s lost that race on a loaded
+machine: the loader exited first and was killed during its interpreter shutdown)."""
+MASTER_ADDR_TTL_S = 3600.0
+"""Lifetime of the torch.distributed master address rank 0 publishes in Redis."""
+
+# --- default ports (Procfile / compose) -------------------------------------------------
+DEFAULT_PS_PORT = 8888
+DEFAULT_EMBEDDING_WORKER_PORT = 8887
+
+# --- embedding checkpoints (PS /dump, serving artifacts) --------------------------------
+EMBEDDING_CHECKPOINT_FORMAT = "pyrsia-embedding-checkpoint"
+EMBEDDING_CHECKPOINT_VERSION = 1

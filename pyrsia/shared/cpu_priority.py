@@ -1,0 +1,86 @@
+"""How a service process shares the CPU with the NN worker on the same machine.
+
+``normal``: the default scheduling class, the right one when each service has its own
+machine (docker compose on a cluster).
+
+``background``: Linux's ``SCHED_IDLE`` class (``nice 19`` where it does not exist). On
+one machine the NN worker's dense step splits every torch operator over all the cores
+and waits at the end of each for its slowest thread, so a service that takes a core for
+a millisecond stalls the whole step; under ``SCHED_IDLE`` a service runs in the gaps the
+training threads leave, and any training thread that wakes up takes the core back at
+once. The price is lag: a starved PS or embedding worker applies gradients later, which
+costs AUC when the training keeps the cores busy (2 NN-worker ranks on 2 cores), so the
+Procfiles keep ``normal``; README "Scaling out" has the measurements.
+
+The class applies to every thread of the process, those running now and (inherited) the
+ones it starts later, and to the processes it spawns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from pyrsia.shared.constants import ENV_CPU_PRIORITY
+from pyrsia.shared.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+CPU_PRIORITIES = ("normal", "background")
+
+
+def add_cpu_priority_flag(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-priority normal|background`` (default ``$PERSIA_CPU_PRIORITY``, else normal)."""
+    parser.add_argument(
+        "--cpu-priority",
+        choices=CPU_PRIORITIES,
+        default=None,
+        help="'background' runs this process in Linux's SCHED_IDLE class, so that on a "
+        "shared machine it yields the cores to the NN worker's training threads "
+        f"(default ${ENV_CPU_PRIORITY}, else normal)",
+    )
+
+
+def resolve_cpu_priority(flag: str | None) -> str:
+    """The flag's value, else the environment's (validated), else ``normal``."""
+    if flag is not None:
+        return flag
+    value = os.environ.get(ENV_CPU_PRIORITY, "").strip() or "normal"
+    if value not in CPU_PRIORITIES:
+        raise UsageError(
+            f"{ENV_CPU_PRIORITY} must be one of {', '.join(CPU_PRIORITIES)}, got {value!r}"
+        )
+    return value
+
+
+def apply_cpu_priority(priority: str) -> str:
+    """Move this process's threads to ``priority``'s class; returns what was applied.
+
+    Call it early in ``main``: threads started afterwards inherit the class.
+    """
+    if priority not in CPU_PRIORITIES:
+        raise UsageError(f"cpu priority must be one of {CPU_PRIORITIES}, got {priority!r}")
+    if priority == "normal":
+        return "normal"
+    if hasattr(os, "SCHED_IDLE"):
+        param = os.sched_param(0)
+        for task in _threads():
+            try:
+                os.sched_setscheduler(task, os.SCHED_IDLE, param)
+            except ProcessLookupError:  # the thread ended meanwhile
+                continue
+        applied = "SCHED_IDLE"
+    else:  # macOS and other systems without the idle class
+        os.nice(19 - os.nice(0))
+        applied = "nice 19"
+    log.info("cpu priority: background (%s)", applied)
+    return applied
+
+
+def _threads() -> list[int]:
+    """Thread ids of this process (just the caller's where /proc is missing)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except FileNotFoundError:
+        return [0]

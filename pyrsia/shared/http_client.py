@@ -1,0 +1,201 @@
+"""The one HTTP client of a process: pooled, time-limited, retrying, msgpack-speaking.
+
+``HttpClient.call(url, body)`` posts a msgpack body and returns the decoded answer.
+Every call has a timeout; idempotent calls are retried with exponential backoff on
+connection failures, timeouts and 503; ``until`` makes a call keep retrying 429
+(back-pressure) until a deadline. Failures surface as the project's exceptions
+(``pyrsia.shared.errors``): no aiohttp exception leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import aiohttp
+
+from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import (
+    BACKPRESSURE_BACKOFF_MAX_S,
+    BACKPRESSURE_BACKOFF_S,
+    CONNECT_TIMEOUT_S,
+    CONNECTION_POOL_LIMIT,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_RETRIES,
+    MSGPACK_CONTENT_TYPE,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
+)
+from pyrsia.shared.errors import (
+    AuthError,
+    BackPressureError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PersiaError,
+    ProtocolError,
+    RemoteBadRequestError,
+    RemoteError,
+    ServiceUnavailableError,
+)
+from pyrsia.shared.http_conn import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+_BY_STATUS: dict[int, type[RemoteError]] = {
+    400: RemoteBadRequestError,
+    401: AuthError,
+    404: NotFoundError,
+    409: ConflictError,
+    429: BackPressureError,
+}
+
+
+def _remote_error(url: str, status: int, raw: bytes) -> PersiaError:
+    try:
+        body = unpackb(raw) if raw else {}
+        if not isinstance(body, dict):
+            body = {}
+    except ProtocolError:
+        body = {"message": raw[:200].decode("utf-8", "replace")}
+    message = f"{url} answered {status}: {body.get('message', '')}".rstrip(": ")
+    if status == ServiceUnavailableError.status:
+        return ServiceUnavailableError(message)
+    if status == PayloadTooLargeError.status:
+        return PayloadTooLargeError(message, body=body)
+    return _BY_STATUS.get(status, RemoteError)(message, peer_status=status, body=body)
+
+
+_FROM_ENV = "from the environment"
+
+
+class HttpClient:
+    """A pooled aiohttp session bound to the running event loop, created lazily.
+
+    ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``, read when the client is made) is sent
+    as ``Authorization: Bearer <token>`` on every request. Plain ``http://`` calls go
+    through ``pyrsia.shared.http_conn``'s lean keep-alive pool (``lean=False``: through aiohttp,
+    like every other URL).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        pool_limit: int = CONNECTION_POOL_LIMIT,
+        auth_token: str | None = _FROM_ENV,
+        lean: bool = True,
+    ):
+        self.timeout_s = timeout_s
+        self.lean = lean  # False: every call through aiohttp (a benchmark's baseline client)
+        self.retries = retries
+        self._pool_limit = pool_limit
+        self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None  # plain http: pyrsia.shared.http_conn
+        token = auth_token_from_env() if auth_token is _FROM_ENV else auth_token
+        self._headers = {"Content-Type": MSGPACK_CONTENT_TYPE}
+        if token is not None:
+            self._headers[AUTH_HEADER] = auth_header_value(token)
+
+    def _get_pool(self) -> ConnectionPool:
+        if self._pool is None or self._pool.closed:
+            self._pool = ConnectionPool(self._pool_limit, self._headers)
+        return self._pool
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._pool_limit, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),
+                headers=self._headers,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
+
+    async def _once_lean(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        """``_once`` through the lean keep-alive pool (plain http to Pyrsia's own servers)."""
+        try:
+            status, content_type, raw = await self._get_pool().request(method, url, data, timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ServiceUnavailableError(f"{url} did not answer within {timeout_s:.1f}s") from exc
+        except (OSError, ValueError, ProtocolError) as exc:
+            raise ServiceUnavailableError(f"cannot reach {url}: {exc}") from exc
+        if status >= 400:
+            raise _remote_error(url, status, raw)
+        if content_type == "application/json":
+            return json.loads(raw)
+        return unpackb(raw) if raw else None
+
+    async def _once(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        if self.lean and url.startswith("http://") and method != "HEAD":
+            return await self._once_lean(method, url, data, timeout_s)
+        session = self._get_session()
+        try:
+            async with session.request(
+                method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _remote_error(url, resp.status, raw)
+                if resp.content_type == "application/json":
+                    return json.loads(raw)
+                return unpackb(raw) if raw else None
+        except PersiaError:
+            raise
+        except asyncio.TimeoutError as exc:
+            raise ServiceUnavailableError(f"{url} did not answer within {timeout_s:.1f}s") from exc
+        except aiohttp.ClientError as exc:
+            raise ServiceUnavailableError(f"cannot reach {url}: {exc}") from exc
+
+    async def call(
+        self,
+        url: str,
+        body: Any = None,
+        *,
+        method: str = "POST",
+        idempotent: bool = False,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+        until: float | None = None,
+        encoded: bytes | None = None,
+    ) -> Any:
+        """Send ``body`` (msgpack-encoded) to ``url`` and return the decoded answer.
+
+        ``idempotent`` calls are retried ``retries`` times on unreachable peers,
+        timeouts and 503. With ``until`` (a ``time.monotonic()`` deadline) a 429 is
+        retried with backoff until the deadline instead of raised at once.
+        """
+        data = encoded if encoded is not None else (None if body is None else packb(body))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        attempts_left = (self.retries if retries is None else retries) if idempotent else 0
+        backoff = RETRY_BACKOFF_S
+        pressure_backoff = BACKPRESSURE_BACKOFF_S
+        while True:
+            try:
+                return await self._once(method, url, data, timeout)
+            except BackPressureError:
+                if until is None or time.monotonic() >= until:
+                    raise
+                await asyncio.sleep(pressure_backoff * (0.5 + random.random()))
+                pressure_backoff = min(pressure_backoff * 2, BACKPRESSURE_BACKOFF_MAX_S)
+            except ServiceUnavailableError as exc:
+                if attempts_left <= 0:
+                    raise
+                attempts_left -= 1
+                log.debug("retrying %s after %s", url, exc)
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)

@@ -1,0 +1,488 @@
+"""What every Pyrsia service's aiohttp app has in common.
+
+``make_app`` builds an app with ``GET /health``, ``GET /metrics`` (Prometheus text),
+the error middleware and request accounting; ``msgpack_handler`` turns
+``async def f(request, body) -> dict`` into a route that speaks msgpack, and ``read_body``
+is how any route reads its body. The middleware applies ``pyrsia.shared.http_body``'s limits to
+every route but ``/health`` and ``/metrics``: a ``Content-Length`` over the cap is a 413
+before the body is read, bodies held at once stay under ``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES``
+(503 + ``Retry-After`` beyond), and a client that hangs up or stalls mid-body is dropped
+with one INFO line (``PYRSIA_BODY_TIMEOUT_S``); ``serve``
+runs an app on uvloop until SIGTERM/SIGINT and then drains it: stop taking work
+(new requests get 503), wait for in-flight requests up to a bound, run the app's
+cleanup (which deregisters from Redis), exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import prometheus_client as prom
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily
+
+from pyrsia.shared.auth import AUTH_HEADER, AUTH_SCHEME, auth_token_from_env, is_authorized
+from pyrsia.shared.codec import packb, unpackb
+from pyrsia.shared.constants import (
+    BODY_TIMEOUT_S,
+    ENV_MAX_MESSAGE_BYTES,
+    INFLIGHT_BYTES_WAIT_S,
+    MAX_MESSAGE_BYTES,
+    MSGPACK_CONTENT_TYPE,
+    SHUTDOWN_CANCEL_S,
+    SHUTDOWN_GRACE_S,
+)
+from pyrsia.shared.errors import (
+    ConfigError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    PersiaError,
+    ServiceUnavailableError,
+)
+from pyrsia.shared.http_body import (
+    InflightBytes,
+    body_timeout_s,
+    max_inflight_request_bytes,
+    read_payload,
+)
+from pyrsia.shared.redaction import redact_value
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request, Any], Awaitable[Any]]
+
+_REFUSALS = ("too_large", "inflight_bytes")
+_ABORTS = ("disconnect", "timeout")
+_CHUNKED_HOLD = "pyrsia_chunked_hold"
+"""Request key of a chunked body's ``[bytes reserved]``, given back by the middleware."""
+_BODY_DROPPED = "pyrsia_body_dropped"
+"""Request key set by ``read_body`` once it has logged a body that never arrived in full."""
+
+
+@dataclass
+class ServiceState:
+    """Readiness, drain state and in-flight accounting of one service."""
+
+    name: str
+    ready: bool = False
+    reason: str = "starting"
+    draining: bool = False
+    inflight: int = 0
+    max_body_bytes: int = MAX_MESSAGE_BYTES
+    inflight_bytes: InflightBytes = field(default_factory=lambda: InflightBytes(MAX_MESSAGE_BYTES))
+    """Request-body bytes held now, bounded (``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES``)."""
+    body_timeout_s: float = BODY_TIMEOUT_S
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_REFUSALS, 0))
+    """Requests refused before their body was read, by reason (too_large, inflight_bytes)."""
+    aborted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_ABORTS, 0))
+    """Bodies that never arrived in full, by reason (disconnect, timeout)."""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    handlers: set[asyncio.Task] = field(default_factory=set)  # cancelled after the grace period
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def set_ready(self) -> None:
+        self.ready, self.reason = True, "ready"
+
+    def set_not_ready(self, reason: str) -> None:
+        self.ready, self.reason = False, reason
+
+
+STATE = web.AppKey("pyrsia_state", ServiceState)
+METRICS = web.AppKey("pyrsia_metrics", prom.CollectorRegistry)
+
+_UNGUARDED = frozenset({"/health", "/metrics"})
+
+
+def error_body(error: str, message: str, **extra: Any) -> bytes:
+    """The msgpack body of an error answer: ``{"error", "message", ...}``."""
+    return packb({"error": error, "message": message, **extra})
+
+
+def _error_response(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(error, message, **extra), content_type=MSGPACK_CONTENT_TYPE
+    )
+
+
+def _error_fields(exc: PersiaError) -> dict[str, Any]:
+    """The extra fields of an error body: what the sender needs to fix its request."""
+    if isinstance(exc, InvalidInputError):
+        return {"field": exc.field, "expected": exc.expected}
+    if isinstance(exc, PayloadTooLargeError) and exc.limit is not None:
+        return {"limit": exc.limit}
+    return {}
+
+
+def _persia_error_response(exc: PersiaError) -> web.Response:
+    response = _error_response(exc.status, exc.kind, str(exc), **_error_fields(exc))
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+def _too_large(state: ServiceState) -> web.Response:
+    limit = state.max_body_bytes
+    message = f"request body is over the {limit}-byte cap ({ENV_MAX_MESSAGE_BYTES})"
+    return _error_response(PayloadTooLargeError.status, "too_large", message, limit=limit)
+
+
+def _refuse_unread(response: web.Response) -> web.Response:
+    """Close the connection after ``response``, whose request body was not (all) read.
+
+    aiohttp still reads and drops what the client sends for a while (its lingering time)
+    before closing, so the client gets this answer rather than a reset."""
+    response.force_close()
+    return response
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Map every failure to a status and a msgpack body; never leak a traceback.
+
+    Before the handler runs, a body's ``Content-Length`` is checked against the cap (413)
+    and reserved under the in-flight bound (503 + ``Retry-After`` when no room comes within
+    ``INFLIGHT_BYTES_WAIT_S``); the reservation is given back once the answer is made.
+    """
+    state = request.app[STATE]
+    guarded = request.path not in _UNGUARDED
+    if guarded and state.draining:
+        return _error_response(503, "unavailable", f"{state.name} is shutting down")
+    task = asyncio.current_task()
+    held = 0
+    chunked: list[int] | None = None
+    if guarded:
+        state.inflight += 1
+        state.idle.clear()
+        if task is not None:
+            state.handlers.add(task)
+    try:
+        if guarded:
+            length = request.content_length
+            if length:
+                if length > state.max_body_bytes:
+                    state.refused["too_large"] += 1
+                    return _refuse_unread(_too_large(state))
+                if not state.inflight_bytes.take_now(length):
+                    try:
+                        await state.inflight_bytes.take(length, INFLIGHT_BYTES_WAIT_S)
+                    except ServiceUnavailableError as exc:
+                        state.refused["inflight_bytes"] += 1
+                        return _refuse_unread(_persia_error_response(exc))
+                held = length
+            elif length is None and request.body_exists:  # chunked: reserved as it arrives
+                chunked = request[_CHUNKED_HOLD] = [0]
+        return await handler(request)
+    except ConnectionResetError as exc:
+        if not request.get(_BODY_DROPPED):
+            log.exception("internal error on %s %s", request.method, request.path)
+            return _error_response(500, "internal_error", "internal error; see the service log")
+        # logged once by read_body; the connection is closed, so this answer goes nowhere
+        return _refuse_unread(_error_response(408, "request_timeout", str(exc)))
+    except web.HTTPRequestEntityTooLarge:
+        return _refuse_unread(_too_large(state))
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
+        raise
+    except PersiaError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.path, exc)
+        response = _persia_error_response(exc)
+        return _refuse_unread(response) if not request.content.is_eof() else response
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _error_response(500, "internal_error", "internal error; see the service log")
+    finally:
+        if guarded:
+            state.inflight -= 1
+            state.handlers.discard(task)
+            if state.inflight == 0:
+                state.idle.set()
+            if held:
+                state.inflight_bytes.give(held)
+            elif chunked is not None and chunked[0]:
+                state.inflight_bytes.give(chunked[0])
+
+
+def auth_middleware(token: str) -> Callable:
+    """Answer 401 to any request whose ``Authorization`` header does not carry ``token``.
+
+    It runs before anything else (before the body is read), on every route.
+    """
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
+        if not is_authorized(request.headers.get(AUTH_HEADER), token):
+            response = _error_response(
+                401,
+                "unauthorized",
+                f"missing or wrong '{AUTH_HEADER}: {AUTH_SCHEME} <token>' header: every "
+                "process of the job needs the same PERSIA_AUTH_TOKEN",
+            )
+            response.headers["WWW-Authenticate"] = AUTH_SCHEME
+            return response
+        return await handler(request)
+
+    return check
+
+
+def msgpack_handler(func: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Wrap ``func(request, body)`` so it takes and returns msgpack bodies."""
+
+    async def route(request: web.Request) -> web.Response:
+        raw = await read_body(request)
+        body = unpackb(raw, max_bytes=request.app[STATE].max_body_bytes) if raw else None
+        del raw  # the decoded body is what the handler needs; let the raw one go first
+        result = await func(request, body)
+        if isinstance(result, web.StreamResponse):
+            return result
+        return web.Response(body=packb(result), content_type=MSGPACK_CONTENT_TYPE)
+
+    route.__name__ = func.__name__
+    route.__doc__ = func.__doc__
+    return route
+
+
+async def read_body(request: web.Request) -> bytes | bytearray:
+    """The request's whole body, read under the service's limits (``pyrsia.shared.http_body``).
+
+    Use it instead of ``request.read()``, which keeps a second copy of the body and lets
+    aiohttp buffer up to twice the cap. A chunked body is counted against the in-flight
+    bound as it arrives and cut at the cap (``PayloadTooLargeError``); a client that hangs
+    up or stalls raises ``BodyAborted``, which the middleware logs as one INFO line.
+    """
+    state = request.app[STATE]
+    chunked = request.get(_CHUNKED_HOLD)
+    try:
+        return await read_payload(
+            request.content,
+            length=request.content_length,
+            cap=state.max_body_bytes,
+            timeout_s=state.body_timeout_s,
+            charge=state.inflight_bytes if chunked is not None else None,
+            charged=chunked,
+            wait_s=INFLIGHT_BYTES_WAIT_S,
+        )
+    except (ConnectionResetError, TimeoutError) as exc:
+        # the client's problem, not ours: one INFO line, no traceback, and the request is
+        # dropped (a timed-out client is disconnected; no answer could reach either)
+        reason = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
+        state.aborted[reason] += 1
+        request[_BODY_DROPPED] = True
+        log.info("%s %s from %s: %s; request dropped", request.method, request.path,
+                 request.remote, exc)  # fmt: skip
+        if request.transport is not None:
+            request.transport.close()
+        raise ConnectionResetError(str(exc)) from None
+
+
+def require_ready(request: web.Request) -> None:
+    """Raise 503 naming the reason when the service is not ready for work."""
+    state = request.app[STATE]
+    if not state.ready:
+        raise ServiceUnavailableError(f"{state.name} is not ready: {state.reason}")
+
+
+async def _health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = {
+        "service": state.name,
+        "ready": state.ready and not state.draining,
+        "reason": "shutting down" if state.draining else state.reason,
+        **state.details,
+    }
+    status = 200 if body["ready"] else 503
+    # /health answers without a token: a reason quoting the Redis URL must not show its password
+    return web.json_response(redact_value(body), status=status)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    payload = prom.generate_latest(request.app[METRICS])
+    return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
+
+
+def max_message_bytes() -> int:
+    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` if set, else ``MAX_MESSAGE_BYTES``."""
+    raw = os.environ.get(ENV_MAX_MESSAGE_BYTES)
+    if not raw:
+        return MAX_MESSAGE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{ENV_MAX_MESSAGE_BYTES}: expected a positive integer, got {raw!r}")
+    return value
+
+
+_FROM_ENV = "from the environment"
+
+
+def make_app(
+    name: str, *, client_max_size: int | None = None, auth_token: str | None = _FROM_ENV
+) -> web.Application:
+    """An aiohttp app with health, metrics, error handling and drain support.
+
+    ``client_max_size`` caps request bodies (413 beyond; default ``max_message_bytes()``);
+    ``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES`` bounds the bodies held at once and
+    ``PYRSIA_BODY_TIMEOUT_S`` the gaps in one (``pyrsia.shared.http_body``; a bad value is a
+    ``ConfigError`` naming the variable).
+    ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``) makes every route require it (401).
+    """
+    client_max_size = client_max_size or max_message_bytes()
+    inflight = InflightBytes(max_inflight_request_bytes(client_max_size))
+    timeout_s = body_timeout_s()
+    if auth_token is _FROM_ENV:
+        auth_token = auth_token_from_env()
+    middlewares = [error_middleware]
+    if auth_token is not None:
+        middlewares.insert(0, auth_middleware(auth_token))
+    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
+    state = ServiceState(
+        name=name,
+        max_body_bytes=client_max_size,
+        inflight_bytes=inflight,
+        body_timeout_s=timeout_s,
+    )
+    state.idle.set()
+    app[STATE] = state
+    app[METRICS] = _body_metrics(state, prom.CollectorRegistry())
+    # process_resident_memory_bytes, process_start_time_seconds, process_cpu_seconds_total:
+    # read from /proc at scrape time (memory and uptime in `persia-launcher status`)
+    prom.ProcessCollector(registry=app[METRICS])
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+class _CountsCollector:
+    """Prometheus counters read from ``ServiceState``'s plain dicts at scrape time (no
+    per-request cost on the hot path)."""
+
+    def __init__(self, state: ServiceState):
+        self.state = state
+
+    def collect(self) -> list[CounterMetricFamily]:
+        refused = CounterMetricFamily(
+            "pyrsia_requests_refused",
+            "requests refused before their body was read, by reason (too_large: "
+            "Content-Length over the cap; inflight_bytes: no room under the in-flight bound)",
+            labels=["reason"],
+        )
+        for reason, n in self.state.refused.items():
+            refused.add_metric([reason], n)
+        aborted = CounterMetricFamily(
+            "pyrsia_request_bodies_aborted",
+            "request bodies that never arrived in full, by reason (disconnect, timeout)",
+            labels=["reason"],
+        )
+        for reason, n in self.state.aborted.items():
+            aborted.add_metric([reason], n)
+        return [refused, aborted]
+
+
+def _body_metrics(state: ServiceState, registry: prom.CollectorRegistry) -> prom.CollectorRegistry:
+    """The request-body gauges and counters every service exports, read at scrape time."""
+    budget = state.inflight_bytes
+    prom.Gauge(
+        "pyrsia_request_bytes_held",
+        "request-body bytes held now (reserved from Content-Length, or as chunks arrive)",
+        registry=registry,
+    ).set_function(lambda: budget.held)
+    prom.Gauge(
+        "pyrsia_request_bytes_held_peak",
+        "most request-body bytes held at once since the service started",
+        registry=registry,
+    ).set_function(lambda: budget.peak)
+    prom.Gauge(
+        "pyrsia_request_bytes_held_limit",
+        "bound on request-body bytes held at once (PYRSIA_MAX_INFLIGHT_REQUEST_BYTES)",
+        registry=registry,
+    ).set_function(lambda: budget.limit)
+    registry.register(_CountsCollector(state))
+    return registry
+
+
+def install_uvloop() -> None:
+    """Use uvloop's event loop policy when it is installed (it is a dependency on Linux)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    on_started: Callable[[int], Awaitable[None]] | None = None,
+    grace_s: float = SHUTDOWN_GRACE_S,
+) -> None:
+    """Run ``app`` until SIGTERM/SIGINT, then drain it and clean up.
+
+    ``on_started(port)`` runs once the socket is bound (``port=0`` picks a free port);
+    it is where a service registers itself. Cleanup contexts run last, so a service
+    deregisters only after its in-flight work is done.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # shutdown_timeout: aiohttp's default (60 s) would wait that long for a handler still
+    # running after our drain, far past the SIGKILL of honcho / docker compose.
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_CANCEL_S
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("%s listening on %s:%d", app[STATE].name, host, bound)
+        if on_started is not None:
+            await on_started(bound)
+        await stop.wait()
+        log.info("%s: signal received, draining", app[STATE].name)
+        await drain(app, grace_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    log.info("%s stopped", app[STATE].name)
+
+
+async def drain(app: web.Application, grace_s: float) -> None:
+    """Refuse new work and wait (at most ``grace_s``) for in-flight requests to end."""
+    state = app[STATE]
+    state.draining = True
+    start = time.monotonic()
+    try:
+        await asyncio.wait_for(state.idle.wait(), timeout=grace_s)
+    except asyncio.TimeoutError:
+        log.warning(
+            "%s: %d requests still running after %.1fs; cancelling them",
+            state.name,
+            state.inflight,
+            grace_s,
+        )
+        # ours to cancel, bounded: aiohttp's own shutdown would wait whole seconds per
+        # connection (its timeouts round up), past the supervisor's SIGKILL
+        pending = list(state.handlers)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=SHUTDOWN_CANCEL_S)
+    else:
+        log.info("%s drained in %.2fs", state.name, time.monotonic() - start)

@@ -1,0 +1,36 @@
+"""Log configuration for entry points (services, launcher). Libraries only get loggers."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.redaction import redacting_formatter
+
+_FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
+
+
+def configure_logging(service: str, replica_index: int | None = None) -> None:
+    """Log to stderr with the service name and replica index on every line.
+
+    The level comes from ``LOG_LEVEL`` (default INFO); an unknown level is reported
+    and INFO is used. Every line (arguments and tracebacks included) goes through
+    ``pyrsia.shared.redaction``: the Redis password and ``PERSIA_AUTH_TOKEN`` come out as ``***``.
+    """
+    tag = service if replica_index is None else f"{service}/{replica_index}"
+    raw = (os.environ.get(ENV_LOG_LEVEL) or "INFO").upper()
+    level = logging.getLevelName(raw)
+    bad_level = not isinstance(level, int)
+    logging.basicConfig(
+        level=logging.INFO if bad_level else level,
+        format=_FORMAT.format(tag=tag),
+        force=True,
+    )
+    formatter = redacting_formatter(_FORMAT.format(tag=tag))
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
+    if bad_level:
+        logging.getLogger(__name__).warning(
+            "%s=%r is not a log level (DEBUG, INFO, WARNING, ERROR); using INFO", ENV_LOG_LEVEL, raw
+        )

@@ -1,3 +1,0 @@
-from services.embedding_ps.main import main
-
-raise SystemExit(main())

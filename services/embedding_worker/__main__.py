@@ -1,3 +1,0 @@
-from services.embedding_worker.main import main
-
-raise SystemExit(main())
