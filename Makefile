@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first: the CPU wheel on this machine's disk; a bare "torch" would pull a CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,bench]'
 	# the numba kernels compiled now, at install, not on the first job's path
 	$(PY) -m pyrsia.services.warmup
 	touch $(STAMP)
