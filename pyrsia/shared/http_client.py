@@ -5,6 +5,14 @@ Every call has a timeout; idempotent calls are retried with exponential backoff 
 connection failures, timeouts and 503; ``until`` makes a call keep retrying 429
 (back-pressure) until a deadline. Failures surface as the project's exceptions
 (``pyrsia.shared.errors``): no aiohttp exception leaves this module.
+
+A peer that does not answer is never silent in the log: while an attempt has had no
+answer for ``stall_report_s`` (5 s by default) a warning names the URL and the seconds
+waited, again every ``stall_report_s``, and the retry after such an attempt is a warning
+naming the URL and the seconds since the call began (a quick refusal or 503, a peer
+restarting, is retried quietly as before). On a pulled cable TCP retransmits
+into the dead link and nothing fails before the request's own deadline (60 s by default),
+so without these lines a partition looks like an idle job.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ from pyrsia.shared.errors import (
 from pyrsia.shared.http_conn import ConnectionPool
 
 log = logging.getLogger(__name__)
+
+STALL_REPORT_S = 5.0
+"""An attempt without an answer for this long is logged (a warning), and again every period."""
 
 _BY_STATUS: dict[int, type[RemoteError]] = {
     400: RemoteBadRequestError,
@@ -91,7 +102,12 @@ class HttpClient:
         pool_limit: int = CONNECTION_POOL_LIMIT,
         auth_token: str | None = _FROM_ENV,
         lean: bool = True,
+        stall_report_s: float = STALL_REPORT_S,
     ):
+        """``stall_report_s``: the period of the warning an unanswered attempt logs."""
+        if not stall_report_s > 0:
+            raise ValueError(f"stall_report_s: expected seconds > 0, got {stall_report_s!r}")
+        self.stall_report_s = stall_report_s
         self.timeout_s = timeout_s
         self.lean = lean  # False: every call through aiohttp (a benchmark's baseline client)
         self.retries = retries
@@ -184,18 +200,55 @@ class HttpClient:
         attempts_left = (self.retries if retries is None else retries) if idempotent else 0
         backoff = RETRY_BACKOFF_S
         pressure_backoff = BACKPRESSURE_BACKOFF_S
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         while True:
+            report = _StallReport(loop, url, timeout, self.stall_report_s)
             try:
                 return await self._once(method, url, data, timeout)
             except BackPressureError:
+                report.cancel()  # answered: not silent, and no report during the backoff
                 if until is None or time.monotonic() >= until:
                     raise
                 await asyncio.sleep(pressure_backoff * (0.5 + random.random()))
                 pressure_backoff = min(pressure_backoff * 2, BACKPRESSURE_BACKOFF_MAX_S)
             except ServiceUnavailableError as exc:
+                report.cancel()
                 if attempts_left <= 0:
                     raise
                 attempts_left -= 1
-                log.debug("retrying %s after %s", url, exc)
+                # an attempt that outlived a stall report is a silent peer: say so; a quick
+                # refusal or 503 (a peer restarting, not ready yet) is retried quietly
+                silent = loop.time() - report.started >= self.stall_report_s
+                log.log(
+                    logging.WARNING if silent else logging.DEBUG,
+                    "%s; retrying, %.1f s since the call began (%d %s left)",
+                    exc, loop.time() - began, attempts_left + 1,
+                    "attempt" if attempts_left == 0 else "attempts",
+                )  # fmt: skip
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+            finally:
+                report.cancel()
+
+
+class _StallReport:
+    """Logs, every ``period`` while it is not cancelled, that ``url`` has not answered."""
+
+    __slots__ = ("loop", "url", "timeout", "period", "started", "handle")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, timeout: float, period: float):
+        self.loop, self.url, self.timeout, self.period = loop, url, timeout, period
+        self.started = loop.time()
+        self.handle = loop.call_at(self.started + period, self._report)
+
+    def _report(self) -> None:
+        waited = self.loop.time() - self.started
+        log.warning(
+            "no answer from %s for %.1f s (the attempt times out at %g s)",
+            self.url, waited, self.timeout,
+        )  # fmt: skip
+        self.handle = self.loop.call_at(self.loop.time() + self.period, self._report)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
