@@ -140,6 +140,62 @@ class Worker:
             self._dim_counter(dim).inc(group.ids.shape[0])
         return out, gather
 
+    async def lookup(self, batch_id: int, train: bool, gathered: bool) -> Embeddings:
+        """``/lookup``: the embeddings of a buffered batch; a training batch then awaits its
+        gradients (the HTTP route and the embedded mode, pyrsia/services/nn_worker, call it)."""
+        pending = self.forward.pop(batch_id)
+        embeddings, plan = await self.embeddings(pending, train, gathered)
+        if train and pending.requires_grad:
+            self.awaiting.put(batch_id, Awaited(pending.prepared, plan))
+        return Embeddings(embeddings, batch_id, pending.requires_grad)
+
+    async def lookup_direct(self, batch: IDPart, train: bool, gathered: bool) -> Embeddings:
+        """``/lookup_direct``: the embeddings of a checked id half, no buffering; a training
+        lookup of a batch that requires grad awaits its gradients under a negative id."""
+        pending = await self.offload.run(_batch_ids(batch), self.prepare, batch)
+        embeddings, plan = await self.embeddings(pending, train, gathered)
+        batch_id = None
+        if train and pending.requires_grad:
+            batch_id = -next(self.direct_ids)
+            self.awaiting.put(batch_id, Awaited(pending.prepared, plan))
+        return Embeddings(embeddings, batch_id, pending.requires_grad)
+
+    async def apply_gradients(self, msg: Gradients) -> GradientsApplied:
+        """``/gradients``: pooled gradients (and a gathered answer's table gradients) turned
+        into per-id gradients and pushed to the PS replicas."""
+        batch_id = msg.batch_id
+        by_name = dict(msg.gradients)
+        # Checked before the batch leaves the awaiting buffer: a refused body changes nothing.
+        awaited = self.awaiting.peek(batch_id)
+        prepared, plan = awaited.prepared, awaited.gather
+        check_gradients(awaited, batch_id, by_name, msg.tables, msg.skipped_slots)
+        self.awaiting.pop(batch_id)
+        started = time.perf_counter()
+
+        def backward() -> tuple[list, list[str]]:
+            grads, skipped = pool_backward(
+                prepared, [by_name.get(n) for n in prepared.slot_names], msg.loss_scale,
+                plan.positions,
+            )  # fmt: skip
+            nan_skipped = [n for n in skipped if n in by_name]
+            if plan.groups:
+                more, nonfinite = gather_backward(
+                    prepared, plan, msg.tables, msg.skipped_slots, msg.loss_scale, grads
+                )
+                skipped, nan_skipped = skipped + more, nan_skipped + nonfinite
+            return replica_updates(prepared, grads, skipped), nan_skipped
+
+        per_replica, nan_skipped = await self.offload.run(_occurrences(prepared), backward)
+        for name in nan_skipped:
+            self.metrics["nan_skipped"].labels(slot=name).inc()
+        if nan_skipped:
+            log.warning(
+                "batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped
+            )
+        totals, dropped = await self.ps.update(per_replica)
+        self.metrics["update_latency"].observe(time.perf_counter() - started)
+        return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped)
+
 
 WORKER = web.AppKey("ew_worker", Worker)
 
@@ -176,11 +232,7 @@ async def lookup(request: web.Request, body: Any) -> dict:
     """Pooled embeddings of a buffered batch; a training batch then awaits its gradients."""
     worker = _worker(request)
     msg = Lookup.from_wire(body)
-    pending = worker.forward.pop(msg.batch_id)
-    embeddings, plan = await worker.embeddings(pending, msg.train, msg.gathered)
-    if msg.train and pending.requires_grad:
-        worker.awaiting.put(msg.batch_id, Awaited(pending.prepared, plan))
-    return Embeddings(embeddings, msg.batch_id, pending.requires_grad).to_wire()
+    return (await worker.lookup(msg.batch_id, msg.train, msg.gathered)).to_wire()
 
 
 @msgpack_handler
@@ -188,13 +240,7 @@ async def lookup_direct(request: web.Request, body: Any) -> dict:
     """Evaluation / inference path: ids in the request, no buffering; eval never inserts."""
     worker = _worker(request)
     msg = LookupDirect.from_wire(body)
-    pending = await worker.offload.run(_batch_ids(msg.batch), worker.prepare, msg.batch)
-    embeddings, plan = await worker.embeddings(pending, msg.train, msg.gathered)
-    batch_id = None
-    if msg.train and pending.requires_grad:
-        batch_id = -next(worker.direct_ids)
-        worker.awaiting.put(batch_id, Awaited(pending.prepared, plan))
-    return Embeddings(embeddings, batch_id, pending.requires_grad).to_wire()
+    return (await worker.lookup_direct(msg.batch, msg.train, msg.gathered)).to_wire()
 
 
 @msgpack_handler
@@ -202,37 +248,7 @@ async def gradients(request: web.Request, body: Any) -> dict:
     """Turn pooled gradients (and a gathered answer's table gradients) into per-id gradients
     and push them to the PS replicas."""
     worker = _worker(request)
-    msg = Gradients.from_wire(body)
-    batch_id = msg.batch_id
-    by_name = dict(msg.gradients)
-    # Checked before the batch leaves the awaiting buffer: a refused body changes nothing.
-    awaited = worker.awaiting.peek(batch_id)
-    prepared, plan = awaited.prepared, awaited.gather
-    check_gradients(awaited, batch_id, by_name, msg.tables, msg.skipped_slots)
-    worker.awaiting.pop(batch_id)
-    started = time.perf_counter()
-
-    def backward() -> tuple[list, list[str]]:
-        grads, skipped = pool_backward(
-            prepared, [by_name.get(n) for n in prepared.slot_names], msg.loss_scale,
-            plan.positions,
-        )  # fmt: skip
-        nan_skipped = [n for n in skipped if n in by_name]
-        if plan.groups:
-            more, nonfinite = gather_backward(
-                prepared, plan, msg.tables, msg.skipped_slots, msg.loss_scale, grads
-            )
-            skipped, nan_skipped = skipped + more, nan_skipped + nonfinite
-        return replica_updates(prepared, grads, skipped), nan_skipped
-
-    per_replica, nan_skipped = await worker.offload.run(_occurrences(prepared), backward)
-    for name in nan_skipped:
-        worker.metrics["nan_skipped"].labels(slot=name).inc()
-    if nan_skipped:
-        log.warning("batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped)
-    totals, dropped = await worker.ps.update(per_replica)
-    worker.metrics["update_latency"].observe(time.perf_counter() - started)
-    return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped).to_wire()
+    return (await worker.apply_gradients(Gradients.from_wire(body))).to_wire()
 
 
 def _fan_out(path: str, message: type[Configure | RegisterOptimizer | Directory | Empty]):
@@ -283,8 +299,8 @@ async def stats(request: web.Request, body: Any) -> dict:
     return WorkerStats(len(worker.forward), len(worker.awaiting), ps, details).to_wire()
 
 
-def _metrics(app: web.Application, worker_ref: list[Worker]) -> dict[str, Any]:
-    reg = app[METRICS]
+def worker_metrics(reg: prom.CollectorRegistry, worker_ref: list[Worker]) -> dict[str, Any]:
+    """The metrics a :class:`Worker` updates, on ``reg`` (its app's, or a private one)."""
     pending = prom.Gauge("pyrsia_ew_pending_batches", "batches waiting for lookup", registry=reg)
     pending.set_function(lambda: len(worker_ref[0].forward) if worker_ref else 0)
     stale = prom.Gauge(
@@ -339,7 +355,7 @@ def create_app(
     ``max_request_bytes``)."""
     app = make_app(f"embedding_worker/{index}", client_max_size=max_request_bytes)
     worker_ref: list[Worker] = []
-    metrics = _metrics(app, worker_ref)
+    metrics = worker_metrics(app[METRICS], worker_ref)
     ttl = float(config.buffered_data_expired_sec)
     worker = Worker(
         index=index,
