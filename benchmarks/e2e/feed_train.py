@@ -1,0 +1,160 @@
+"""NN-worker script of the feed-rate benchmark: one pass with a dense step that costs no CPU.
+
+Run by ``persia-launcher nn-worker benchmarks/e2e/feed_train.py --nproc-per-node 1`` from
+``benchmarks/feed_rate.py``. Environment, as ``train.py``: ``E2E_DATA``, ``E2E_RESULT``,
+``E2E_THREADS``, ``E2E_STALENESS``, ``E2E_MAX_STEPS``; and ``FEED_DENSE``, the dense step:
+
+- ``sleep``: the GPU's stand-in. ``time.sleep(FEED_DENSE_MS / 1000)`` takes the place of
+  forward, backward and the dense optimizer; the loss handed to ``ctx.backward`` is
+  ``FEED_GRAD * sum(embeddings)``, so every slot's gradient is the fixed tensor
+  ``FEED_GRAD`` of the embedding's shape, sent and applied by the servers as a real one.
+  The dense model is a one-parameter stand-in that gets no gradient.
+- ``cpu``: the benchmark's DLRM (``model.py``) on the CPU, as ``train.py`` trains it.
+- ``cuda``: the same DLRM on CUDA device 0 (``TrainCtx(device_id=0)``: the batch's tensors
+  are copied to the GPU, the gradients back), in full precision.
+
+The training window is ``train.py``'s: from the end of the first step to the last
+gradients applied. Rank 0 writes its JSON to ``E2E_RESULT``: samples, steps, seconds,
+samples/s, the training thread's phases (wall and CPU seconds: ``features``, ``dense``
+the dense step, ``autograd``, ``gradient_send``, ``dense_step``, ``wait``, ``other``),
+each thread's CPU seconds and the ``t_first`` / ``t_end`` wall clock of the window; and
+``marks``: for the two steps ``FEED_WINDOW="i,j"`` names (the benchmark's steady window),
+the wall clock, samples, each thread's CPU seconds and the phases so far after that step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+from data import load
+from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
+from train import difference, threads_cpu
+
+from persia.ctx import TrainCtx
+from persia.data import DataLoader, StreamingDataset
+from persia.embedding import EmbeddingConfig
+from persia.embedding.optim import Adagrad
+from pyrsia.services.nn_worker.step_clock import StepClock
+
+DENSE_MODES = ("sleep", "cpu", "cuda")
+
+
+def stand_in_loss(embeddings: list[torch.Tensor], grad: float) -> torch.Tensor:
+    """``grad * sum of every embedding``: each slot's gradient is the constant ``grad``."""
+    return torch.stack([e.sum() for e in embeddings]).sum() * grad
+
+
+def snapshot(ctx: TrainCtx, clock: StepClock, samples: int) -> dict:
+    """Where the job stands after a step: wall clock, samples, each thread's CPU seconds and
+    the training thread's phases so far (this loop's and ``ctx.backward``'s)."""
+    phases = {**clock.snapshot(), **ctx.step_clock.snapshot()}
+    return {"t": time.time(), "samples": samples, "threads_cpu_s": threads_cpu(), "phases": phases}
+
+
+def main() -> None:
+    dense = os.environ.get("FEED_DENSE", "sleep")
+    if dense not in DENSE_MODES:
+        raise SystemExit(f"FEED_DENSE: expected one of {DENSE_MODES}, got {dense!r}")
+    dense_s = float(os.environ.get("FEED_DENSE_MS", "2")) / 1e3
+    grad = float(os.environ.get("FEED_GRAD", "1e-4"))
+    torch.set_num_threads(int(os.environ.get("E2E_THREADS", "1")))
+    data = load(os.environ["E2E_DATA"])
+    staleness = int(os.environ.get("E2E_STALENESS", "8"))
+    max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
+    device_id = 0 if dense == "cuda" else None
+    if dense == "sleep":
+        model: torch.nn.Module = torch.nn.Linear(1, 1)  # gets no gradient: the step is a sleep
+    else:
+        model = build_model(len(data["slot_names"]), data["train_dense"].shape[1])
+        if device_id is not None:
+            model = model.cuda(device_id)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    ctx_args = dict(
+        model=model,
+        embedding_optimizer=Adagrad(
+            lr=EMBEDDING_LR, initial_accumulator_value=INITIAL_ACCUMULATOR, eps=ADAGRAD_EPS
+        ),
+        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR),
+        embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
+        mixed_precision=False,  # fp32 on every side, as the baseline
+        device_id=device_id,
+    )
+    clock = StepClock()
+    steps = samples = 0
+    window = os.environ.get("FEED_WINDOW", "")
+    marks: dict[int, dict | None] = {int(i): None for i in window.split(",")} if window else {}
+    with TrainCtx(**ctx_args) as ctx:
+        loader = DataLoader(
+            StreamingDataset(buffer_size=16), reproducible=True, embedding_staleness=staleness
+        )
+        it = iter(loader)
+        batch = next(it, None)
+        t0 = t_first = None
+        first_samples, ctx_before, threads_before = 0, {}, {}
+        while batch is not None:
+            clock.start()
+            non_id, embeddings, labels = ctx.prepare_features(batch)
+            clock.lap("features")
+            if dense == "sleep":
+                time.sleep(dense_s)
+                clock.lap("dense")
+                loss = stand_in_loss(embeddings, grad)
+            else:
+                loss = loss_fn(ctx.model(non_id, embeddings), labels[0])
+                clock.lap("dense")
+            ctx.backward(loss)
+            steps += 1
+            samples += batch.batch_size
+            if steps in marks:  # the steady window's ends: wall clock, thread CPU, phases
+                marks[steps] = snapshot(ctx, clock, samples)
+            if t0 is None:
+                t0, t_first, first_samples = time.perf_counter(), time.time(), samples
+                whole = StepClock()
+                whole.start()
+                clock = StepClock()
+                ctx_before, threads_before = ctx.step_clock.snapshot(), threads_cpu()
+            if max_steps is not None and steps >= max_steps:
+                break
+            clock.start()
+            batch = next(it, None)
+            clock.lap("wait")
+        if t0 is None:
+            raise SystemExit("feed_train: the data loader sent no batch")
+        whole.lap("loop")
+        clock.start()
+        ctx.wait_for_gradients()
+        if dense == "cuda":
+            torch.cuda.synchronize(device_id)
+        clock.lap("flush")
+        train_seconds = time.perf_counter() - t0
+        t_end = time.time()
+        threads_window = difference(threads_cpu(), threads_before)
+        phases = clock.snapshot()
+        for name, now in ctx.step_clock.snapshot().items():
+            was = ctx_before.get(name, {})
+            phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
+        phases["other"] = {
+            key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
+            for key, total in whole.snapshot()["loop"].items()
+        }
+    timed_steps = steps - 1
+    result = {
+        "dense": dense, "dense_ms": dense_s * 1e3 if dense == "sleep" else None,
+        "samples": samples, "steps": steps, "timed_steps": timed_steps,
+        "timed_samples": samples - first_samples, "train_seconds": train_seconds,
+        "samples_per_s": (samples - first_samples) / train_seconds if timed_steps else 0.0,
+        "phases": phases, "threads_cpu_s": threads_window, "threads": torch.get_num_threads(),
+        "staleness": staleness, "t_first": t_first, "t_end": t_end,
+        "marks": {str(k): v for k, v in marks.items()},
+        "device": torch.cuda.get_device_name(device_id) if device_id is not None else "cpu",
+    }  # fmt: skip
+    with open(os.environ["E2E_RESULT"], "w") as fh:
+        json.dump(result, fh)
+    print(f"feed train ({dense}): {samples} samples, {steps} steps in {train_seconds:.2f}s")
+
+
+if __name__ == "__main__":
+    main()

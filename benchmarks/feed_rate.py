@@ -1,0 +1,438 @@
+"""Feed-rate benchmark: how many samples/s one NN-worker process can be fed (issue 30).
+
+The DLRM job of ``benchmarks/e2e`` (redis-server, one embedding PS, one embedding worker,
+one data loader, one NN-worker process, all real processes on loopback), with the NN
+worker's dense step replaced (``benchmarks/e2e/feed_train.py``):
+
+- ``--dense sleep``: a fixed ``time.sleep(--dense-ms)`` stands in for the GPU; every slot's
+  embedding gradient is a fixed tensor of the embedding's shape, so the embedding worker
+  and the PS do their real work (routing, pooling, gradient fan-out, Adagrad updates);
+- ``--dense cpu``: the real DLRM on the CPU (``--threads`` torch threads), for comparison;
+- ``--dense cuda``: the real DLRM on CUDA device 0 (no network needed).
+
+Data: the real Census-Income (KDD) set and the Criteo-shaped synthetic set
+(``benchmarks/e2e/data.py``), at each ``--batches`` size (default 1,024 and 8,192). The data
+loader sends the training split as many times as it takes for ``--min-steps`` batches.
+
+Measured in the steady window (the steps from 20 % to 80 % of the run: the ramp-up of the
+pipeline's queues and the data loader finishing early are outside it):
+
+- samples/s of the NN-worker process;
+- CPU ms per batch of the NN-worker process outside the dense step (all its threads, less
+  the training thread's dense phases and, for ``cpu``/``cuda``, torch's intra-op threads);
+- CPU ms per batch of each service (PS, embedding worker, data loader), from ``/proc``;
+- from those, how many NN workers at this rate one embedding-worker core and one PS core
+  can feed (``1 / (service CPU s per batch) / (NN-worker batches/s)``).
+
+In the same run the 2-thread plain-PyTorch baseline (``benchmarks/baseline.py``, the e2e
+benchmark's) trains the same batches; each configuration's ratio is its samples/s over the
+baseline's at the same batch size (target for ``sleep``: >= 4). Prints a table and the JSON
+path (with the CPU model), writes a PNG of samples/s per configuration beside the JSON, and
+ends with::
+
+    RESULT feed_samples_per_s=... baseline_samples_per_s=... ratio=...
+
+(the first data set's sleep configuration at the first batch size).
+
+    python benchmarks/feed_rate.py [--dense sleep,cpu] [--dense-ms 2] [--batches 1024,8192]
+                                   [--datasets census,criteo] [--criteo-rows 200000]
+                                   [--min-steps 150] [--max-steps 0] [--json F] [--png F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import REPO, Cluster, fmt_rate, machine_info, print_table, write_json
+
+sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
+
+from baseline import array_batches, train_single_process  # noqa: E402
+from e2e import data as e2e_data  # noqa: E402
+from e2e.model import (  # noqa: E402  # noqa: E402
+    DENSE_LR,
+    EMBEDDING_DIM,
+    EMBEDDING_LR,
+    INIT_RANGE,
+    INITIAL_ACCUMULATOR,
+    SEED,
+    build_model,
+)
+from e2e.procs import CpuSampler  # noqa: E402
+
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
+from tests.redis_server import free_port  # noqa: E402
+
+E2E = REPO / "benchmarks" / "e2e"
+DENSE_MODES = ("sleep", "cpu", "cuda")
+SERVICES = ("embedding_ps", "embedding_worker", "data_loader")
+WINDOW = (0.2, 0.8)  # the steady window, as fractions of the run's steps
+RUN_TIMEOUT_S = 1200.0
+TARGET_RATIO = 4.0
+
+
+# ------------------------------------------------------------------------------- one run
+def steady_window(steps: int) -> tuple[int, int]:
+    """The first and last step (1-based, after the step) of the steady window of ``steps``."""
+    lo = max(2, int(WINDOW[0] * steps))  # after the untimed first step
+    hi = max(lo + 1, int(WINDOW[1] * steps))
+    return lo, min(hi, steps)
+
+
+def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: str,
+             dense_ms: float, batch: int, steps: int, epochs: int, threads: int,
+             staleness: int) -> dict[str, Any]:  # fmt: skip
+    """One job through the whole pipeline with ``dense`` as the NN worker's dense step."""
+    lo, hi = steady_window(steps)
+    result_path = tmp / f"feed-{dense}-{batch}-{time.monotonic_ns()}.json"
+    env = {
+        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
+        "E2E_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+        "E2E_STALENESS": str(staleness), "E2E_MAX_STEPS": str(steps),
+        "FEED_EPOCHS": str(epochs), "FEED_DENSE": dense, "FEED_DENSE_MS": str(dense_ms),
+        "FEED_WINDOW": f"{lo},{hi}", "PYTHONUNBUFFERED": "1",
+    }  # fmt: skip
+    flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
+             "--port", "0", "--replica-index", "0", "--replica-size", "1"]  # fmt: skip
+    sampler = CpuSampler(interval_s=0.1)
+    tag = f"{dense}-{batch}"
+    with Cluster(log_dir=tmp) as cluster:
+        full_env = {**os.environ, **cluster.env, **env}
+        launcher = [sys.executable, "-m", "persia.launcher"]
+        logs = {name: open(tmp / f"{name}-{tag}.log", "wb") for name in ("nn", "dl")}  # noqa: SIM115
+        children: list[subprocess.Popen] = []
+        try:
+            nn = subprocess.Popen(
+                [*launcher, "nn-worker", str(E2E / "feed_train.py"), "--nproc-per-node", "1",
+                 "--master-port", str(free_port())],
+                cwd=REPO, env=full_env, stdout=logs["nn"], stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            children.append(nn)
+            sampler.track("nn_worker", nn.pid)
+            dl = subprocess.Popen(
+                [*launcher, "data-loader", "--exit-when-done", "--replica-index", "0",
+                 "--replica-size", "1", str(E2E / "feed_data_loader.py")],
+                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            children.append(dl)
+            sampler.track("data_loader", dl.pid)
+            ps = cluster.start(
+                "pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
+            )
+            sampler.track("embedding_ps", ps.proc.pid)
+            ew = cluster.start(
+                "pyrsia.services.embedding_worker", flags, role=ROLE_EMBEDDING_WORKER,
+                wait_ready=False,
+            )  # fmt: skip
+            sampler.track("embedding_worker", ew.proc.pid)
+            sampler.start()
+            nn_code = nn.wait(timeout=RUN_TIMEOUT_S)
+            dl_code = dl.wait(timeout=60)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            for fh in logs.values():
+                fh.close()
+            sampler.stop()
+        codes = {"nn_worker": nn_code, "data_loader": dl_code}
+        codes.update(zip(("embedding_worker", "embedding_ps"), cluster.stop(), strict=True))
+    if any(codes.values()) or not result_path.exists():
+        tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
+        tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(
+            f"feed run {tag} failed, exit codes {codes}\n--- nn worker\n{tail}\n"
+            f"--- data loader\n{tail_dl}"
+        )
+    res = json.loads(result_path.read_text())
+    return summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
+                         threads=threads)  # fmt: skip
+
+
+def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense: str,
+                  dense_ms: float, threads: int) -> dict[str, Any]:  # fmt: skip
+    """The steady window's figures of one run (train script JSON + the sampled /proc CPU)."""
+    (lo, a), (hi, b) = sorted(((int(k), v) for k, v in res["marks"].items()))
+    if a is None or b is None:
+        raise RuntimeError(f"the NN worker stopped before step {hi} of its steady window")
+    batches, seconds = hi - lo, b["t"] - a["t"]
+    samples = b["samples"] - a["samples"]
+    threads_cpu = {k: v - a["threads_cpu_s"].get(k, 0.0) for k, v in b["threads_cpu_s"].items()}
+    nn_cpu = sum(threads_cpu.values())
+    phase_cpu = {
+        k: v["cpu_s"] - a["phases"].get(k, {}).get("cpu_s", 0.0) for k, v in b["phases"].items()
+    }
+    dense_phases = ("dense",) if dense == "sleep" else ("dense", "autograd", "dense_step")
+    dense_cpu = sum(phase_cpu.get(k, 0.0) for k in dense_phases)
+    if dense != "sleep":  # torch's intra-op pool works for the dense step only
+        named = {"MainThread", "pyrsia-runtime"}
+        dense_cpu += sum(
+            v for k, v in threads_cpu.items() if k not in named and not k.startswith("pyrsia")
+        )
+    window = sampler.window(a["t"], b["t"])
+    services = {s: 1e3 * window[s]["cpu_s"] / batches for s in SERVICES if s in window}
+    batches_per_s = batches / seconds
+    feeds = {
+        s: (1e3 / services[s]) / batches_per_s if services.get(s, 0) > 0 else float("inf")
+        for s in ("embedding_worker", "embedding_ps")
+    }
+    return {
+        "dense": dense, "dense_ms": dense_ms if dense == "sleep" else None, "batch": batch,
+        "threads": threads, "steps": res["steps"], "window_steps": [lo, hi],
+        "window_seconds": seconds, "samples_per_s": samples / seconds,
+        "run_samples_per_s": res["samples_per_s"], "batches_per_s": batches_per_s,
+        "nn_cpu_ms_per_batch": 1e3 * nn_cpu / batches,
+        "nn_cpu_ms_outside_dense": 1e3 * (nn_cpu - dense_cpu) / batches,
+        "nn_dense_cpu_ms": 1e3 * dense_cpu / batches,
+        "nn_threads_cpu_ms": {k: 1e3 * v / batches for k, v in threads_cpu.items() if v > 0},
+        "nn_phases_ms": {k: {"wall": 1e3 * (v["wall_s"] - a["phases"].get(k, {}).get("wall_s", 0.0)) / batches,
+                             "cpu": 1e3 * phase_cpu[k] / batches}
+                         for k, v in b["phases"].items()},
+        "services_cpu_ms_per_batch": services,
+        "nn_workers_fed_per_core": feeds,
+        "cores_used": {k: v["cores"] for k, v in window.items()},
+        "device": res.get("device", "cpu"),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- baseline
+def run_baseline(data: dict[str, Any], *, batch: int, threads: int, steps: int) -> dict[str, Any]:
+    """The plain single-process PyTorch run (``benchmarks/baseline.py``) on the same batches,
+    ``threads`` torch threads, no evaluation: samples/s over its timed steps."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        res = train_single_process(
+            array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], batch),
+            [],
+            slot_sizes=[int(c) for c in data["cardinalities"]], dim=EMBEDDING_DIM,
+            model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
+            embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
+            initial_accumulator_value=INITIAL_ACCUMULATOR, emb_initialization=INIT_RANGE,
+            seed=SEED, max_steps=steps,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(previous)
+    return {"batch": batch, "threads": threads, "steps": res["steps"],
+            "samples_per_s": res["samples_per_s"], "train_seconds": res["train_seconds"]}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- report
+def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace) -> dict:
+    """Every (dense, batch) configuration of one data set, and the baseline at each batch."""
+    data = e2e_data.load(data_path)
+    configs = e2e_data.write_configs(data, tmp)
+    rows = len(data["train_label"])
+    configs_out, baselines = [], {}
+    for batch in args.batches:
+        per_epoch = math.ceil(rows / batch)
+        steps = args.max_steps or max(args.min_steps, per_epoch)
+        epochs = math.ceil(steps / per_epoch)
+        for dense in args.dense:
+            print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps ...", flush=True)
+            run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
+                           batch=batch, steps=steps, epochs=epochs, threads=args.threads,
+                           staleness=args.staleness)  # fmt: skip
+            configs_out.append({"dataset": name, **run})
+        print(f"[{name}] baseline, batch {batch}, {args.baseline_threads} threads ...", flush=True)
+        baselines[batch] = run_baseline(
+            data, batch=batch, threads=args.baseline_threads, steps=min(steps, per_epoch)
+        )
+    for c in configs_out:
+        c["baseline_samples_per_s"] = baselines[c["batch"]]["samples_per_s"]
+        c["ratio"] = c["samples_per_s"] / c["baseline_samples_per_s"]
+    return {"dataset": name, "train_rows": rows, "slots": len(data["slot_names"]),
+            "configs": configs_out, "baselines": list(baselines.values())}  # fmt: skip
+
+
+def label(c: dict[str, Any]) -> str:
+    """A configuration's short name: ``census/sleep/1024``."""
+    return f"{c['dataset']}/{c['dense']}/{c['batch']}"
+
+
+def print_report(results: list[dict[str, Any]]) -> None:
+    rows = []
+    for r in results:
+        for c in r["configs"]:
+            svc = c["services_cpu_ms_per_batch"]
+            feeds = c["nn_workers_fed_per_core"]
+            rows.append({
+                "config": label(c), "samples/s": fmt_rate(c["samples_per_s"]),
+                "baseline": fmt_rate(c["baseline_samples_per_s"]), "ratio": f"{c['ratio']:.2f}",
+                "nn_out": f"{c['nn_cpu_ms_outside_dense']:.2f}",
+                "ps": f"{svc.get('embedding_ps', 0):.2f}", "ew": f"{svc.get('embedding_worker', 0):.2f}",
+                "dl": f"{svc.get('data_loader', 0):.2f}",
+                "fed_ew": f"{feeds['embedding_worker']:.2f}", "fed_ps": f"{feeds['embedding_ps']:.2f}",
+            })  # fmt: skip
+    print("\nSamples/s of one NN-worker process, CPU ms per batch (NN worker outside the dense "
+          "step; PS, embedding worker, data loader), NN workers one EW / PS core feeds:")  # fmt: skip
+    print_table(rows, [("config", "config"), ("samples/s", "samples/s"), ("baseline", "baseline"),
+                       ("ratio", "ratio"), ("nn_out", "nn_cpu_ms"), ("ps", "ps_cpu_ms"),
+                       ("ew", "ew_cpu_ms"), ("dl", "dl_cpu_ms"), ("fed_ew", "nn/ew_core"),
+                       ("fed_ps", "nn/ps_core")])  # fmt: skip
+    for r in results:
+        for c in r["configs"]:
+            phases = ", ".join(f"{k} {v['wall']:.2f} ({v['cpu']:.2f})"
+                               for k, v in c["nn_phases_ms"].items())  # fmt: skip
+            threads = ", ".join(f"{k} {v:.2f}" for k, v in
+                                sorted(c["nn_threads_cpu_ms"].items(), key=lambda kv: -kv[1]))  # fmt: skip
+            cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["cores_used"].items(),
+                                                                 key=lambda kv: -kv[1]))  # fmt: skip
+            print(f"\n[{label(c)}] training thread ms per batch wall (CPU): {phases}")
+            print(f"[{label(c)}] NN worker CPU ms per batch by thread: {threads}")
+            print(f"[{label(c)}] cores used in the window: {cores}")
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
+    """Grouped bars of samples/s per data set and batch size: one bar per dense step and the
+    2-thread baseline's (``benchmarks/plots.py``; None without matplotlib)."""
+    from plots import save_bar_chart
+
+    labels, series = [], {}
+    modes = list(dict.fromkeys(c["dense"] for r in results for c in r["configs"]))
+    for r in results:
+        for b in r["baselines"]:
+            labels.append(f"{r['dataset']} {b['batch']}")
+            for mode in modes:
+                hit = [c for c in r["configs"] if c["dense"] == mode and c["batch"] == b["batch"]]
+                series.setdefault(f"dense {mode}", []).append(
+                    hit[0]["samples_per_s"] if hit else None
+                )
+            series.setdefault("baseline (2 threads)", []).append(b["samples_per_s"])
+    return save_bar_chart(path, labels, series, ylabel="samples/s",
+                          title="Feed rate: samples/s of one NN-worker process")  # fmt: skip
+
+
+def int_list(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
+    """``value`` split at commas: distinct positive integers (else exit 2 naming ``flag``)."""
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1 or len(set(items)) != len(items):
+        parser.error(
+            f"{flag}: expected distinct positive integers separated by commas, got {value!r}"
+        )
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dense",
+        default="sleep,cpu",
+        help=f"dense steps to run, among {DENSE_MODES} (default sleep,cpu)",
+    )
+    parser.add_argument(
+        "--dense-ms",
+        type=float,
+        default=2.0,
+        help="the sleep dense step's milliseconds (default 2)",
+    )
+    parser.add_argument("--batches", default="1024,8192", help="batch sizes (default 1024,8192)")
+    parser.add_argument(
+        "--datasets",
+        default="census,criteo",
+        help="data sets, in this order (default census,criteo)",
+    )
+    parser.add_argument(
+        "--criteo-rows",
+        type=int,
+        default=200_000,
+        help="training rows of the Criteo-shaped set (default 200,000)",
+    )
+    parser.add_argument(
+        "--max-train-rows",
+        type=int,
+        default=0,
+        help="cut each training split to this many rows (0: all; smoke runs)",
+    )
+    parser.add_argument(
+        "--min-steps",
+        type=int,
+        default=150,
+        help="batches per run at least (the split is sent again as needed)",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="batches per run exactly (0: --min-steps or one pass)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="the NN worker's torch threads (default 2)"
+    )
+    parser.add_argument(
+        "--baseline-threads", type=int, default=2, help="the baseline's torch threads (default 2)"
+    )
+    parser.add_argument("--staleness", type=int, default=8, help="embedding staleness bound")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="keep data, configs and logs here (default: a temp dir)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
+    )
+    parser.add_argument(
+        "--png", type=Path, default=None, help="write the PNG here (default: beside the JSON, .png)"
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    args.dense = [d.strip() for d in args.dense.split(",") if d.strip()]
+    if (
+        not args.dense
+        or not set(args.dense) <= set(DENSE_MODES)
+        or len(set(args.dense)) != len(args.dense)
+    ):
+        parser.error(f"--dense: expected distinct values among {DENSE_MODES}, got {args.dense}")
+    if "cuda" in args.dense and not torch.cuda.is_available():
+        parser.error("--dense cuda: this torch sees no CUDA device")
+    args.batches = int_list(parser, "--batches", args.batches)
+    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
+        parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
+    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}: expected a positive integer")
+    if args.max_steps < 0 or args.max_train_rows < 0 or not args.dense_ms >= 0:
+        parser.error("--max-steps, --max-train-rows, --dense-ms: expected >= 0")
+    if args.max_steps and args.max_steps < 4:
+        parser.error("--max-steps: expected 0 or >= 4 (the steady window needs a few steps)")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pyrsia-feed-") as tmp_name:
+        tmp = Path(tmp_name) if args.log_dir is None else args.log_dir
+        tmp.mkdir(parents=True, exist_ok=True)
+        caps = {"max_train_rows": args.max_train_rows or None, "max_test_rows": 16}
+        for name in args.datasets:
+            path = e2e_data.prepare(name, tmp / f"{name}.npz", criteo_rows=args.criteo_rows, **caps)
+            results.append(bench_dataset(name, path, tmp, args))
+    print_report(results)
+    doc = {"dense_ms": args.dense_ms, "threads": args.threads,
+           "baseline_threads": args.baseline_threads, "staleness": args.staleness,
+           "target_ratio": TARGET_RATIO, "window": WINDOW, "results": results}  # fmt: skip
+    path = write_json("feed_rate", doc, args.json)
+    png = plot(results, args.png or path.with_suffix(".png"))  # None without matplotlib
+    print(f"\nmachine: {machine_info()['cpu_model']}, {os.cpu_count()} CPUs")
+    print(f"JSON: {path}\nPNG: {png}")
+    first = next(
+        (c for c in results[0]["configs"] if c["dense"] == "sleep"), results[0]["configs"][0]
+    )
+    print(f"RESULT feed_samples_per_s={first['samples_per_s']:.1f} "
+          f"baseline_samples_per_s={first['baseline_samples_per_s']:.1f} ratio={first['ratio']:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Smoke test of the feed-rate benchmark (``benchmarks/feed_rate.py``, issue 30).
+
+A tiny run (a few 256-row batches of the Criteo-shaped synthetic set, ``--dense sleep``)
+through redis-server, one PS, one embedding worker, the NN worker and a data loader, and
+the 2-thread baseline on the same batches. Checks that the script exits 0, ends with one
+parseable ``RESULT`` line, writes the JSON with every promised field (CPU model, samples/s,
+the NN worker's CPU outside the dense step, each service's CPU per batch, the NN workers
+one core feeds, the ratio to the baseline) and the PNG beside it. Numbers are not judged
+(a loaded machine makes them anything): only that they are there and finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _common import parse_result_line  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, float | int) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.timeout(120)
+def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out_json = tmp_path / "feed.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
+         "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
+         "--max-steps", "8", "--json", str(out_json), "--log-dir", str(tmp_path / "logs")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=110,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:]
+    assert out.rstrip().splitlines()[-1].startswith("RESULT "), "RESULT is not the last line"
+    result = parse_result_line(out)
+    assert list(result) == ["feed_samples_per_s", "baseline_samples_per_s", "ratio"]
+    assert all(_finite_positive(v) for v in result.values()), result
+    doc = json.loads(out_json.read_text())
+    assert doc["machine"]["cpu_model"]
+    (criteo,) = doc["results"]
+    assert criteo["dataset"] == "criteo"
+    (config,) = criteo["configs"]
+    assert config["dense"] == "sleep" and config["batch"] == 256 and config["steps"] == 8
+    for key in ("samples_per_s", "baseline_samples_per_s", "ratio", "nn_cpu_ms_per_batch",
+                "nn_cpu_ms_outside_dense"):  # fmt: skip
+        assert _finite_positive(config[key]), (key, config[key])
+    assert set(config["services_cpu_ms_per_batch"]) == {
+        "embedding_ps", "embedding_worker", "data_loader"
+    }  # fmt: skip
+    assert all(v >= 0 for v in config["services_cpu_ms_per_batch"].values())
+    assert set(config["nn_workers_fed_per_core"]) == {"embedding_ps", "embedding_worker"}
+    assert config["ratio"] == pytest.approx(
+        config["samples_per_s"] / config["baseline_samples_per_s"]
+    )
+    (baseline,) = criteo["baselines"]
+    assert baseline["batch"] == 256 and baseline["threads"] == 2
+    png = out_json.with_suffix(".png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert f"PNG: {png}" in out
+
+
+def test_feed_rate_refuses_an_unknown_dense_step():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "tpu"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--dense: expected distinct values among ('sleep', 'cpu', 'cuda')" in proc.stdout
