@@ -17,6 +17,7 @@ from pyrsia.shared.errors import (
     GradientSendError,
     InvalidInputError,
     NotFoundError,
+    OptionError,
     PayloadTooLargeError,
     PersiaError,
     ProtocolError,
@@ -25,6 +26,7 @@ from pyrsia.shared.errors import (
     RemoteError,
     RuntimeClosedError,
     ServiceUnavailableError,
+    UnknownOptionError,
     UsageError,
 )
 
@@ -38,6 +40,7 @@ __all__ = [
     "GradientSendError",
     "InvalidInputError",
     "NotFoundError",
+    "OptionError",
     "PayloadTooLargeError",
     "PersiaError",
     "ProtocolError",
@@ -46,5 +49,6 @@ __all__ = [
     "RemoteError",
     "RuntimeClosedError",
     "ServiceUnavailableError",
+    "UnknownOptionError",
     "UsageError",
 ]

@@ -44,7 +44,9 @@ def test_options_are_set_globally_and_validated():
     assert options.grad_nbuckets == 1
     options.grad_nbuckets = 2
     assert hb.context.options.grad_nbuckets == 2
-    with pytest.raises(InvalidInputError, match=r"grad_nbuckets: expected an integer >= 1, got 0"):
+    with pytest.raises(
+        InvalidInputError, match=r"grad_nbuckets: expected a positive integer, got 0"
+    ):
         options.grad_nbuckets = 0
     with pytest.raises(InvalidInputError, match="grad_nbuckets"):
         options.grad_nbuckets = "2"
@@ -60,10 +62,10 @@ def test_options_are_set_globally_and_validated():
 
 def test_unknown_option_names_are_refused_with_a_suggestion():
     with pytest.raises(
-        AttributeError, match=r"no option 'grad_nbucket'; did you mean 'grad_nbuckets'\?"
+        AttributeError, match=r'unknown option "grad_nbucket" \(did you mean "grad_nbuckets"\?\)'
     ):
         hb.context.options.grad_nbucket = 2
-    with pytest.raises(AttributeError, match="did you mean 'sharding'"):
+    with pytest.raises(AttributeError, match='did you mean "sharding"'):
         hb.context.options.shardng  # noqa: B018
     with pytest.raises(AttributeError, match="known options"):
         hb.context.options.update(zzz=1)
@@ -79,10 +81,13 @@ def test_options_come_from_hb_environment_variables():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"HB_GRAD_NBUCKETS": "two"}, r"HB_GRAD_NBUCKETS: expected an integer >= 1, got 'two'"),
-        ({"HB_GRAD_NBUCKETS": "0"}, r"HB_GRAD_NBUCKETS: expected an integer >= 1, got 0"),
-        ({"HB_SHARDING": "maybe"}, r"HB_SHARDING: expected a bool"),
-        ({"HB_COMM_DEFAULT": "mpi"}, r"HB_COMM_DEFAULT: expected one of auto, nccl, gloo"),
+        ({"HB_GRAD_NBUCKETS": "two"}, r"HB_GRAD_NBUCKETS: expected a positive integer, got 'two'"),
+        ({"HB_GRAD_NBUCKETS": "0"}, r"HB_GRAD_NBUCKETS: expected a positive integer, got '0'"),
+        ({"HB_SHARDING": "maybe"}, r"HB_SHARDING: expected true or false"),
+        (
+            {"HB_COMM_DEFAULT": "mpi"},
+            r'HB_COMM_DEFAULT: expected one of "auto" or "nccl" or "gloo"',
+        ),
     ],
 )
 def test_bad_environment_values_name_the_variable(env, message):
@@ -104,7 +109,7 @@ def test_scope_sets_options_for_its_block_only():
             assert hb.context.options.grad_nbuckets == 6
         assert hb.context.options.grad_nbuckets == 5
     assert hb.context.options.grad_nbuckets == 1 and not hb.context.options.grad_lazy_sync
-    with pytest.raises(AttributeError, match="did you mean 'grad_nbuckets'"):
+    with pytest.raises(AttributeError, match='did you mean "grad_nbuckets"'):
         with hb.scope(grad_nbucket=2):
             pass
 

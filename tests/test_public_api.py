@@ -58,6 +58,7 @@ EXPECTED = {
         "GradientSendError",
         "InvalidInputError",
         "NotFoundError",
+        "OptionError",
         "PayloadTooLargeError",
         "PersiaError",
         "ProtocolError",
@@ -66,6 +67,7 @@ EXPECTED = {
         "RemoteError",
         "RuntimeClosedError",
         "ServiceUnavailableError",
+        "UnknownOptionError",
         "UsageError",
     ],
     "persia.distributed": [

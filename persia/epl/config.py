@@ -26,14 +26,22 @@ expected and what came. A Config is immutable: build a new one to change it.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.options import (
+    Boolean,
+    Choice,
+    Custom,
+    Integer,
+    Key,
+    KeyTable,
+    Nullable,
+    mismatch,
+)
 
 __all__ = ["Config", "KEYS"]
 
@@ -42,160 +50,27 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "EPL_"
 
 
-@dataclass(frozen=True)
-class _Key:
-    """One row of EPL's table: the type name (for messages), default and checker."""
-
-    type_name: str
-    default: Any
-    check: Callable[[str, Any], Any]  # returns the canonical value or raises
-    parse_env: Callable[[str, str], Any]  # turns the env string into a Python value
-
-
-def _type_error(key: str, expected: str, value: Any) -> InvalidInputError:
-    return InvalidInputError(
-        key,
-        expected,
-        value,
-        message=f'EPL config "{key}": expected {expected}, got {value!r} ({type(value).__name__})',
-    )
-
-
-def _int(minimum: int) -> Callable[[str, Any], int]:
-    def check(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _type_error(key, f"an integer >= {minimum}", value)
-        return value
-
-    return check
-
-
-def _optional_int(minimum: int) -> Callable[[str, Any], int | None]:
-    inner = _int(minimum)
-
-    def check(key: str, value: Any) -> int | None:
-        if value is None:
-            return None
-        try:
-            return inner(key, value)
-        except InvalidInputError:
-            raise _type_error(key, f"None or an integer >= {minimum}", value) from None
-
-    return check
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _type_error(key, "a bool (True or False)", value)
-    return value
-
-
-def _choice(*choices: str) -> Callable[[str, Any], str]:
-    """A str among ``choices``, matched case-insensitively (EPL lowercases str values)."""
-    by_lower = {c.lower(): c for c in choices}
-
-    def check(key: str, value: Any) -> str:
-        shown = " or ".join(f'"{c}"' for c in choices)
-        if not isinstance(value, str):
-            raise _type_error(key, f"a str, one of {shown}", value)
-        if value.lower() not in by_lower:
-            raise _type_error(key, f"one of {shown}", value)
-        return by_lower[value.lower()]
-
-    return check
-
-
-def _devices(key: str, value: Any) -> str:
+def _devices(value: Any) -> str:
     """A comma-separated list of device indices ("" = leave the devices alone)."""
     if not isinstance(value, str):
-        raise _type_error(key, 'a str of comma-separated device indices such as "0,1"', value)
+        raise mismatch('a str of comma-separated device indices such as "0,1"')
     text = value.replace(" ", "")
     if text and not all(part.isdigit() for part in text.split(",")):
-        raise _type_error(key, 'comma-separated device indices such as "0,1" (or "")', value)
+        raise mismatch()
     return text
 
 
-def _loss_scale(key: str, value: Any) -> str | float:
+def _loss_scale(value: Any) -> str | float:
     if isinstance(value, str) and value.lower() == "dynamic":
         return "dynamic"
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise _type_error(key, '"dynamic" or a number > 0', value) from None
+            raise mismatch() from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _type_error(key, '"dynamic" or a number > 0', value)
+        raise mismatch()
     return float(value)
-
-
-def _env_int(name: str, text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ConfigError(
-            f"environment variable {name}: expected an integer, got {text!r}"
-        ) from None
-
-
-def _env_optional_int(name: str, text: str) -> int | None:
-    return None if text.strip().lower() in ("", "none") else _env_int(name, text)
-
-
-def _env_bool(name: str, text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"environment variable {name}: expected true or false, got {text!r}")
-
-
-def _env_str(name: str, text: str) -> str:
-    return text.strip()
-
-
-def _int_key(default: int, minimum: int) -> _Key:
-    return _Key("integer", default, _int(minimum), _env_int)
-
-
-def _bool_key(default: bool) -> _Key:
-    return _Key("bool", default, _bool, _env_bool)
-
-
-def _str_key(default: str, *choices: str) -> _Key:
-    return _Key("str", default, _choice(*choices), _env_str)
-
-
-KEYS: dict[str, _Key] = {
-    "pipeline.num_micro_batch": _int_key(1, 1),
-    "pipeline.num_stages": _Key("integer", None, _optional_int(1), _env_optional_int),
-    "pipeline.strategy": _str_key("PreferBackward", "PreferBackward", "PreferForward"),
-    "gradient_checkpoint.type": _str_key("", "", "collection", "auto"),
-    "gradient_checkpoint.end_taskgraph": _int_key(-1, -1),
-    "gradient_checkpoint.check_gradients": _bool_key(False),
-    "zero.level": _str_key("", "", "v1"),
-    "offload.level": _str_key("", "", "v0"),
-    "amp.level": _str_key("", "", "O1"),
-    "amp.debug_log": _bool_key(False),
-    "amp.loss_scale": _Key("integer/str", "dynamic", _loss_scale, _env_str),
-    "optimizer.num_apply_group": _int_key(1, 1),
-    "cluster.device_place_prefer_intra_node": _bool_key(True),
-    "cluster.run_visible_devices": _Key("str", "", _devices, _env_str),
-    "cluster.colocate_split_and_replicate": _bool_key(False),
-    "communication.num_communicators": _int_key(2, 1),
-    "communication.sparse_as_dense": _bool_key(False),
-    "communication.max_splits": _int_key(5, 1),
-    "communication.fp16": _bool_key(False),
-    "communication.fp16_scale": _int_key(128, 1),
-    "communication.clip_after_allreduce": _bool_key(False),
-    "communication.gradients_reduce_method": _str_key("mean", "mean", "sum"),
-    "io.slicing": _bool_key(False),
-    "io.unbalanced_io_slicing": _bool_key(False),
-    "io.drop_last_files": _bool_key(False),
-    "auto.auto_parallel": _bool_key(False),
-}
-
-CATEGORIES = tuple(dict.fromkeys(key.split(".")[0] for key in KEYS))
 
 
 def env_name(key: str) -> str:
@@ -203,15 +78,67 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 
-_ENV_TO_KEY = {env_name(key): key for key in KEYS}
+def _key(name: str, kind: Any, default: Any) -> Key:
+    return Key(name, kind, default, env=env_name(name))
 
 
-def _unknown_key(key: Any) -> ConfigError:
-    close = difflib.get_close_matches(str(key), list(KEYS), n=1, cutoff=0.4)
-    hint = f' did you mean "{close[0]}"?' if close else ""
-    return ConfigError(
-        f'EPL config: unknown key "{key}";{hint} (keys are category.attribute, see persia.epl.KEYS)'
+def _int(name: str, default: int, minimum: int) -> Key:
+    return _key(name, Integer(minimum), default)
+
+
+def _bool(name: str, default: bool) -> Key:
+    return _key(name, Boolean(), default)
+
+
+def _str(name: str, default: str, *choices: str) -> Key:
+    return _key(name, Choice(*choices), default)
+
+
+_DEVICES = Custom("str", 'comma-separated device indices such as "0,1" (or "")', _devices)
+_LOSS_SCALE = Custom("integer/str", '"dynamic" or a number > 0', _loss_scale)
+
+KEYS: dict[str, Key] = {
+    key.name: key
+    for key in (
+        _int("pipeline.num_micro_batch", 1, 1),
+        _key("pipeline.num_stages", Nullable(Integer(1)), None),
+        _str("pipeline.strategy", "PreferBackward", "PreferBackward", "PreferForward"),
+        _str("gradient_checkpoint.type", "", "", "collection", "auto"),
+        _int("gradient_checkpoint.end_taskgraph", -1, -1),
+        _bool("gradient_checkpoint.check_gradients", False),
+        _str("zero.level", "", "", "v1"),
+        _str("offload.level", "", "", "v0"),
+        _str("amp.level", "", "", "O1"),
+        _bool("amp.debug_log", False),
+        _key("amp.loss_scale", _LOSS_SCALE, "dynamic"),
+        _int("optimizer.num_apply_group", 1, 1),
+        _bool("cluster.device_place_prefer_intra_node", True),
+        _key("cluster.run_visible_devices", _DEVICES, ""),
+        _bool("cluster.colocate_split_and_replicate", False),
+        _int("communication.num_communicators", 2, 1),
+        _bool("communication.sparse_as_dense", False),
+        _int("communication.max_splits", 5, 1),
+        _bool("communication.fp16", False),
+        _int("communication.fp16_scale", 128, 1),
+        _bool("communication.clip_after_allreduce", False),
+        _str("communication.gradients_reduce_method", "mean", "mean", "sum"),
+        _bool("io.slicing", False),
+        _bool("io.unbalanced_io_slicing", False),
+        _bool("io.drop_last_files", False),
+        _bool("auto.auto_parallel", False),
     )
+}
+"""EPL's keys: ``"category.attribute"`` -> :class:`~pyrsia.shared.options.Key` (kind, default,
+environment variable)."""
+
+TABLE = KeyTable(
+    KEYS.values(),
+    subject="EPL config",
+    where=lambda key: f'EPL config "{key}"',
+    advice="; keys are category.attribute, see persia.epl.KEYS",
+)
+
+CATEGORIES = tuple(dict.fromkeys(key.split(".")[0] for key in KEYS))
 
 
 class _Section:
@@ -227,7 +154,7 @@ class _Section:
         try:
             return self._values[attribute]
         except KeyError:
-            raise _unknown_key(f"{self._name}.{attribute}") from None
+            raise TABLE.unknown(f"{self._name}.{attribute}") from None
 
     def __setattr__(self, attribute: str, value: Any) -> None:
         raise AttributeError(
@@ -259,30 +186,10 @@ class Config:
             raise InvalidInputError(
                 "param_dict", 'a dict such as {"pipeline.num_micro_batch": 4}', param_dict
             )
-        for key in param_dict:
-            if key not in KEYS:
-                raise _unknown_key(key)
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        self._from_env: list[str] = []
-        for key, spec in KEYS.items():
-            if key in param_dict:
-                values[key] = spec.check(key, param_dict[key])
-            elif env_name(key) in environ:
-                name = env_name(key)
-                values[key] = spec.check(
-                    f"{key} (from {name})", spec.parse_env(name, environ[name])
-                )
-                self._from_env.append(key)
-            else:
-                values[key] = spec.default
-        for name in environ:
-            if name.startswith(ENV_PREFIX) and name not in _ENV_TO_KEY:
-                close = difflib.get_close_matches(name, list(_ENV_TO_KEY), n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                log.warning(
-                    "environment variable %s is not an EPL config key: ignored%s", name, hint
-                )
+        values, self._from_env = TABLE.resolve(param_dict, environ)
+        for name, hint in TABLE.stray_env(environ, ENV_PREFIX):
+            log.warning("environment variable %s is not an EPL config key: ignored%s", name, hint)
         self._values = values
         sections: dict[str, dict[str, Any]] = {c: {} for c in CATEGORIES}
         for key, value in values.items():
@@ -294,7 +201,7 @@ class Config:
     def __getattr__(self, category: str) -> _Section:
         sections = self.__dict__.get("_sections")
         if sections is None or category not in sections:
-            raise _unknown_key(category)
+            raise TABLE.unknown(category)
         return sections[category]
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -304,9 +211,7 @@ class Config:
 
     def get(self, key: str) -> Any:
         """The value of ``"category.attribute"``."""
-        if key not in KEYS:
-            raise _unknown_key(key)
-        return self._values[key]
+        return self._values[TABLE.lookup(key).name]
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its value (a copy)."""

@@ -26,7 +26,8 @@ optimizer is made or wrapped (inside ``hb.scope(grad_nbuckets=2)``: 2, also for 
 taken after the block), as HybridBackend reads them when it wraps an optimizer.
 
 An unknown name is refused with the closest known one (``grad_nbucket`` ->
-``did you mean 'grad_nbuckets'?``); a wrong type or value names the option and
+``(did you mean "grad_nbuckets"?)``, the option engine's one wording: ``pyrsia.shared.options``;
+an ``UnknownOptionError``, also an ``AttributeError`` as in HybridBackend); a wrong type or value names the option and
 what was expected. Environment variables are read when the options object is
 created (first use of ``hb.context``), not at import, and :meth:`Options.reload_env`
 reads them again.
@@ -34,117 +35,67 @@ reads them again.
 
 from __future__ import annotations
 
-import difflib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
-from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.options import Boolean, Choice, InstanceOf, Integer, Key, KeyTable, Nullable
 
 ENV_PREFIX = "HB_"
 COMM_BACKENDS = ("auto", "nccl", "gloo")
 EMB_GRAD_REDUCTIONS = ("mean", "sum")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+
+OptionSpec = Key
+"""One option (:class:`pyrsia.shared.options.Key`): kind, default, ``HB_<NAME>`` variable, doc."""
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """One option: its type (for messages and env parsing), default and validation."""
-
-    name: str
-    kind: type | tuple[type, ...]
-    default: Any
-    expected: str
-    check: Callable[[Any], bool]
-    env: bool = True
-    doc: str = ""
-
-    @property
-    def env_name(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-    def validate(self, value: Any, source: str) -> Any:
-        ok_type = isinstance(value, self.kind) and not (
-            isinstance(value, bool) and self.kind in (int, (int,))
-        )
-        if value is None and self.default is None:
-            return None
-        if not ok_type or not self.check(value):
-            raise InvalidInputError(source, self.expected, value)
-        return value
-
-    def parse_env(self, raw: str) -> Any:
-        text = raw.strip()
-        source = f"environment variable {self.env_name}"
-        if self.kind is bool:
-            if text.lower() in _TRUE:
-                return True
-            if text.lower() in _FALSE:
-                return False
-            raise ConfigError(f"{source}: expected {self.expected} (1/0, true/false), got {raw!r}")
-        if self.kind is int:
-            try:
-                value = int(text)
-            except ValueError:
-                raise ConfigError(f"{source}: expected {self.expected}, got {raw!r}") from None
-            try:
-                return self.validate(value, source)
-            except InvalidInputError as exc:
-                raise ConfigError(str(exc)) from None
-        try:
-            return self.validate(text.lower(), source)
-        except InvalidInputError as exc:
-            raise ConfigError(str(exc)) from None
+def _option(name: str, kind: Any, default: Any, doc: str, *, env: bool = True) -> Key:
+    return Key(name, kind, default, env=ENV_PREFIX + name.upper() if env else None, doc=doc)
 
 
-def _int_at_least(minimum: int) -> Callable[[Any], bool]:
-    return lambda v: v >= minimum
-
-
-SPECS: dict[str, OptionSpec] = {
+SPECS: dict[str, Key] = {
     spec.name: spec
     for spec in (
-        OptionSpec("grad_nbuckets", int, 1, "an integer >= 1", _int_at_least(1),
-                   doc="number of all-reduce buckets of the dense gradients"),
-        OptionSpec("grad_lazy_sync", bool, False, "a bool", lambda v: True,
-                   doc="all-reduce dense gradients in optimizer.step() instead of during backward"),
-        OptionSpec("find_unused_parameters", bool, False, "a bool", lambda v: True,
-                   doc="DistributedDataParallel's find_unused_parameters"),
-        OptionSpec("comm_default", str, "auto", "one of auto, nccl, gloo",
-                   lambda v: v in COMM_BACKENDS, doc="torch.distributed backend"),
-        OptionSpec("data_sync_drop_remainder", bool, True, "a bool", lambda v: True,
-                   doc="every rank's iterator yields the same number of batches"),
-        OptionSpec("sharding", bool, False, "a bool", lambda v: True,
-                   doc="torch.nn.Embedding/EmbeddingBag created in hb.scope live on the embedding PS"),
-        OptionSpec("emb_staleness", int, 10, "an integer >= 0", _int_at_least(0),
-                   doc="embedding-gradient sends in flight per process (0: each send is awaited)"),
-        OptionSpec("emb_grad_reduction", str, "mean", "one of mean, sum",
-                   lambda v: v in EMB_GRAD_REDUCTIONS,
-                   doc="how the ranks' gradients of sharded embeddings combine on the PS"),
-        OptionSpec("batch_size", int, -1, "-1 or an integer >= 1", lambda v: v == -1 or v >= 1,
-                   doc="default batch size of hb.data iterators"),
-        OptionSpec("seed", int, -1, "-1 or an integer >= 0", _int_at_least(-1),
-                   doc="shuffle seed of hb.data iterators (-1: keep the dataset order)"),
-        OptionSpec("embedding_optimizer", EmbeddingOptimizer, None,
-                   "a persia.embedding.optim optimizer (SGD, Adam, Adagrad) or None",
-                   lambda v: True, env=False, doc="optimizer the embedding PS applies"),
-        OptionSpec("embedding_config", EmbeddingConfig, None,
-                   "a persia.embedding.EmbeddingConfig or None", lambda v: True, env=False,
-                   doc="initialization / admission / weight bound of the PS embeddings"),
+        _option("grad_nbuckets", Integer(1), 1, "number of all-reduce buckets of the dense gradients"),
+        _option("grad_lazy_sync", Boolean(), False,
+                "all-reduce dense gradients in optimizer.step() instead of during backward"),
+        _option("find_unused_parameters", Boolean(), False,
+                "DistributedDataParallel's find_unused_parameters"),
+        _option("comm_default", Choice(*COMM_BACKENDS, ignore_case=False), "auto",
+                "torch.distributed backend"),
+        _option("data_sync_drop_remainder", Boolean(), True,
+                "every rank's iterator yields the same number of batches"),
+        _option("sharding", Boolean(), False,
+                "torch.nn.Embedding/EmbeddingBag created in hb.scope live on the embedding PS"),
+        _option("emb_staleness", Integer(0), 10,
+                "embedding-gradient sends in flight per process (0: each send is awaited)"),
+        _option("emb_grad_reduction", Choice(*EMB_GRAD_REDUCTIONS, ignore_case=False), "mean",
+                "how the ranks' gradients of sharded embeddings combine on the PS"),
+        _option("batch_size", Integer(1, sentinel=-1), -1,
+                "default batch size of hb.data iterators"),
+        _option("seed", Integer(0, sentinel=-1), -1,
+                "shuffle seed of hb.data iterators (-1: keep the dataset order)"),
+        _option("embedding_optimizer", Nullable(InstanceOf(EmbeddingOptimizer,
+                "a persia.embedding.optim optimizer (SGD, Adam, Adagrad)")), None,
+                "optimizer the embedding PS applies", env=False),
+        _option("embedding_config", Nullable(InstanceOf(EmbeddingConfig,
+                "a persia.embedding.EmbeddingConfig")), None,
+                "initialization / admission / weight bound of the PS embeddings", env=False),
     )
 }  # fmt: skip
+"""Every option by name, in the order of the table above."""
 
-
-def _unknown(name: str) -> AttributeError:
-    close = difflib.get_close_matches(name, list(SPECS), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known options: {', '.join(SPECS)}"
-    return AttributeError(f"hb.context.options has no option {name!r}{hint}")
+TABLE = KeyTable(
+    SPECS.values(),
+    subject="hb.context.options",
+    where=lambda name: f"hb.context.options.{name}",
+    noun="option",
+    list_known=True,
+)
 
 
 class Options:
@@ -157,11 +108,7 @@ class Options:
 
     def reload_env(self, environ: dict[str, str] | None = None) -> None:
         """Reset every option to its default, taken from ``HB_<NAME>`` when set."""
-        env = os.environ if environ is None else environ
-        values = {}
-        for name, spec in SPECS.items():
-            raw = env.get(spec.env_name, "") if spec.env else ""
-            values[name] = spec.parse_env(raw) if raw.strip() else spec.default
+        values, _ = TABLE.resolve({}, os.environ if environ is None else environ)
         with self._lock:
             self._values.clear()
             self._values.update(values)
@@ -171,22 +118,18 @@ class Options:
             raise AttributeError(name)
         values = object.__getattribute__(self, "_values")
         if name not in values:
-            raise _unknown(name)
+            raise TABLE.unknown(name)
         return values[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name not in SPECS:
-            raise _unknown(name)
-        checked = SPECS[name].validate(value, f"hb.context.options.{name}")
+        checked = TABLE.check(name, value)
         with self._lock:
             self._values[name] = checked
 
     def validate(self, **values: Any) -> None:
         """Check names and values without setting anything."""
         for name, value in values.items():
-            if name not in SPECS:
-                raise _unknown(name)
-            SPECS[name].validate(value, f"hb.context.options.{name}")
+            TABLE.check(name, value)
 
     def update(self, **values: Any) -> dict[str, Any]:
         """Set several options at once (all validated first); returns the previous values."""

@@ -4,7 +4,10 @@
 
     PersiaError                  500  anything Pyrsia raises on purpose
     ├── ConfigError              500  a YAML file, flag or environment variable is wrong
-    │   └── UsageError           500  a CLI flag or file is unusable (printed, exit 2)
+    │   ├── UsageError           500  a CLI flag or file is unusable (printed, exit 2)
+    │   └── OptionError          400  a config key or option has a wrong value (also an
+    │       │                         InvalidInputError, so a ValueError)
+    │       └── UnknownOptionError    no such key or option (also an AttributeError)
     ├── InvalidInputError        400  a value from outside is wrong (also a ValueError)
     ├── ProtocolError            400  bytes on the wire are not what the protocol says
     │   └── PayloadTooLargeError 413  a message is over a size cap (``limit`` bytes)
@@ -47,6 +50,7 @@ __all__ = [
     "GradientSendError",
     "InvalidInputError",
     "NotFoundError",
+    "OptionError",
     "PayloadTooLargeError",
     "PersiaError",
     "ProtocolError",
@@ -55,6 +59,7 @@ __all__ = [
     "RemoteError",
     "RuntimeClosedError",
     "ServiceUnavailableError",
+    "UnknownOptionError",
     "UsageError",
 ]
 
@@ -93,6 +98,24 @@ class InvalidInputError(PersiaError, ValueError):
             if got is not None:
                 message += f", got {_short(got)}"
         super().__init__(message)
+
+
+class OptionError(ConfigError, InvalidInputError):
+    """A key of a config file, an EPL key or an ``hb.context.options`` option has a wrong value.
+
+    The one error of the option engine (:mod:`pyrsia.shared.options`): a
+    :class:`ConfigError` and an :class:`InvalidInputError` (so a ``ValueError``), with
+    ``field`` naming the key and ``expected`` what it takes.
+    """
+
+
+class UnknownOptionError(OptionError, AttributeError):
+    """No key or option has this name; the message names the closest one.
+
+    Also an ``AttributeError``: HybridBackend's ``hb.context.options`` raises
+    ``AttributeError`` for an unknown name, and attribute access (``config.pipeline.x``)
+    must, so that ``getattr(obj, name, default)`` and ``hasattr`` work.
+    """
 
 
 class ProtocolError(PersiaError):
