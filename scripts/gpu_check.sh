@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The CUDA path checked in one command on a GPU machine (issue 30): which GPU, driver and torch,
 # then `make test-gpu` (scripts/test_gpu.sh: the wheels of `make gpu-wheels` installed offline,
-# the tests marked `cuda`, per-test durations, a JUnit report), then a short run of the
-# feed-rate benchmark with its dense step on CUDA (when benchmarks/feed_rate.py is there).
+# the tests marked `cuda`, among them a short feed-rate benchmark run with the dense step on
+# CUDA; per-test durations; a JUnit report).
 #
 # Everything lands in $OUT (default /tmp/pyrsia-gpu-check): gpu_check.log, junit.xml (the
-# figures as test properties), the Adult jobs' logs, the benchmark's JSON and PNG.
+# figures as test properties), the Adult jobs' logs, the feed-rate benchmark's JSON and PNG.
 # Exit status: make test-gpu's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,13 +25,6 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
     if command -v make >/dev/null; then make test-gpu; else bash scripts/test_gpu.sh; fi
     echo $? >"$OUT/.rc"
     echo "test-gpu: exit $(cat "$OUT/.rc") after $(($(date +%s) - start)) s"
-    if [ -f benchmarks/feed_rate.py ]; then
-        PYTHONPATH="$PWD:${GPU_SITE:-/tmp/pyrsia-gpu-site}" PATH="${GPU_SITE:-/tmp/pyrsia-gpu-site}/bin:$PATH" \
-            timeout "${FEED_RATE_TIMEOUT:-120}" python3 benchmarks/feed_rate.py ${FEED_RATE_ARGS:---dense cuda} \
-            --out "$OUT" || echo "feed_rate: exit $?"
-    else
-        echo "benchmarks/feed_rate.py: not in this tree, not run"
-    fi
 } 2>&1 | tee "$OUT/gpu_check.log"
 rc=$(cat "$OUT/.rc" 2>/dev/null || echo 1)
 rm -f "$OUT/.rc"

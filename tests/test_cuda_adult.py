@@ -90,6 +90,7 @@ def _record(record_property, **figures) -> None:
         record_property(key, value)
 
 
+@pytest.mark.timeout(330)
 def test_adult_trains_on_cuda_with_fp16_autocast_and_dynamic_grad_scaler(tmp_path, record_property):
     out, probe, end = run_adult(tmp_path, "adult_fp16", MIXED_PRECISION="1")
     assert probe["device_id"] == 0
@@ -109,6 +110,7 @@ def test_adult_trains_on_cuda_with_fp16_autocast_and_dynamic_grad_scaler(tmp_pat
           f"skipped updates {end['skipped_updates']}, peak GPU memory {end['max_memory_mb']} MB")  # fmt: skip
 
 
+@pytest.mark.timeout(330)
 def test_adult_epl_amp_with_offloaded_weights_trains_on_cuda(tmp_path, record_property):
     out, probe, end = run_adult(tmp_path, "adult_epl_offload", ADULT_SCRIPT="epl",
                                 EPL_OFFLOAD_LEVEL="v0")  # fmt: skip
