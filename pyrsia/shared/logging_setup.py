@@ -6,6 +6,7 @@ import logging
 import os
 
 from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
@@ -17,7 +18,10 @@ def configure_logging(service: str, replica_index: int | None = None) -> None:
     The level comes from ``LOG_LEVEL`` (default INFO); an unknown level is reported
     and INFO is used. Every line (arguments and tracebacks included) goes through
     ``pyrsia.shared.redaction``: the Redis password and ``PERSIA_AUTH_TOKEN`` come out as ``***``.
+    On a pipe or a file, a progress bar the process draws comes out as a line per update
+    (``pyrsia.shared.progress_lines``), so honcho and ``persia-launcher run`` show it as it goes.
     """
+    progress_lines_when_piped()
     tag = service if replica_index is None else f"{service}/{replica_index}"
     raw = (os.environ.get(ENV_LOG_LEVEL) or "INFO").upper()
     level = logging.getLevelName(raw)
