@@ -153,7 +153,7 @@ def cpu_model() -> str:
 
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on (bf16 decides what ``--mixed-precision`` means)."""
-    from persia._runtime.precision import cpu_computes_bf16
+    from pyrsia.services.nn_worker.precision import cpu_computes_bf16
 
     return {
         "cpus": os.cpu_count(),

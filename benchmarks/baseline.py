@@ -126,7 +126,7 @@ def train_single_process(
     timed samples over the timed loop (batch conversion, forward, backward, both
     optimizer steps). ``autocast_dtype`` (e.g. ``torch.bfloat16``) runs the model's forward
     under CPU autocast, as Pyrsia's ``mixed_precision=True`` does on the CPU. ``clock`` (a
-    ``persia._runtime.step_clock.StepClock``) gets the timed steps' phases: ``embedding``
+    ``pyrsia.services.nn_worker.step_clock.StepClock``) gets the timed steps' phases: ``embedding``
     (row ids and the lookup), ``forward`` (model, loss), ``autograd``, ``embedding_step``
     (sparse Adagrad), ``dense_step`` (Adam).
 

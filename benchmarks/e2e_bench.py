@@ -91,8 +91,8 @@ from e2e.procs import CpuSampler, minor_faults, scrape_histograms  # noqa: E402
 from e2e.report import print_report  # noqa: E402
 from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
-from persia._runtime.precision import cpu_computes_bf16  # noqa: E402
-from persia._runtime.step_clock import StepClock  # noqa: E402
+from pyrsia.services.nn_worker.precision import cpu_computes_bf16  # noqa: E402
+from pyrsia.services.nn_worker.step_clock import StepClock  # noqa: E402
 from pyrsia.shared.constants import (  # noqa: E402
     ENV_MALLOC_TUNING,
     ROLE_EMBEDDING_PS,

@@ -367,8 +367,8 @@ def metrics_reference() -> str:
 COMMANDS: list[tuple[str, str]] = [
     ("persia-launcher embedding-parameter-server", "pyrsia.services.embedding_ps.main"),
     ("persia-launcher embedding-worker", "pyrsia.services.embedding_worker.main"),
-    ("persia-launcher nn-worker", "persia._launch.nn_worker"),
-    ("persia-launcher data-loader", "persia._launch.data_loader"),
+    ("persia-launcher nn-worker", "pyrsia.services.nn_worker.launch"),
+    ("persia-launcher data-loader", "pyrsia.services.data_loader.launch"),
     ("persia-launcher run", "persia._launch.run"),
     ("persia-launcher serve", "persia._launch.serve"),
     ("persia-launcher convert-checkpoint", "pyrsia.services.embedding_ps.persia_convert"),

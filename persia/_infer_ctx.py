@@ -6,9 +6,9 @@ context module small.
 
 from __future__ import annotations
 
-from persia._runtime.embedding_client import normalize_address
-from persia._runtime.session import Session
 from persia.ctx import EmbeddingCtx, PreprocessMode
+from pyrsia.services.nn_worker.embedding_client import normalize_address
+from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.errors import InvalidInputError
 
 

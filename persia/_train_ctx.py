@@ -25,22 +25,22 @@ from functools import partial
 import torch
 
 from persia import env
-from persia._runtime import job_checkpoint
-from persia._runtime.backward import BackwardEngine
-from persia._runtime.checkpointer import PeriodicCheckpointer
-from persia._runtime.features import gradient_payload, nonfinite_slots
-from persia._runtime.inflight import InflightLimits
-from persia._runtime.precision import Precision
-from persia._runtime.rank_stats import RankStats
-from persia._runtime.step_clock import StepClock
-from persia._runtime.tensorboard import TensorBoardLog, run_dir
-from persia._runtime.termination import SIGTERM_DRAIN_S, TerminationGuard
 from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
 from persia.epl.config import Config
 from persia.epl.plan import install_plan
+from pyrsia.services.nn_worker import job_checkpoint
+from pyrsia.services.nn_worker.backward import BackwardEngine
+from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
+from pyrsia.services.nn_worker.features import gradient_payload, nonfinite_slots
+from pyrsia.services.nn_worker.inflight import InflightLimits
+from pyrsia.services.nn_worker.precision import Precision
+from pyrsia.services.nn_worker.rank_stats import RankStats
+from pyrsia.services.nn_worker.step_clock import StepClock
+from pyrsia.services.nn_worker.tensorboard import TensorBoardLog, run_dir
+from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S, TerminationGuard
 from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.constants import (
     DEFAULT_JOB_ID,
@@ -99,7 +99,7 @@ class TrainCtx(EmbeddingCtx):
         tensorboard_dir: write TensorBoard scalars (loss, samples/s, staleness, lookup wait,
             step phases; ``log_scalar`` for eval metrics) to ``<dir>/<PERSIA_JOB_ID>/rank_<r>``
             (default: ``$PERSIA_TENSORBOARD_DIR``; None and unset: no curves). Tags:
-            ``persia._runtime.tensorboard``.
+            ``pyrsia.services.nn_worker.tensorboard``.
         log_every_n_steps: the loss is sampled (kept for the curves and ``/metrics``) every
             this many steps (default 10); reading it is done off the training thread.
         model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
@@ -178,7 +178,7 @@ class TrainCtx(EmbeddingCtx):
         self._termination = TerminationGuard()
         self.step_clock = StepClock()
         """Wall and CPU seconds per phase of ``backward`` (autograd, gradient_send, dense_step)."""
-        self._shadowing = False  # a shadow step of persia._runtime.even_steps is running
+        self._shadowing = False  # a shadow step of pyrsia.services.nn_worker.even_steps is running
         self._check_frequency = 20  # the last embedding_gradient_check_frequency (shadow steps)
         self.log_every_n_steps = positive_int(log_every_n_steps, "log_every_n_steps")
         self.tensorboard_dir = tensorboard_dir

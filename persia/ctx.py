@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from persia._runtime import checkpoint as ckpt
-from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.precision import Precision, check_ctx_args
-from persia._runtime.session import Session
 from persia.embedding import EmbeddingConfig
 from persia.embedding.data import PersiaBatch
+from pyrsia.services.nn_worker import dense_state as ckpt
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.precision import Precision, check_ctx_args
+from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.errors import InvalidInputError
 
 __all__ = [

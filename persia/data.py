@@ -16,11 +16,11 @@ import logging
 from collections.abc import Iterator
 
 from persia import env
-from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.even_steps import EvenSteps, agreeing
-from persia._runtime.prefetch import IteratorReader, Prefetcher
-from persia.ctx import BaseCtx, EmbeddingCtx, PreprocessMode, cnt_ctx
+from persia.ctx import BaseCtx, EmbeddingCtx, PreprocessMode, TrainCtx, cnt_ctx
 from persia.embedding.data import PersiaBatch
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
+from pyrsia.services.nn_worker.prefetch import IteratorReader, Prefetcher
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.validate import positive_int
 
@@ -159,7 +159,9 @@ class DataLoader:
         # streamed training on several ranks: every rank takes the same number of steps
         even = (
             EvenSteps(ctx, fetch)
-            if isinstance(self.dataset, StreamingDataset) and agreeing(ctx)
+            if isinstance(self.dataset, StreamingDataset)
+            and isinstance(ctx, TrainCtx)
+            and agreeing(ctx.world_size)
             else None
         )
         try:

@@ -173,7 +173,7 @@ class DDPOption(DistributedBaseOption):
             else:
                 # rank 0 hosts the store on its own master port, listening on the address it
                 # published only (torch's tcp:// store would listen on every interface)
-                from persia._launch.rendezvous import bound_tcp_store
+                from pyrsia.services.nn_worker.rendezvous import bound_tcp_store
 
                 store = bound_tcp_store(
                     self.master_addr or master_addr,

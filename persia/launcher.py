@@ -35,7 +35,7 @@ SUBCOMMANDS = {
         "an embedding worker (buffers ids, pools embeddings, fans gradients out)",
     ),
     "nn-worker": (
-        "persia._launch.nn_worker",
+        "pyrsia.services.nn_worker.launch",
         "the NN worker: runs train.py on N ranks through torch.distributed.run",
     ),
     "data-loader": (

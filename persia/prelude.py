@@ -5,7 +5,7 @@ each name below is the Pyrsia class or function that does that job::
 
     PersiaCommonContext        the connection of a context (registry, embedding workers):
                                ``ctx.common_context`` of every BaseCtx
-    PersiaTrainingBatch        persia._runtime.batch.PersiaTrainingBatch (DataLoader's batches)
+    PersiaTrainingBatch        pyrsia.services.nn_worker.batch.PersiaTrainingBatch (DataLoader's batches)
     _PersiaBatch               persia.embedding.data.PersiaBatch (it is its own data)
     OptimizerBase              persia.embedding.optim.Optimizer
     PersiaBatchDataChannel     a bounded in-process channel with a sender and a receiver
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from persia._runtime.batch import PersiaTrainingBatch
 from persia.embedding.data import PersiaBatch as _PersiaBatch
 from persia.embedding.optim import Optimizer as OptimizerBase
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.shared.wire.batch import DENSE_DTYPES, DENSE_EXPECTED
 
 if TYPE_CHECKING:
-    from persia._runtime.session import Session
+    from pyrsia.services.nn_worker.session import Session
 
 __all__ = [
     "OptimizerBase",
@@ -166,7 +166,7 @@ class PersiaCommonContext:
         if self._borrowed is not None:
             return self._borrowed.session
         if self._session is None:
-            from persia._runtime.session import Session
+            from pyrsia.services.nn_worker.session import Session
 
             self._session = Session.open()
         return self._session

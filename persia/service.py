@@ -27,7 +27,7 @@ _logger = logging.getLogger(__name__)
 
 
 def _registered() -> list[str]:
-    from persia._runtime.runtime import get_runtime
+    from pyrsia.services.nn_worker.runtime import get_runtime
     from pyrsia.shared.registry import Registry, RegistrySettings
 
     async def discover() -> list[str]:

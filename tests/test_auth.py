@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from persia._runtime.runtime import shutdown_runtime
 from persia.ctx import DataCtx, TrainCtx
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.optim import SGD
+from pyrsia.services.nn_worker.runtime import shutdown_runtime
 from pyrsia.shared.auth import check_bind, check_token, is_authorized, is_loopback
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import AuthError, ConfigError
@@ -174,7 +174,7 @@ def test_a_whole_job_runs_with_a_token(redis_server, tmp_path):
 
 
 async def test_ingress_refuses_public_bind_without_token(registry_settings, monkeypatch):
-    from persia._runtime.ingress import BatchQueue, Ingress
+    from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 
     monkeypatch.delenv("PERSIA_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("PERSIA_INSECURE", "0")
@@ -189,7 +189,7 @@ async def test_ingress_refuses_public_bind_without_token(registry_settings, monk
 
 
 def test_nn_worker_launcher_checks_the_bind_rule_once(tmp_path, monkeypatch, capsys):
-    from persia._launch.nn_worker import main
+    from pyrsia.services.nn_worker.launch import main
 
     script = tmp_path / "train.py"
     script.write_text("")

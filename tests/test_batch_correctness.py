@@ -17,9 +17,6 @@ import pytest
 import torch
 
 from persia._data_ctx import DataCtx
-from persia._runtime.embedding_client import EmbeddingWorkerClient
-from persia._runtime.ingress import BatchQueue, Ingress
-from persia._runtime.runtime import get_runtime
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset
 from persia.embedding import EmbeddingConfig
@@ -31,6 +28,9 @@ from persia.embedding.data import (
     PersiaBatch,
 )
 from persia.embedding.optim import SGD
+from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 from pyrsia.shared.registry import Registry, RegistrySettings

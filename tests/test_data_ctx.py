@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from persia._data_ctx import DataCtx, DataCtxError
-from persia._runtime.ingress import BatchQueue, Ingress
-from persia._runtime.runtime import get_runtime
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.registry import RegistrySettings
 from tests.nn_helpers import environ, job_services, make_batch

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from persia._runtime.features import build_tensors, gradient_payload
 from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
 from pyrsia.services.embedding_worker.gathering import (
     answer_embeddings,
@@ -19,6 +18,7 @@ from pyrsia.services.embedding_worker.gathering import (
 )
 from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
 from pyrsia.services.embedding_worker.preprocess import prepare_batch
+from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
 from pyrsia.shared.config_schema import EmbeddingSchema
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
 from pyrsia.shared.scatter import add_rows_if_finite

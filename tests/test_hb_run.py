@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from persia._launch.devices import count_visible, visible_gpu_count
+from pyrsia.services.nn_worker.devices import count_visible, visible_gpu_count
 from pyrsia.shared.errors import ConfigError
 from tests.redis_server import free_port
 

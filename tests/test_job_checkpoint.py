@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from persia._runtime import job_checkpoint as jc
+from pyrsia.services.nn_worker import job_checkpoint as jc
 from pyrsia.shared.config import parse_global_config
 from pyrsia.shared.errors import ConfigError
 
@@ -82,7 +82,7 @@ def test_prune_keeps_the_newest_and_drops_stale_incomplete_dirs(tmp_path):
 
 
 async def test_reproducible_order_steps_over_batches_trained_before_the_resume():
-    from persia._runtime.ingress import BatchQueue
+    from pyrsia.services.nn_worker.ingress import BatchQueue
     from pyrsia.shared.wire.ingress import IngressBatch
 
     # rank 1 of 2 expects 1, 3, 5, ...; 1 and 5 were trained before the checkpoint
@@ -99,7 +99,7 @@ class _RecordingCheckpointer:
 
     @staticmethod
     def make(clock=None, **keys):
-        from persia._runtime.checkpointer import PeriodicCheckpointer
+        from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
 
         class Recording(PeriodicCheckpointer):
             saved: list[int]

@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from persia._runtime.ingress import BatchQueue, Ingress
-from persia._runtime.rank_stats import RankStats
 from persia.ctx import TrainCtx
 from persia.embedding.optim import SGD
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.shared.constants import (
     ROLE_DATA_LOADER,
     ROLE_EMBEDDING_PS,

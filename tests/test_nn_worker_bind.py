@@ -99,7 +99,7 @@ def test_several_nodes_with_a_loopback_master_addr_are_refused_on_node_0(master,
     there (127.0.0.1, or a hostname Debian maps to 127.0.1.1) leaves the other nodes waiting
     with no error, so node 0 refuses at once naming the address (tests/cluster shows the
     127.0.1.1 case across real network namespaces)."""
-    from persia._launch.nn_worker import _check_security, build_parser
+    from pyrsia.services.nn_worker.launch import _check_security, build_parser
     from pyrsia.shared.errors import UsageError
 
     monkeypatch.setenv("PERSIA_AUTH_TOKEN", "t" * 32)

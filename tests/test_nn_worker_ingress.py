@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from persia._runtime.ingress import BatchQueue, Ingress
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.optim import SGD
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
 from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError

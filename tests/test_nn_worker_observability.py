@@ -1,5 +1,5 @@
 """An NN-worker rank seen from outside: TensorBoard curves and its ``/metrics``, with a real PS,
-embedding worker and Redis (persia/_runtime/rank_stats.py, persia/_runtime/tensorboard.py)."""
+embedding worker and Redis (pyrsia/services/nn_worker/rank_stats.py, pyrsia/services/nn_worker/tensorboard.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from persia._runtime.rank_stats import RankStats
-from persia._runtime.tensorboard import TensorBoardLog
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
 from persia.embedding.optim import SGD
+from pyrsia.services.nn_worker.rank_stats import RankStats
+from pyrsia.services.nn_worker.tensorboard import TensorBoardLog
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.http_client import HttpClient

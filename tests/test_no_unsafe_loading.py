@@ -131,4 +131,4 @@ def test_every_torch_load_call_was_seen():
         )
         assert textual == parsed, f"{path}: {textual} 'torch.load(' in the text, {parsed} calls"
         calls += parsed
-    assert calls >= 1  # persia/_runtime/checkpoint.py loads dense checkpoints
+    assert calls >= 1  # pyrsia/services/nn_worker/dense_state.py loads dense checkpoints

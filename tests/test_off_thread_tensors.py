@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from persia._runtime.backward import BackwardEngine
-from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.embedding_client import EmbeddingWorkerClient
-from persia._runtime.inflight import InflightLimits
-from persia._runtime.prefetch import Prefetcher
-from persia._runtime.runtime import Runtime
 from persia.ctx import EmbeddingCtx, PreprocessMode
+from pyrsia.services.nn_worker.backward import BackwardEngine
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.inflight import InflightLimits
+from pyrsia.services.nn_worker.prefetch import Prefetcher
+from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
 from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.redis_server import free_port

@@ -114,7 +114,7 @@ def test_prelude_dtype_check_and_channel():
 
 
 def test_prepare_feature_gives_tensors_of_a_batch():
-    from persia._runtime.batch import PersiaTrainingBatch
+    from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 
     dense = DensePart(
         batch_size=2,

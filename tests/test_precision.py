@@ -5,8 +5,8 @@ import platform
 
 import pytest
 
-from persia._runtime import precision
-from persia._runtime.precision import Precision
+from pyrsia.services.nn_worker import precision
+from pyrsia.services.nn_worker.precision import Precision
 
 
 def _cpuinfo_flags() -> set[str]:

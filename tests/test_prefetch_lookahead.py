@@ -15,10 +15,10 @@ import time
 import numpy as np
 import pytest
 
-from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.inflight import InflightLimits, Lookahead
-from persia._runtime.prefetch import Prefetcher
-from persia._runtime.runtime import Runtime
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.inflight import InflightLimits, Lookahead
+from pyrsia.services.nn_worker.prefetch import Prefetcher
+from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.wire.batch import DensePart
 
 STEPS = 30

@@ -97,7 +97,7 @@ def check_file_sd(groups: object) -> None:
 
 def test_dashboard_expressions_use_only_metrics_the_code_defines():
     """Every panel's PromQL selects, for the dashboard's job, series the code exposes; the
-    NN-rank panels' metrics are the ones persia/_runtime/rank_stats.py registers."""
+    NN-rank panels' metrics are the ones pyrsia/services/nn_worker/rank_stats.py registers."""
     defined = defined_metric_names()
     exprs = dashboard_expressions()
     titles = {title for title, _ in exprs}

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 STUCK = """
 import os, signal, time
-from persia._runtime.termination import TerminationGuard
+from pyrsia.services.nn_worker.termination import TerminationGuard
 TerminationGuard().install()
 try:
     os.kill(os.getpid(), signal.SIGTERM)
@@ -25,7 +25,7 @@ except SystemExit:
 
 CLEAN = """
 import os, signal, time
-from persia._runtime.termination import TerminationGuard
+from pyrsia.services.nn_worker.termination import TerminationGuard
 TerminationGuard().install()
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(60)

@@ -1,5 +1,5 @@
 """StepClock splits a phase's wall time into CPU, run queue (ready without a core) and the
-rest (blocked), per thread (persia/_runtime/step_clock.py)."""
+rest (blocked), per thread (pyrsia/services/nn_worker/step_clock.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from persia._runtime.step_clock import StepClock
+from pyrsia.services.nn_worker.step_clock import StepClock
 
 REPO = Path(__file__).resolve().parent.parent
 LINUX_SCHEDSTAT = os.path.exists("/proc/thread-self/schedstat")
@@ -41,7 +41,7 @@ def test_sleeping_phase_is_neither_cpu_nor_run_queue():
 
 SHARED_CORE = """
 import json, os, subprocess, sys, time
-from persia._runtime.step_clock import StepClock
+from pyrsia.services.nn_worker.step_clock import StepClock
 cpu = min(os.sched_getaffinity(0))
 os.sched_setaffinity(0, {cpu})
 hog = subprocess.Popen([sys.executable, "-c",

@@ -2,7 +2,7 @@
 
 A data loader (the data-loader launcher) sends 7 batches; batch b goes to rank b mod 2, so
 rank 0 gets 4 and rank 1 gets 3. The training script is a plain PERSIA loop. Without the
-per-step agreement of ``persia/_runtime/even_steps.py`` rank 0's fourth step waits in DDP's
+per-step agreement of ``pyrsia/services/nn_worker/even_steps.py`` rank 0's fourth step waits in DDP's
 all-reduce for a rank that has left. With it: both ranks take 4 synchronous steps (rank 1's
 last one a shadow step with zero gradients), the dense parameters end identical, every
 batch's embedding gradients are applied exactly once, and no batch is left on a worker.

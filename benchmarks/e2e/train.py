@@ -37,13 +37,13 @@ from data import load, persia_batches, roc_auc
 from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
 from procs import minor_faults
 
-from persia._runtime.step_clock import StepClock
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
 from persia.distributed import DDPOption
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import Adagrad
 from persia.env import get_rank, get_world_size
+from pyrsia.services.nn_worker.step_clock import StepClock
 
 TEST_BATCH = 4096
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -36,7 +36,9 @@ from pyrsia.shared.validate import describe as _describe
 from pyrsia.shared.wire.batch import (
     DENSE_DTYPES,
     DENSE_EXPECTED,
+    LABEL_DEFAULT_NAME,
     MAX_BATCH_SIZE,
+    NON_ID_TYPE_FEATURE_DEFAULT_NAME,
     DenseArray,
     IDFeature,
     single_id_offsets,
@@ -257,13 +259,13 @@ class NdarrayDataBase:
 class NonIDTypeFeature(NdarrayDataBase):
     """Dense input features (e.g. float32 ``(batch, n)`` or uint8 images)."""
 
-    DEFAULT_NAME = "non_id_type_feature_anonymous"
+    DEFAULT_NAME = NON_ID_TYPE_FEATURE_DEFAULT_NAME
 
 
 class Label(NdarrayDataBase):
     """Training targets, any supported dtype and shape ``(batch, ...)``."""
 
-    DEFAULT_NAME = "label_anonymous"
+    DEFAULT_NAME = LABEL_DEFAULT_NAME
 
 
 AnyIDFeature = IDTypeFeature | IDTypeFeatureWithSingleID

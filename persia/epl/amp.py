@@ -17,8 +17,8 @@ import logging
 
 import torch
 
-from persia._runtime.precision import Precision, autocast_target
 from persia.epl.config import Config
+from pyrsia.services.nn_worker.precision import Precision, autocast_target
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ the registry session (``PERSIA_REDIS_URL`` / ``PERSIA_JOB_ID``), the workers'
 readiness, the embedding hyperparameters (``options.embedding_config`` or the
 defaults), the embedding optimizer, and the workers' embedding schema (to check
 each module against its slot). Gradients go back through the runtime's
-:class:`~persia._runtime.backward.BackwardEngine` with at most
+:class:`~pyrsia.services.nn_worker.backward.BackwardEngine` with at most
 ``options.emb_staleness`` sends in flight (0: every send is awaited), divided by the
 world size when ``options.emb_grad_reduction`` is ``mean`` (the default, as HybridBackend
 averages sharded gradients over the ranks) or applied as sent with ``sum`` (PERSIA's rule).
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from persia._runtime.backward import BackwardEngine
-from persia._runtime.inflight import InflightLimits
-from persia._runtime.session import Session
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
 from persia.hb._context import context
+from pyrsia.services.nn_worker.backward import BackwardEngine
+from pyrsia.services.nn_worker.inflight import InflightLimits
+from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.wire.batch import IDPart

@@ -17,7 +17,12 @@ import argparse
 import shutil
 import sys
 
-from persia._launch.nn_worker import add_rank_flags, check_rank_flags, run_ranks, torchrun_args
+from pyrsia.services.nn_worker.launch import (
+    add_rank_flags,
+    check_rank_flags,
+    run_ranks,
+    torchrun_args,
+)
 from pyrsia.shared.cli import fail
 from pyrsia.shared.errors import UsageError
 

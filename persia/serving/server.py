@@ -27,8 +27,8 @@ import numpy as np
 import prometheus_client as prom
 from aiohttp import web
 
-from persia._runtime.embedding_client import EmbeddingWorkerClient
 from persia.serving.artifact import ServingModel
+from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.constants import MSGPACK_CONTENT_TYPE
 from pyrsia.shared.errors import BackPressureError, PersiaError, ProtocolError

@@ -200,7 +200,7 @@ thread wake-ups, each taking a core from the NN worker's training step (issue 10
 
 GRADIENT_BUFFER_FACTOR = 4
 """An embedding worker keeps at most forward_buffer_size x this many batches awaiting their
-gradients (the last of the four in-flight limits: persia/_runtime/inflight.py)."""
+gradients (the last of the four in-flight limits: pyrsia/services/nn_worker/inflight.py)."""
 
 # --- in-process runtime (train.py / data_loader.py) -------------------------------------
 RUNTIME_STOP_TIMEOUT_S = 10.0
@@ -217,7 +217,7 @@ DATA_SEND_TIMEOUT_S = 600.0
 """How long one data-loader batch may wait on back-pressure before its send fails."""
 RANK_STOP_NOTICE_TIMEOUT_S = 60.0
 """A rank whose training loop stopped early waits this long for the other ranks to hear it
-(they learn it in their next per-step agreement: persia/_runtime/even_steps.py)."""
+(they learn it in their next per-step agreement: pyrsia/services/nn_worker/even_steps.py)."""
 DATA_LOADER_LINGER_S = 60.0
 """A data loader whose NN workers have left lingers this long before exiting on its own.
 

@@ -1,7 +1,7 @@
 """Host one NN-worker batch ingress in its own process, as a train.py rank does.
 
 ``python -m tests.faults.ingress_host [--rank R --world-size W --capacity C]`` starts the
-real :class:`persia._runtime.ingress.Ingress` (registered as ``nn_worker/<rank>``) and
+real :class:`pyrsia.services.nn_worker.ingress.Ingress` (registered as ``nn_worker/<rank>``) and
 consumes batches as a training loop would, until SIGTERM; it exits 0 after stopping
 the ingress. The fuzz and load suites use it so a crash of the ingress is a dead
 process they can see, not an exception swallowed inside pytest.
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 
-from persia._runtime.ingress import BatchQueue, Ingress
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 
 log = logging.getLogger(__name__)
 

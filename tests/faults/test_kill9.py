@@ -40,7 +40,7 @@ import time
 import pytest
 import redis as redis_lib
 
-from persia._runtime.job_checkpoint import latest_complete, read_manifest
+from pyrsia.services.nn_worker.job_checkpoint import latest_complete, read_manifest
 from pyrsia.shared.constants import (
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,

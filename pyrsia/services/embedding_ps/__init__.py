@@ -1,0 +1,27 @@
+"""The embedding parameter server: one shard of the embedding tables, trained asynchronously.
+
+``persia-launcher embedding-parameter-server --replica-index i --replica-size n`` (or
+``python -m pyrsia.services.embedding_ps``, same flags) holds the ids whose stable hash
+modulo ``n`` is ``i``: ``capacity`` vectors in preallocated arenas, LRU eviction,
+admission, the embedding optimizers (SGD, Adagrad, Adam) and its part of every
+checkpoint. It answers the embedding workers' lookups and gradient updates over HTTP
+(``server``; PROTOCOL.md) and registers itself in Redis.
+
+Threads of one PS process::
+
+    event-loop thread (aiohttp on uvloop)        "ps" pool (server.Offloader)
+    ─────────────────────────────────────        ───────────────────────────────────
+    POST /lookup, /update ──decode, check──┐
+                                           └──> engine: hash probe, gather, optimizer
+    GET /health, /metrics (always answer)       update, LRU touch (compiled kernels
+    registry heartbeat (Redis lease)             release the GIL)
+    incremental-packet scanner (Infer PS)             │ with num_shards > 1:
+    /dump, /load ──────────────────────────┐          └─> "ps-shard" pool: one per shard
+                                           └──> "ps-checkpoint" pool: shard files
+    metrics push thread (when configured)
+
+Modules: ``main`` (command line), ``server`` (routes), ``engine`` / ``shard`` / ``table``
+(storage), ``kernels``, ``optimizers``, ``checkpoint*`` and ``bulk`` (dumps and loads),
+``incremental`` / ``packets`` (online updates for serving), ``persia_convert`` /
+``persia_format`` (PERSIA's checkpoints).
+"""

@@ -1,0 +1,25 @@
+"""The embedding worker: between the data loaders, the NN workers and the PS shards.
+
+``persia-launcher embedding-worker --replica-index i --replica-size n`` (or
+``python -m pyrsia.services.embedding_worker``, same flags) buffers the id features
+data loaders send (``buffer``: ``forward_buffer_size``, oldest dropped first), answers
+an NN worker's lookup of a buffered batch (``preprocess``: feature-index prefixing and
+``hash_stack_config``; ``pooling``: dedup, routing of each id to its PS shard, sum/raw
+pooling; ``gathering``: the gathered answer), and turns pooled gradients back into
+per-id gradients for the shards (PERSIA's data-flow steps 1, 4 and 7).
+
+Threads of one embedding-worker process::
+
+    event-loop thread (aiohttp on uvloop)          "ew" pool (Offloader)
+    ─────────────────────────────────────          ──────────────────────────────
+    POST /batch ──check, buffer the ids
+    POST /lookup(_direct) ──preprocess, dedup ─┐
+                                               └──> kernels: dedup, prefix, pool,
+    ps_client: one request per (batch, shard)         scatter gradients (release
+      <── vectors / ──> gradients (keep-alive)         the GIL; small batches inline)
+    POST /gradients ──fan out to the shards
+    GET /health, /metrics; registry heartbeat      metrics push thread (when configured)
+
+Modules: ``main`` (command line), ``server`` (routes), ``buffer``, ``preprocess``,
+``pooling``, ``gathering``, ``kernels``, ``ps_client``.
+"""

@@ -42,6 +42,10 @@ DENSE_DTYPES = frozenset(
 )
 DENSE_EXPECTED = "a numpy array of dtype bool, int8, int16, int32, int64, uint8, float32 or float64"
 IDS_EXPECTED = "a 1-D numpy array of dtype uint64"
+NON_ID_TYPE_FEATURE_DEFAULT_NAME = "non_id_type_feature_anonymous"
+"""The name of a dense feature sent without one (PERSIA's ``NonIDTypeFeature`` default)."""
+LABEL_DEFAULT_NAME = "label_anonymous"
+"""The name of a label sent without one (PERSIA's ``Label`` default)."""
 
 
 def check_batch_size(value: Any, field: str) -> int:

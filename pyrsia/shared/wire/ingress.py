@@ -1,4 +1,4 @@
-"""Request bodies of the batch ingress each NN-worker rank hosts (persia/_runtime/ingress.py).
+"""Request bodies of the batch ingress each NN-worker rank hosts (pyrsia/services/nn_worker/ingress.py).
 
 ::
 

@@ -5,7 +5,7 @@ on with the next batch without a round trip to the event loop (the send is sched
 with ``call_soon_threadsafe``). The gradients come as a function the loop calls: turning
 the embedding tensors' gradients into arrays, and encoding them, happen off the training
 thread. The bounds are the backward slots and senders of
-:class:`~persia._runtime.inflight.InflightLimits`: the caller blocks while
+:class:`~pyrsia.services.nn_worker.inflight.InflightLimits`: the caller blocks while
 ``backward_buffer_size`` batches are unanswered, and at most ``backward_workers_size``
 requests are on the wire at once. A send that fails is kept and raised at the next ``submit`` /
 ``raise_pending`` / ``flush``, so an error is never silently lost; ``flush`` waits
@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from persia._runtime.embedding_client import EmbeddingWorkerClient
-from persia._runtime.features import GradientPayload
-from persia._runtime.inflight import InflightLimits
-from persia._runtime.runtime import Runtime
+from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.features import GradientPayload
+from pyrsia.services.nn_worker.inflight import InflightLimits
+from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.errors import GradientSendError
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from persia._runtime.rank_stats import RankStats
+from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ Switched on in ``global_config.yml`` (``common_config.checkpointing_config``)::
 
 At the end of every step ``ctx.backward`` asks :meth:`PeriodicCheckpointer.after_step`
 whether one is due (ranks agree: the step count is the same on every rank, and a time
-trigger is all-reduced). Writing one (see :mod:`persia._runtime.job_checkpoint` for the
+trigger is all-reduced). Writing one (see :mod:`pyrsia.services.nn_worker.job_checkpoint` for the
 layout): every rank drains its in-flight embedding gradients and records which batches it
 has trained; barrier; rank 0 dumps every PS shard (through the embedding workers), the
 dense model and optimizer, and commits the manifest; barrier. No rank applies a gradient
@@ -26,15 +26,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from persia._runtime import job_checkpoint as jc
+from pyrsia.services.nn_worker import job_checkpoint as jc
 from pyrsia.shared.config import CheckpointingConfig
 
-if TYPE_CHECKING:
-    from persia._train_ctx import TrainCtx
+TrainCtx = Any  # the training context (persia.ctx.TrainCtx); services do not import persia
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ The ranks are started by torch's own launcher (``torch.distributed.run``, the co
 behind ``torchrun``), which sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` for each
 process, watches the processes and reaps them. Without ``--nproc-per-node`` there is
 one rank per visible GPU (``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICES``;
-see :mod:`persia._launch.devices`) and one rank on a CPU-only machine. The script path falls back to
+see :mod:`pyrsia.services.nn_worker.devices`) and one rank on a CPU-only machine. The script path falls back to
 ``$PERSIA_NN_WORKER_ENTRY``; a missing script is one line on stderr and exit code 2.
 The exit code is the script's (the first failing rank's).
 
 Every socket the job listens on follows the bind rule (README Security): torch's rendezvous
-store listens on ``--master-addr`` only (:mod:`persia._launch.rendezvous`; torch's own
+store listens on ``--master-addr`` only (:mod:`pyrsia.services.nn_worker.rendezvous`; torch's own
 static rendezvous binds every interface), and on one node whose servers bind loopback the
 ranks get ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` = the loopback interface and
 ``PERSIA_ADVERTISE_HOST`` = the bind host, so gloo's sockets and rank 0's DDP store stay on
@@ -28,7 +28,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from persia._launch.devices import visible_gpu_count
+from pyrsia.services.nn_worker.devices import visible_gpu_count
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
 from pyrsia.shared.cli import add_server_security_flags, fail
 from pyrsia.shared.constants import (
@@ -50,7 +50,7 @@ from pyrsia.shared.registry import SlotKeeper
 log = logging.getLogger(__name__)
 
 RDZV_BACKEND = "pyrsia-static"
-"""persia._launch.rendezvous.BACKEND, spelled here so building the command imports no torch."""
+"""pyrsia.services.nn_worker.rendezvous.BACKEND, spelled here so building the command imports no torch."""
 LOOPBACK_INTERFACE = "lo"
 
 
@@ -175,7 +175,7 @@ def torchrun_args(args: argparse.Namespace, script: str, *, no_python: bool = Fa
     """The ``torch.distributed.run`` command line for these flags.
 
     The rendezvous is torch's static one (node ``--node-rank`` of ``--nnodes``, the store at
-    ``--master-addr:--master-port``), through :data:`persia._launch.rendezvous.BACKEND` so
+    ``--master-addr:--master-port``), through :data:`pyrsia.services.nn_worker.rendezvous.BACKEND` so
     that the store listens on ``--master-addr`` only. ``no_python``: ``script`` is a command
     to execute (``python train.py``), not a Python file for torch's launcher to run with its
     own interpreter.
@@ -207,15 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         os.environ[ENV_RESUME] = "1"  # read by TrainCtx in every rank
     if args.verbose:
-        os.environ[ENV_VERBOSE] = "1"  # read by persia._launch.rank
+        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.services.nn_worker.rank_entry
     try:
         keeper = take_job_slot(ROLE_NN_WORKER_NODE, args.node_rank, args.nnodes)
     except UsageError as exc:
         return fail(str(exc))
-    # each rank runs persia._launch.rank: the script as __main__, its registry waits shown,
+    # each rank runs pyrsia.services.nn_worker.rank_entry: the script as __main__, its registry waits shown,
     # a known error one line (exit 2) unless --verbose
     wrapped = argparse.Namespace(**vars(args))
-    wrapped.script_args = ["-u", "-m", "persia._launch.rank", script, *args.script_args]
+    wrapped.script_args = [
+        "-u",
+        "-m",
+        "pyrsia.services.nn_worker.rank_entry",
+        script,
+        *args.script_args,
+    ]
     try:
         return run_ranks(
             torchrun_args(wrapped, sys.executable, no_python=True),
@@ -289,7 +295,7 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
     from torch.distributed.run import parse_args, run
 
-    from persia._launch.rendezvous import register_rendezvous
+    from pyrsia.services.nn_worker.rendezvous import register_rendezvous
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
     register_rendezvous()

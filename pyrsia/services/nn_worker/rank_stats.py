@@ -7,7 +7,7 @@ shows the rank reads it from another thread, never on the training thread:
 
 * the ingress' ``GET /metrics`` (and the push gateway), at scrape time
   (:func:`register_rank_metrics`);
-* the TensorBoard writer thread (``persia._runtime.tensorboard``).
+* the TensorBoard writer thread (``pyrsia.services.nn_worker.tensorboard``).
 
 Counters only grow; readers take differences. The loss is kept as the detached tensor
 passed to ``ctx.backward`` (every ``loss_every`` steps), so reading it as a float, which
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import prometheus_client as prom
 import torch
 
-from persia._runtime.step_clock import StepClock
+from pyrsia.services.nn_worker.step_clock import StepClock
 
 __all__ = ["RankStats", "register_rank_metrics"]
 

@@ -7,8 +7,8 @@ with at most ``num_workers`` lookups in flight, and queues the lookups *in sourc
 just in time (the lookahead) and each takes an embedding-staleness permit (when
 ``embedding_staleness`` is set); the permit comes back when the batch's gradients have
 been applied (``TrainCtx.backward``) or when the loop moves past the batch without calling
-backward. Every one of these bounds is a :class:`~persia._runtime.inflight.LookupLimits`
-(``persia/_runtime/inflight.py`` documents them together).
+backward. Every one of these bounds is a :class:`~pyrsia.services.nn_worker.inflight.LookupLimits`
+(``pyrsia/services/nn_worker/inflight.py`` documents them together).
 
 An error in the producer or a lookup is raised in the training loop at the batch it
 concerns; closing the prefetcher cancels and awaits everything it started.
@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from persia._runtime.batch import PersiaTrainingBatch
-from persia._runtime.inflight import InflightLimits, LookupLimits
-from persia._runtime.runtime import Runtime
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.inflight import InflightLimits, LookupLimits
+from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
 from pyrsia.shared.errors import RuntimeClosedError
 

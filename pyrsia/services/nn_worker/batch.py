@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from persia._runtime.features import (
+from pyrsia.services.nn_worker.features import (
     BatchTensors,
     build_tensors,
     embedding_tensors,
     place,
     to_tensor,
 )
-from persia.embedding.data import Label, NonIDTypeFeature
-from pyrsia.shared.wire.batch import DensePart
+from pyrsia.shared.wire.batch import LABEL_DEFAULT_NAME, NON_ID_TYPE_FEATURE_DEFAULT_NAME, DensePart
 from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 
@@ -81,12 +80,12 @@ class PersiaTrainingBatch:
 
     @property
     def non_id_type_feature_names(self) -> list[str]:
-        default = NonIDTypeFeature.DEFAULT_NAME
+        default = NON_ID_TYPE_FEATURE_DEFAULT_NAME
         return [f.name or default for f in self.dense.non_id_type_features]
 
     @property
     def label_names(self) -> list[str]:
-        return [f.name or Label.DEFAULT_NAME for f in self.dense.labels]
+        return [f.name or LABEL_DEFAULT_NAME for f in self.dense.labels]
 
     @property
     def trainable(self) -> bool:

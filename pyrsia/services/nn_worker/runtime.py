@@ -27,7 +27,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from persia._runtime.serial_ops import run_torch_ops_serially_on_this_thread
+from pyrsia.services.nn_worker.serial_ops import run_torch_ops_serially_on_this_thread
 from pyrsia.shared.constants import (
     GIL_SWITCH_INTERVAL_S,
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,

@@ -2,17 +2,17 @@
 
 A :class:`Session` is opened by ``EmbeddingCtx.__enter__`` (never in ``__init__``) and
 closed by ``__exit__``; a context nested in another one reuses its parent's session.
-Everything async runs on the process's :class:`~persia._runtime.runtime.Runtime`.
+Everything async runs on the process's :class:`~pyrsia.services.nn_worker.runtime.Runtime`.
 """
 
 from __future__ import annotations
 
 import logging
 
-from persia._runtime.embedding_client import EmbeddingWorkerClient
-from persia._runtime.ingress import BatchQueue, Ingress
-from persia._runtime.rank_stats import RankStats
-from persia._runtime.runtime import Runtime, get_runtime
+from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+from pyrsia.services.nn_worker.rank_stats import RankStats
+from pyrsia.services.nn_worker.runtime import Runtime, get_runtime
 from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
 from pyrsia.shared.registry import Registry, RegistrySettings
 

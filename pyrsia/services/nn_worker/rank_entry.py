@@ -1,7 +1,7 @@
 """What each NN-worker rank runs: the user's train.py, with the launcher's error handling.
 
 ``persia-launcher nn-worker train.py`` has torch.distributed.run start
-``python -u -m persia._launch.rank train.py [arguments]`` on every rank. The script runs as
+``python -u -m pyrsia.services.nn_worker.rank_entry train.py [arguments]`` on every rank. The script runs as
 ``__main__`` (``runpy``, its folder first on ``sys.path``, ``sys.argv`` its own), as
 ``python train.py`` would run it, with two differences:
 
@@ -45,7 +45,10 @@ def _show_service_logs(tag: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m persia._launch.rank train.py [arguments]", file=sys.stderr)
+        print(
+            "usage: python -m pyrsia.services.nn_worker.rank_entry train.py [arguments]",
+            file=sys.stderr,
+        )
         return 2
     script = Path(argv[0])
     _show_service_logs(f"nn_worker/{os.environ.get('RANK', '0')}")

@@ -34,16 +34,15 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from persia._runtime.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.shared.constants import RANK_STOP_NOTICE_TIMEOUT_S
 from pyrsia.shared.errors import ConfigError
 
-if TYPE_CHECKING:
-    from persia._train_ctx import TrainCtx
+TrainCtx = Any  # the training context (persia.ctx.TrainCtx); services do not import persia
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +160,8 @@ def _nccl() -> bool:
     return torch.distributed.get_backend() == "nccl"
 
 
-def agreeing(ctx: object) -> bool:
-    """Whether training batches in ``ctx`` need the per-step agreement (a TrainCtx with >1 rank)."""
-    from persia._train_ctx import TrainCtx
-
+def agreeing(world_size: int) -> bool:
+    """Whether training batches on ``world_size`` ranks need the per-step agreement (>1 rank)."""
     return (
-        isinstance(ctx, TrainCtx)
-        and ctx.world_size > 1
-        and torch.distributed.is_available()
-        and torch.distributed.is_initialized()
+        world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
     )

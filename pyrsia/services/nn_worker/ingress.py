@@ -7,7 +7,7 @@ Routes (msgpack, PROTOCOL.md)::
          429 after INGRESS_ROOM_WAIT_S; 409 for a batch id already received
     POST /done    {"loader", "loader_count", "sent"} -> {}
     GET  /metrics the rank's training: steps, samples/s, step phases, staleness, lookup
-                  wait, skipped updates, loss scale, last loss (persia._runtime.rank_stats);
+                  wait, skipped updates, loss scale, last loss (pyrsia.services.nn_worker.rank_stats);
                   pushed to a push gateway as the PS's are (enable_metrics + gateway address)
 
 The rank registers as ``nn_worker/<rank>`` with ``replica_size`` = world size while the
@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from persia._runtime.rank_stats import RankStats, register_rank_metrics
+from pyrsia.services.nn_worker.rank_stats import RankStats, register_rank_metrics
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env
 from pyrsia.shared.config import load_global_config
 from pyrsia.shared.config_schema import MetricsConfig

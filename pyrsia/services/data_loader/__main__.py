@@ -1,0 +1,3 @@
+from pyrsia.services.data_loader.launch import main
+
+raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""``persia-launcher data-loader``: run the user's data_loader.py as one replica.
+
+The script runs in this process (``runpy``), with ``REPLICA_INDEX`` and
+``REPLICA_SIZE`` set so that ``persia.env`` and ``DataCtx`` know which replica this
+is. Its exit code is the process's; the process ends without interpreter finalization
+(its ``atexit`` handlers run) unless the script left threads running. The loader holds its
+slot ``data_loader/<replica index>`` of the job lease while it runs (pyrsia/shared/job_lease.py):
+a second job's loader with the same ``PERSIA_JOB_ID`` and index refuses to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import os
+import runpy
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+from pyrsia.services.nn_worker.launch import take_job_slot
+from pyrsia.shared.cli import KNOWN_ERRORS, fail, fail_known, resolve_file
+from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ENV_VERBOSE, ROLE_DATA_LOADER
+from pyrsia.shared.cpu_priority import (
+    add_cpu_priority_flag,
+    apply_cpu_priority,
+    resolve_cpu_priority,
+)
+from pyrsia.shared.errors import UsageError
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.registry import SlotKeeper
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="persia-launcher data-loader",
+        description="Run data_loader.py as one data-loader replica; it sends PersiaBatches with DataCtx.",
+    )
+    parser.add_argument(
+        "script",
+        nargs="?",
+        default=None,
+        help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})",
+    )
+    parser.add_argument(
+        "--replica-index", type=int, default=0, help="this replica's index, 0-based (default 0)"
+    )
+    parser.add_argument(
+        "--replica-size", type=int, default=1, help="number of data-loader replicas (default 1)"
+    )
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="exit as soon as the script finishes; by default the loader stays up until the job's "
+        "NN workers have left the registry (or SIGTERM), so that under honcho the NN worker is "
+        "the first process to exit",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the batches already trained into the newest complete checkpoint in "
+        "checkpoint_dir (global_config.yml common_config.checkpointing_config)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"a known error (bad config, Redis unreachable, a service never registered) shows "
+        f"its traceback too, not one line (also {ENV_VERBOSE}=1 or LOG_LEVEL=debug)",
+    )
+    add_cpu_priority_flag(parser)
+    parser.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | None = None) -> int:
+    """Run one data-loader replica; its exit code.
+
+    ``env_changed`` is called once ``REPLICA_INDEX``/``REPLICA_SIZE`` are set, before the
+    script runs (``persia-launcher`` passes ``persia.env.reload_env``: the facade may have
+    read the environment already in this process).
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        if args.replica_size < 1 or not 0 <= args.replica_index < args.replica_size:
+            raise UsageError(
+                f"--replica-index must be in [0, --replica-size) and --replica-size >= 1, "
+                f"got {args.replica_index} and {args.replica_size}"
+            )
+        script = resolve_file(
+            args.script, "the script argument", ENV_DATALOADER_ENTRY, required=True
+        )
+        cpu_priority = resolve_cpu_priority(args.cpu_priority)
+    except UsageError as exc:
+        return fail(str(exc))
+    os.environ["REPLICA_INDEX"] = str(args.replica_index)
+    os.environ["REPLICA_SIZE"] = str(args.replica_size)
+    if args.resume:
+        os.environ[ENV_RESUME] = "1"  # read by DataCtx
+    if args.verbose:
+        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.shared.cli.fail_known
+    if env_changed is not None:
+        env_changed()
+    configure_logging("data_loader", args.replica_index)
+    global _KEEPER
+    try:
+        _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)
+    except UsageError as exc:
+        return fail(str(exc))
+    apply_cpu_priority(cpu_priority)
+    sys.argv = [str(script), *args.script_args]
+    sys.path.insert(0, str(script.parent.resolve()))
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        code = _run_script(script)
+        if code == 0 and not args.exit_when_done:
+            _wait_for_job_end()
+    except SystemExit:
+        if _TERMINATED:
+            _leave_after_sigterm()
+        raise
+    _leave_when_done(code)
+    _give_back_slot()
+    return code  # the script left threads running: plain Python's exit waits for them
+
+
+_KEEPER: SlotKeeper | None = None
+"""This loader's slot in the job lease, held while the script runs (and lingers)."""
+
+
+def _give_back_slot() -> None:
+    global _KEEPER
+    if _KEEPER is not None:
+        _KEEPER.stop()
+        _KEEPER = None
+
+
+def _leave_when_done(code: int) -> None:
+    """End the process with ``code`` once the script is done, skipping interpreter finalization.
+
+    A loader usually finishes while the NN workers still train on the batches it sent, and
+    finalizing an interpreter that has loaded torch costs ~0.65 s of CPU (the final garbage
+    collection, torch's operator-library teardown), taken from the training on a small
+    machine. The script's ``atexit`` handlers still run and the streams are flushed. If the
+    script left non-daemon threads running, this returns and the interpreter waits for them
+    as usual.
+    """
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        return
+    atexit._run_exitfuncs()  # what finalization would run first (logging's shutdown among them)
+    _give_back_slot()
+    from pyrsia.shared.process_exit import exit_now
+
+    exit_now(code)
+
+
+def _run_script(script) -> int:
+    """Run data_loader.py as ``__main__``; its exit code (a SIGTERM propagates)."""
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except KNOWN_ERRORS as exc:  # one line (and exit 2) unless --verbose
+        return fail_known(exc)
+    except SystemExit as exc:
+        if _TERMINATED:
+            raise
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+_TERMINATED = False
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: unwind the script (DataCtx stops its sends, leaves the registry), exit 0."""
+    global _TERMINATED
+    _TERMINATED = True
+    raise SystemExit(0)
+
+
+def _leave_after_sigterm() -> None:
+    """Exit 0 now: the script has unwound; skip interpreter finalization (seconds with torch
+    loaded), so that the whole SIGTERM to exit stays well inside 5 s."""
+    from pyrsia.shared.process_exit import exit_now
+
+    logging.getLogger(__name__).info("SIGTERM: data loader stopped")
+    _give_back_slot()
+    exit_now(0)
+
+
+def _wait_for_job_end() -> None:
+    """Idle until the job's NN workers have deregistered (training is over), then linger briefly."""
+    import asyncio
+    import time
+
+    from pyrsia.shared.constants import (
+        DATA_LOADER_LINGER_S,
+        DISCOVERY_POLL_INTERVAL_S,
+        ROLE_NN_WORKER,
+    )
+    from pyrsia.shared.errors import RegistryError
+    from pyrsia.shared.registry import Registry
+
+    async def wait() -> None:
+        registry = Registry()
+        try:
+            while await registry.discover(ROLE_NN_WORKER):
+                await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 10)
+        except RegistryError:
+            pass
+        finally:
+            await registry.close()
+
+    logging.getLogger(__name__).info("data loader finished; waiting for the NN workers to finish")
+    asyncio.run(wait())
+    time.sleep(DATA_LOADER_LINGER_S)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

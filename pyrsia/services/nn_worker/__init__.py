@@ -1,0 +1,34 @@
+"""The NN worker: the runtime around the user's ``train.py`` on every training rank.
+
+``persia-launcher nn-worker train.py --nproc-per-node N`` (or
+``python -m pyrsia.services.nn_worker train.py ...``, same flags; ``launch``) starts N
+ranks through torch's own launcher; each runs ``rank_entry``, which runs the script as
+``__main__``. Everything a rank does besides the user's code lives here, behind the
+``persia`` facade (``TrainCtx``, ``DataLoader``): the batch ingress the data loaders push
+to (``ingress``), the embedding lookups ahead of the loop (``prefetch`` over the
+``embedding_client``), the asynchronous
+gradient return (``backward``) with its bounds (``inflight``), even steps across ranks
+(``even_steps``), precision (``precision``), periodic and job checkpoints
+(``checkpointer``, ``job_checkpoint``, ``dense_state``), and what shows a rank from
+outside (``rank_stats``: ``/metrics``; ``tensorboard``; ``step_clock``).
+
+Threads of one rank::
+
+    training thread (train.py)                 event-loop thread (runtime.Runtime)
+    ──────────────────────────                 ─────────────────────────────────────────
+    for batch in DataLoader(...):              ingress: POST /ingress, /done, GET /metrics
+      <── ready batch (thread-safe queue) ───     └─> BatchQueue (bounded; 429 when full)
+      ctx.forward(batch)                       prefetch.Prefetcher: queue -> lookup at the
+                                                 embedding worker (num_workers in flight),
+      loss = ...                                  tensors built here, in source order
+      ctx.backward(loss):                      backward.BackwardEngine: gradients to the
+        autograd                                  embedding worker (backward_buffer_size
+        embedding grads ─submit──────────────>    batches in flight = staleness bound)
+        optimizer.step                         registry heartbeat (Redis lease)
+          (DDP all-reduce: gloo/nccl threads)
+        step boundary                          tensorboard writer thread (when asked for)
+          (periodic checkpoint, stats)         "pyrsia-dataset" thread: reads an
+                                                 IterableDataset ahead of the lookups
+    SIGTERM (termination): SystemExit(0) in the loop; leaving the context drains the
+      in-flight gradients; exit 0 (a watchdog ends a stuck exit)
+"""

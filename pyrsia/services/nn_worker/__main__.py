@@ -1,0 +1,3 @@
+from pyrsia.services.nn_worker.launch import main
+
+raise SystemExit(main())
