@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pyrsia-gpu-check}
 mkdir -p "$OUT"
 export PYRSIA_GPU_ARTIFACTS="$OUT" PYTHONUNBUFFERED=1
-export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --junitxml=$OUT/junit.xml"
+export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --junitxml=$OUT/junit.xml -o junit_family=xunit1"
 {
     date -u
     nvidia-smi || echo "nvidia-smi: not found"
