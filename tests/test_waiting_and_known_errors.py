@@ -56,7 +56,7 @@ def test_nn_worker_without_services_says_what_it_waits_for_then_one_line(redis):
     out = "\n".join(text for _, text in lines)
     waits = [(t, text) for t, text in lines if "waiting for embedding_worker" in text]
     assert waits, out
-    assert re.search(r"\[nn_worker/0\] shared\.registry: waiting for embedding_worker: none "
+    assert re.search(r"\[nn_worker/0\] pyrsia\.shared\.registry: waiting for embedding_worker: none "
                      r"registered yet, [5-9] s", waits[0][1]), out  # fmt: skip
     assert len(waits) >= 2 and waits[1][0] - waits[0][0] < 7, out  # every ~5 s, not once
     errors = [text for _, text in lines if text.startswith("error:")]
