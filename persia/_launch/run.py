@@ -26,6 +26,10 @@ the servers, Redis last), drain and exit, and ``run`` exits with the NN worker's
 that exits early (a bad config, a crash) stops the job, and its code is ``run``'s. Ctrl-C or
 SIGTERM stop every child the same way, and ``run`` exits 128 + the signal's number (130, 143).
 The children die with ``run`` even when it is killed (``PR_SET_PDEATHSIG``).
+
+With ``--embedded`` (or ``PERSIA_EMBEDDED=1``) the job is one process: ``train.py`` runs with
+the embedding PS and worker engines inside it and ``data_loader.py`` in one of its threads
+(pyrsia/services/nn_worker/embedded.py); no Redis, no servers, one NN-worker rank.
 """
 
 from __future__ import annotations
@@ -48,9 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
+    ENV_EMBEDDED,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     ENV_JOB_ID,
@@ -86,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-loader", default=None, metavar="DATA_LOADER_PY",
                    help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})")  # fmt: skip
     add_config_flags(p)
+    p.add_argument("--embedded", action="store_true", default=None,
+                   help=f"one process: the embedding PS and worker engines and the data loader run inside the NN worker's process (no Redis, no servers; one rank); also ${ENV_EMBEDDED}=1")  # fmt: skip
     p.add_argument("--nproc-per-node", type=int, default=1,
                    help="NN-worker ranks (default 1)")  # fmt: skip
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -341,6 +349,12 @@ def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
     glob = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    args.embedded = bool(args.embedded) or embedded_requested()
+    if args.embedded and args.nproc_per_node != 1:
+        raise UsageError(
+            f"--embedded runs one NN-worker rank in one process, not --nproc-per-node "
+            f"{args.nproc_per_node}: drop --embedded (or unset ${ENV_EMBEDDED}) for several ranks"
+        )
     if not args.stop_timeout > 0:
         raise UsageError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
     from pyrsia.shared.config import load_embedding_config, load_global_config
@@ -372,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     signals = _StopSignals()
     started = time.monotonic()
     progress: Progress | None = None
+    if args.embedded:
+        return _run_embedded(args, job, env, train, loader, signals, started)
     try:
         if not env.get(ENV_REDIS_URL):
             env[ENV_REDIS_URL] = _start_redis(job)
@@ -412,6 +428,27 @@ def main(argv: list[str] | None = None) -> int:
         return code if code and code > 0 else 1
     code = nn.proc.returncode
     out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
+    return code if code >= 0 else 128 - code
+
+
+def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train: Path,
+                  loader: Path, signals: _StopSignals, started: float) -> int:  # fmt: skip
+    """The whole job in one child: train.py as a rank (pyrsia.services.nn_worker.rank_entry),
+    the engines and data_loader.py inside it; its exit code is ``run``'s."""
+    env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(loader.resolve())})
+    job.out.line("run", f"job {env[ENV_JOB_ID]} embedded: one process, no Redis")
+    nn = job.start("nn_worker", [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry",
+                                 str(train)])  # fmt: skip
+    _watch(job, nn, signals.received)
+    job.out.end_status()
+    job.stop(("nn_worker",), args.stop_timeout)
+    signals.restore()
+    took = time.monotonic() - started
+    if signals.signum is not None:
+        job.out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
+        return 128 + signals.signum
+    code = nn.proc.returncode
+    job.out.line("run", f"nn_worker exited with code {code} after {took:.0f}s")
     return code if code >= 0 else 128 - code
 
 

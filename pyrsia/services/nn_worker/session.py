@@ -7,13 +7,23 @@ Everything async runs on the process's :class:`~pyrsia.services.nn_worker.runtim
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
+import time
 
+from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.services.nn_worker.runtime import Runtime, get_runtime
-from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
+from pyrsia.shared.constants import (
+    DEFAULT_WAIT_TIMEOUT_S,
+    DISCOVERY_POLL_INTERVAL_S,
+    ENV_ADVERTISE_HOST,
+)
+from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
 
 log = logging.getLogger(__name__)
@@ -45,7 +55,14 @@ class Session:
         addresses: list[str] | None = None,
         wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     ) -> Session:
-        """Registry-backed (``addresses=None``) or fixed-address session; waits for the workers."""
+        """Registry-backed (``addresses=None``) or fixed-address session; waits for the workers.
+
+        With ``PERSIA_EMBEDDED=1`` (and no addresses) the session's embedding client is the
+        in-process engines (:class:`~pyrsia.services.nn_worker.embedded.EmbeddedSession`)."""
+        if addresses is None and embedded_requested():
+            from pyrsia.services.nn_worker.embedded import EmbeddedSession  # it subclasses Session
+
+            return EmbeddedSession.open(wait_timeout_s=wait_timeout_s)
         runtime = get_runtime()
         settings = None if addresses is not None else RegistrySettings.from_env()
 
@@ -96,6 +113,34 @@ class Session:
 
         self._ingress = self.runtime.run(start())
         return self._ingress.queue
+
+    def exchange_master_addr(self, rank: int, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> str:
+        """The address of rank 0's process-group store: rank 0 publishes its own in the
+        registry (``PERSIA_ADVERTISE_HOST``, else its host name's address); the other ranks
+        wait up to ``timeout_s`` for it."""
+        registry = self.registry
+        if registry is None:
+            raise RegistryError(
+                "no registry to exchange the master address: pass master_addr= to the option"
+            )
+        if rank == 0:
+            address = os.environ.get(ENV_ADVERTISE_HOST) or socket.gethostbyname(
+                socket.gethostname()
+            )
+            self.runtime.run(registry.publish_master_addr(address))
+            return address
+
+        async def wait() -> str:
+            deadline = time.monotonic() + timeout_s
+            while (address := await registry.get_master_addr()) is None:
+                if time.monotonic() >= deadline:
+                    raise RegistryError(
+                        f"rank 0 did not publish its master address within {timeout_s:.0f}s"
+                    )
+                await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
+            return address
+
+        return self.runtime.run(wait())
 
     def close(self) -> None:
         """Stop the ingress (deregistering it) and close the registry connection."""

@@ -1,0 +1,284 @@
+"""Embedded mode: the embedding PS and embedding worker engines inside the NN-worker process.
+
+With ``PERSIA_EMBEDDED=1`` (``persia-launcher run --embedded`` sets it) one process runs the
+whole job: the user's ``train.py`` unchanged, the data loader's ``data_loader.py`` in a thread
+of the same process, and the services' engines in between, called in process::
+
+    data_loader.py thread ── DataCtx.send_data ─▶ EmbeddedSender: id half prepared (hash stack,
+        │                                         prefix, dedup) on this thread, buffered in the
+        │                                         Worker's forward buffer; dense half queued
+        ▼
+    runtime loop thread ── Prefetcher ─▶ EmbeddedClient.lookup ─▶ Worker ─▶ LocalPS ─▶ EmbeddingStore
+                           BackwardEngine ─▶ EmbeddedClient.gradients ─▶ (the same, backward)
+    training thread ────── forward, backward, dense step (train.py)
+
+No HTTP, no msgpack and no Redis: the prefetcher, the gradient sender and their in-flight
+bounds (the embedding staleness among them) are the services mode's own, so the embedding
+gradients are applied asynchronously with the same bounded staleness. The engines live as
+long as the process (:func:`get_embedded_job`): a context entered after another one sees the
+same embeddings, as it would see the same PS. A checkpoint is the PS's format written as
+replica 0 of 1, so it loads in services mode with any number of PS replicas, and one written
+in services mode loads here.
+
+The data loader runs in a thread when ``$PERSIA_DATALOADER_ENTRY`` names it (the launcher sets
+it); it starts with the first context and its ``DataCtx`` waits until the training loop's
+``StreamingDataset`` opens the batch queue. An error in it ends the training loop's stream
+with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
+from pyrsia.services.nn_worker.ingress import BatchQueue
+from pyrsia.services.nn_worker.runtime import Runtime, get_runtime
+from pyrsia.services.nn_worker.session import Session
+from pyrsia.shared.config import (
+    default_global_config,
+    load_embedding_config,
+    load_global_config,
+)
+from pyrsia.shared.constants import (
+    DATA_SEND_TIMEOUT_S,
+    DEFAULT_WAIT_TIMEOUT_S,
+    ENV_DATALOADER_ENTRY,
+    ENV_EMBEDDED,
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+)
+from pyrsia.shared.errors import ConfigError, RegistryError
+from pyrsia.shared.wire.ingress import IngressBatch
+
+log = logging.getLogger(__name__)
+
+
+class FailableBatchQueue:
+    """The batch queue of embedded mode: a :class:`BatchQueue` whose stream a failed
+    data-loader thread ends with the loader's error (in services mode the launcher stops a
+    job whose loader process failed). Lives on the runtime's loop."""
+
+    def __init__(self, queue: BatchQueue):
+        self.queue = queue
+        self.capacity = queue.capacity
+        self.reproducible = queue.reproducible
+        self.error: BaseException | None = None
+        self._failed: asyncio.Event | None = None
+
+    async def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        if self._failed is not None:
+            self._failed.set()
+
+    async def put(self, item: IngressBatch) -> None:
+        await self.queue.put(item)
+
+    async def done(self, loader: int, loader_count: int, sent: int) -> None:
+        await self.queue.done(loader, loader_count, sent)
+
+    async def get(self) -> IngressBatch | None:
+        """The next batch, None at the end of the stream; the loader's error once it failed."""
+        if self.error is not None:
+            raise self.error
+        if self._failed is None:
+            self._failed = asyncio.Event()
+        getter = asyncio.ensure_future(self.queue.get())
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait((getter, failed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (getter, failed):
+                task.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        assert self.error is not None
+        raise self.error
+
+
+class EmbeddedJob:
+    """The process's engines, its batch queue (while a training loop streams) and the data
+    loader's thread."""
+
+    def __init__(self, client: EmbeddedClient, *, loader_script: Path | None = None):
+        self.client = client
+        self.loader_script = loader_script
+        self._queue: FailableBatchQueue | None = None
+        self._queue_set = threading.Condition()
+        self._loader: threading.Thread | None = None
+        self.loader_error: BaseException | None = None
+
+    @classmethod
+    def from_env(cls) -> EmbeddedJob:
+        """Engines built from ``$PERSIA_EMBEDDING_CONFIG`` and ``$PERSIA_GLOBAL_CONFIG`` (the
+        files the services read), the data loader from ``$PERSIA_DATALOADER_ENTRY``."""
+        emb = os.environ.get(ENV_EMBEDDING_CONFIG, "").strip()
+        if not emb:
+            raise ConfigError(
+                f"${ENV_EMBEDDED}=1 needs ${ENV_EMBEDDING_CONFIG}: the embedding_config.yml the "
+                "in-process embedding worker serves (persia-launcher run --embedded sets it)"
+            )
+        schema = load_embedding_config(emb)
+        glob = os.environ.get(ENV_GLOBAL_CONFIG, "").strip()
+        config = load_global_config(glob) if glob else default_global_config()
+        script = os.environ.get(ENV_DATALOADER_ENTRY, "").strip()
+        if script and not Path(script).is_file():
+            raise ConfigError(f"${ENV_DATALOADER_ENTRY}={script!r}: no such file")
+        log.info(
+            "embedded mode: embedding PS and worker engines in this process%s",
+            f", data loader {script} in a thread" if script else "",
+        )
+        return cls(EmbeddedClient(schema, config), loader_script=Path(script) if script else None)
+
+    # --- the batch queue ---------------------------------------------------------------
+    def attach_queue(self, queue: FailableBatchQueue, runtime: Runtime) -> None:
+        """The training loop's queue, where the data loader's batches go from now on."""
+        with self._queue_set:
+            self._queue = queue
+            self._queue_set.notify_all()
+        if self.loader_error is not None:
+            runtime.run(queue.fail(self.loader_error))
+
+    def detach_queue(self, queue: FailableBatchQueue) -> None:
+        with self._queue_set:
+            if self._queue is queue:
+                self._queue = None
+
+    def wait_queue(self, timeout_s: float) -> FailableBatchQueue:
+        """The training loop's batch queue, once its ``StreamingDataset`` opened it."""
+        with self._queue_set:
+            if not self._queue_set.wait_for(lambda: self._queue is not None, timeout_s):
+                raise RegistryError(
+                    f"embedded mode: no training loop took batches within {timeout_s:.0f}s (a "
+                    "DataLoader over a StreamingDataset in train.py opens the queue the data "
+                    "loader sends to; DataCtx in embedded mode sends to the training loop of "
+                    "its own process)"
+                )
+            assert self._queue is not None
+            return self._queue
+
+    # --- the data loader ---------------------------------------------------------------
+    def start_loader(self, runtime: Runtime) -> None:
+        """Run the data loader script in a daemon thread (once)."""
+        if self.loader_script is None or self._loader is not None:
+            return
+        self._loader = threading.Thread(
+            target=self._run_loader, args=(runtime,), name="pyrsia-data-loader", daemon=True
+        )
+        self._loader.start()
+
+    def _run_loader(self, runtime: Runtime) -> None:
+        script = self.loader_script
+        assert script is not None
+        try:
+            run_script(script)
+        except BaseException as exc:  # the training loop's stream ends with it
+            log.error("embedded data loader %s failed: %r", script, exc)
+            self.loader_error = exc
+            with self._queue_set:
+                queue = self._queue
+            if queue is not None and runtime.running:
+                runtime.run(queue.fail(exc))
+        else:
+            log.info("embedded data loader %s finished", script)
+
+    def join_loader(self, timeout_s: float | None = None) -> None:
+        if self._loader is not None:
+            self._loader.join(timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_script(path: Path) -> None:
+    """Execute a script as ``__main__`` code in its own namespace, on this thread.
+
+    Not ``runpy.run_path``: that swaps ``sys.modules['__main__']`` (train.py's) for as long
+    as the script runs. The script's folder goes on ``sys.path`` as ``python script.py``
+    would put it (``from data import ...`` beside the script).
+    """
+    path = path.resolve()
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(1, folder)
+    code = compile(path.read_bytes(), str(path), "exec")
+    namespace = {"__name__": "__main__", "__file__": str(path), "__builtins__": __builtins__}
+    exec(code, namespace)  # noqa: S102 - the user's own data_loader.py, as python would run it
+
+
+_job: EmbeddedJob | None = None
+_job_lock = threading.Lock()
+
+
+def get_embedded_job() -> EmbeddedJob:
+    """This process's embedded job, built on first use and closed at exit."""
+    global _job
+    with _job_lock:
+        if _job is None:
+            _job = EmbeddedJob.from_env()
+            atexit.register(_job.close)
+        return _job
+
+
+def reset_embedded_job() -> None:
+    """Close this process's embedded job (tests: the next one starts empty)."""
+    global _job
+    with _job_lock:
+        job, _job = _job, None
+    if job is not None:
+        job.close()
+
+
+class EmbeddedSession(Session):
+    """A :class:`Session` whose client is the in-process engines and whose ingress is a
+    queue the in-process data loader fills (no server, no registry)."""
+
+    def __init__(self, runtime: Runtime, job: EmbeddedJob):
+        super().__init__(runtime, job.client, None, None)  # type: ignore[arg-type]
+        self.job = job
+        self._queue: FailableBatchQueue | None = None
+
+    @classmethod
+    def open(  # type: ignore[override]
+        cls, *, addresses: list[str] | None = None, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+    ) -> EmbeddedSession:
+        runtime = get_runtime()
+        job = get_embedded_job()
+        job.start_loader(runtime)
+        return cls(runtime, job)
+
+    def ingress(
+        self, *, rank: int, world_size: int, capacity: int, reproducible: bool
+    ) -> FailableBatchQueue:  # type: ignore[override]
+        """This rank's batch queue, filled by the data loader of this process."""
+        if self._queue is not None:
+            queue = self._queue
+            if queue.capacity != capacity or queue.reproducible != reproducible:
+                raise ValueError(
+                    f"this rank's batch queue already runs with buffer_size={queue.capacity}, "
+                    f"reproducible={queue.reproducible}; one StreamingDataset configuration "
+                    "per training context"
+                )
+            return queue
+        if world_size != 1:
+            raise ConfigError(
+                f"embedded mode runs one NN-worker rank, not {world_size}: unset "
+                f"${ENV_EMBEDDED} to train on several ranks (services mode)"
+            )
+        queue = FailableBatchQueue(BatchQueue(
+            capacity, rank=rank, world_size=world_size, reproducible=reproducible,
+            skip=self.resume_skip, room_wait_s=DATA_SEND_TIMEOUT_S,
+        ))  # fmt: skip
+        self._queue = queue
+        self.job.attach_queue(queue, self.runtime)
+        return queue
+
+    def close(self) -> None:
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            self.job.detach_queue(queue)
