@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from persia.utils import find_free_port
+from pyrsia.shared.errors import InvalidInputError, ServiceUnavailableError
 
 __all__ = ["PersiaServiceCtx", "ensure_persia_service"]
 
@@ -72,7 +73,7 @@ def _wait_healthy(
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting")
+            raise ServiceUnavailableError(f"{what} exited with {proc.returncode} while starting")
         request = urllib.request.Request(f"http://127.0.0.1:{port}/health", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=2) as resp:
@@ -127,23 +128,29 @@ class PersiaServiceCtx:
         nats_server_port: int = 4222,
     ):
         if embedding_config is None and embedding_config_path is None:
-            raise ValueError("pass embedding_config (a dict) or embedding_config_path")
+            raise InvalidInputError(
+                "embedding_config", "a dict, or embedding_config_path",
+                message="pass embedding_config (a dict) or embedding_config_path",
+            )  # fmt: skip
         for name, value in (
             ("data_loader_replica_num", data_loader_replica_num),
             ("nproc_per_node", nproc_per_node),
         ):
             if value != 1:
-                raise ValueError(
-                    f"{name}={value}: Pyrsia's helper runs the function in one thread of this "
+                raise InvalidInputError(
+                    name,
+                    "1",
+                    value,
+                    message=f"{name}={value}: Pyrsia's helper runs the function in one thread of this "
                     "process (nothing is unpickled in a subprocess); start more replicas with "
-                    "persia-launcher"
+                    "persia-launcher",
                 )
         for name, value in (
             ("embedding_worker_replica_num", embedding_worker_replica_num),
             ("embedding_parameter_replica_num", embedding_parameter_replica_num),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+                raise InvalidInputError(name, "a positive integer", value)
         self.data_loader_func = data_loader_func
         self.nn_worker_func = nn_worker_func
         self.embedding_config = embedding_config
@@ -182,7 +189,7 @@ class PersiaServiceCtx:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}")
+                raise ServiceUnavailableError(f"redis-server exited with {proc.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     break
@@ -208,7 +215,7 @@ class PersiaServiceCtx:
                 try:
                     _wait_healthy(proc, port, what, env, ready=role == "embedding worker")
                     break
-                except RuntimeError:
+                except ServiceUnavailableError:
                     self._procs.pop()
                     if attempt == _START_ATTEMPTS - 1:
                         raise
@@ -296,7 +303,9 @@ class PersiaServiceCtx:
         if errors:
             raise errors[0]
         if died:
-            raise RuntimeError(f"service(s) died before the block ended: {', '.join(died)}")
+            raise ServiceUnavailableError(
+                f"service(s) died before the block ended: {', '.join(died)}"
+            )
 
 
 def ensure_persia_service(*args, **kwargs) -> PersiaServiceCtx:

@@ -33,6 +33,7 @@ import numpy as np
 from persia.embedding.data import PersiaBatch as _PersiaBatch
 from persia.embedding.optim import Optimizer as OptimizerBase
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError
 from pyrsia.shared.wire.batch import DENSE_DTYPES, DENSE_EXPECTED
 
 if TYPE_CHECKING:
@@ -78,12 +79,19 @@ def check_pyarray_dtype_valid(array: np.ndarray, dtype: Any) -> None:
     """Raise ``TypeError`` unless ``array`` is a numpy array of ``dtype`` and that dtype is one a
     non-id feature or a label may have (bool, int8..int64, uint8, float32, float64)."""
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"expected a numpy array, got {type(array).__name__}")
+        raise InvalidTypeError("array", "a numpy array", type(array).__name__)
     expected = np.dtype(dtype)
     if array.dtype != expected:
-        raise TypeError(f"array dtype is {array.dtype}, expected {expected}")
+        raise InvalidTypeError(
+            "array.dtype",
+            str(expected),
+            message=f"array dtype is {array.dtype}, expected {expected}",
+        )
     if expected not in DENSE_DTYPES:
-        raise TypeError(f"dtype {expected} is not supported: expected {DENSE_EXPECTED}")
+        raise InvalidTypeError(
+            "dtype", DENSE_EXPECTED,
+            message=f"dtype {expected} is not supported: expected {DENSE_EXPECTED}",
+        )  # fmt: skip
 
 
 class PersiaBatchDataSender:
@@ -94,7 +102,7 @@ class PersiaBatchDataSender:
 
     def send(self, persia_batch: _PersiaBatch) -> None:
         if not isinstance(persia_batch, _PersiaBatch):
-            raise TypeError(f"expected a PersiaBatch, got {type(persia_batch).__name__}")
+            raise InvalidTypeError("persia_batch", "a PersiaBatch", type(persia_batch).__name__)
         self._queue.put(persia_batch)
 
 
@@ -117,7 +125,7 @@ class PersiaBatchDataChannel:
 
     def __init__(self, buffer_size: int):
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size: expected a positive integer, got {buffer_size!r}")
+            raise InvalidInputError("buffer_size", "a positive integer", buffer_size)
         self._queue: queue.Queue = queue.Queue(buffer_size)
 
     def get_sender(self) -> PersiaBatchDataSender:

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pyrsia.shared.errors import InvalidInputError
+
 __all__ = [
     "MAXIMUM_LOCAL_PORT_NUM",
     "dump_yaml",
@@ -34,7 +36,7 @@ def setup_seed(seed: int) -> None:
     deterministic implementation warn instead of failing.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+        raise InvalidInputError("seed", "a non-negative integer", seed)
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -105,11 +107,13 @@ def find_free_port(port: int = 10000, interval: int = 1) -> int:
         or not isinstance(port, int)
         or not 0 < port <= MAXIMUM_LOCAL_PORT_NUM
     ):
-        raise ValueError(f"port: expected an integer in 1..{MAXIMUM_LOCAL_PORT_NUM}, got {port!r}")
+        raise InvalidInputError("port", f"an integer in 1..{MAXIMUM_LOCAL_PORT_NUM}", port)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(f"interval: expected a positive integer, got {interval!r}")
+        raise InvalidInputError("interval", "a positive integer", interval)
     while not _is_port_available(port):
         port += interval
         if port > MAXIMUM_LOCAL_PORT_NUM:
-            raise ValueError("free port not found")
+            raise InvalidInputError(
+                "port", "a port with a free one at or above it", message="free port not found"
+            )
     return port

@@ -57,14 +57,19 @@ EXPECTED = {
         "DataCtxError",
         "GradientSendError",
         "InvalidInputError",
+        "InvalidTypeError",
+        "MisuseError",
         "NotFoundError",
         "OptionError",
         "PayloadTooLargeError",
         "PersiaError",
         "ProtocolError",
         "RegistryError",
+        "RemoteBackPressureError",
         "RemoteBadRequestError",
+        "RemoteConflictError",
         "RemoteError",
+        "RemoteNotFoundError",
         "RuntimeClosedError",
         "ServiceUnavailableError",
         "UnknownOptionError",
@@ -164,7 +169,8 @@ def test_http_status_is_a_class_attribute():
     assert errors.InvalidInputError.status == 400
     assert errors.PayloadTooLargeError.status == 413
     assert errors.NotFoundError("x").status == 404
-    assert errors.ConflictError("x").peer_status == 409
+    assert errors.RemoteConflictError("x").peer_status == 409
+    assert errors.RemoteNotFoundError("x").status == 404
     assert errors.BackPressureError.status == 429
     assert errors.ServiceUnavailableError.status == 503
     assert errors.RemoteError("x", peer_status=500).status == 502

@@ -25,6 +25,7 @@ from typing import Any
 
 from persia._k8s.spec import PersiaJobSpec, RoleSpec
 from pyrsia.shared.constants import DEFAULT_EMBEDDING_WORKER_PORT, DEFAULT_PS_PORT
+from pyrsia.shared.errors import InvalidInputError
 
 DEFAULT_IMAGE = "pyrsia:latest"
 REDIS_IMAGE = "redis:7"
@@ -228,7 +229,10 @@ def build_manifests(
     holding ``auth_token`` (services bound to 0.0.0.0 require a token).
     """
     if auth_secret is None and not auth_token:
-        raise ValueError("build_manifests: pass auth_token (a new Secret) or auth_secret")
+        raise InvalidInputError(
+            "auth_token", "auth_token (a new Secret) or auth_secret",
+            message="build_manifests: pass auth_token (a new Secret) or auth_secret",
+        )  # fmt: skip
     secret = auth_secret or auth_secret_name(job)
     objects = [] if auth_secret else [_auth_secret(job, auth_token or "")]
     objects += _single(job, "redis", REDIS_IMAGE, REDIS_PORT,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError
 from pyrsia.shared.validate import describe as _describe
 from pyrsia.shared.wire.batch import (
     DENSE_DTYPES,
@@ -54,9 +54,10 @@ def _name_and_data(kind: str, first: Any, second: Any) -> tuple[str, Any]:
         return first, second
     if isinstance(second, str):
         return second, first
-    raise TypeError(
-        f"{kind}(name, data): expected a str name, got {_describe(first)} and {_describe(second)}"
-    )
+    raise InvalidTypeError(
+        "name", "a str name", message=f"{kind}(name, data): expected a str name, got "
+        f"{_describe(first)} and {_describe(second)}",
+    )  # fmt: skip
 
 
 IDS_ACCEPTED = (
@@ -155,9 +156,11 @@ class IDTypeFeature(_IDFeature):
         if not name:
             raise InvalidInputError("IDTypeFeature.name", "a non-empty string", name)
         if not isinstance(data, (list, tuple)):
-            raise TypeError(
-                f"IDTypeFeature {name!r}: expected a list of 1-D integer id arrays (one per "
-                f"sample), got {_describe(data)}"
+            raise InvalidTypeError(
+                f"IDTypeFeature {name!r}",
+                "a list of 1-D integer id arrays (one per sample)",
+                message=f"IDTypeFeature {name!r}: expected a list of 1-D integer id arrays (one per "
+                f"sample), got {_describe(data)}",
             )
         _check_samples(name, data)
         lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
@@ -226,7 +229,10 @@ class NdarrayDataBase:
             data, name = name, data  # the (name, data) order
         kind = type(self).__name__
         if name is not None and not isinstance(name, str):
-            raise TypeError(f"{kind}: expected name to be a str or None, got {_describe(name)}")
+            raise InvalidTypeError(
+                f"{kind}.name", "a str or None",
+                message=f"{kind}: expected name to be a str or None, got {_describe(name)}",
+            )  # fmt: skip
         if not isinstance(data, np.ndarray) or data.dtype not in DENSE_DTYPES or data.ndim < 1:
             raise _bad(
                 f"{kind} {name or self.DEFAULT_NAME!r}: data",

@@ -35,7 +35,7 @@ from persia.embedding._features import (
     _id_feature,
 )
 from pyrsia.shared import codec
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 from pyrsia.shared.wire.batch import (
     DENSE_DTYPES,
     DensePart,
@@ -108,7 +108,10 @@ class PersiaBatch:
             for i, item in enumerate(items):
                 if not isinstance(item, kinds):
                     names = " or ".join(k.__name__ for k in kinds)
-                    raise TypeError(f"{field}[{i}]: expected {names}, got {type(item).__name__}")
+                    raise InvalidTypeError(
+                        f"{field}[{i}]", names, type(item).__name__,
+                        message=f"{field}[{i}]: expected {names}, got {type(item).__name__}",
+                    )  # fmt: skip
         size = check_batch_size(
             id_features[0].batch_size if batch_size is None else batch_size, "batch_size"
         )
@@ -129,11 +132,17 @@ class PersiaBatch:
         check_unique([f._name for f in dense], "non_id_type_features")
         check_unique([f._name for f in label_list], "labels")
         if not isinstance(requires_grad, bool):
-            raise TypeError(f"requires_grad: expected a bool, got {type(requires_grad).__name__}")
+            raise InvalidTypeError(
+                "requires_grad", "a bool", message=f"requires_grad: expected a bool, got "
+                f"{type(requires_grad).__name__}",
+            )  # fmt: skip
         if meta is not None and not isinstance(meta, bytes):
-            raise TypeError(f"meta: expected bytes or None, got {type(meta).__name__}")
+            raise InvalidTypeError(
+                "meta", "bytes or None",
+                message=f"meta: expected bytes or None, got {type(meta).__name__}",
+            )  # fmt: skip
         if requires_grad and not label_list:
-            raise RuntimeError(
+            raise MisuseError(
                 "PersiaBatch: requires_grad=True needs labels; pass labels=[Label(...)] "
                 "or requires_grad=False for evaluation/inference batches"
             )

@@ -19,6 +19,7 @@ from pyrsia.shared.embedding_spec import (
     optimizer_from_dict,
     optimizer_to_dict,
 )
+from pyrsia.shared.errors import MisuseError
 
 __all__ = ["SGD", "Adagrad", "Adam", "Optimizer"]
 
@@ -45,7 +46,7 @@ class Optimizer:
 
         ctx = cnt_ctx()
         if not isinstance(ctx, BaseCtx):
-            raise RuntimeError(
+            raise MisuseError(
                 "Optimizer.apply() registers the optimizer through the current context: call it "
                 "inside `with eval_ctx() as ctx:` (or another persia context)"
             )

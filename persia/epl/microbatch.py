@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from persia.epl.buffers import buffers_kept
+from pyrsia.shared.errors import InvalidInputError
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -148,9 +149,10 @@ class EplModel(nn.Module):
             return self.runner(non_id, embeddings)
         inputs = [*non_id, *embeddings]
         if not inputs:
-            raise ValueError(
-                "pipeline.num_micro_batch > 1 needs at least one input tensor to split"
-            )
+            raise InvalidInputError(
+                "inputs", "at least one input tensor to split",
+                message="pipeline.num_micro_batch > 1 needs at least one input tensor to split",
+            )  # fmt: skip
         # the anchor makes the output require grad even when no input does (only parameters)
         anchor = torch.empty(0, requires_grad=True)
         return _MicroBatches.apply(self, len(non_id), anchor, *inputs)

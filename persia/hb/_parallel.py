@@ -53,7 +53,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from persia.hb._context import context
-from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError, InvalidTypeError
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,10 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     (in ``grad_nbuckets`` buckets). With one rank, the model itself, untouched.
     """
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"data_parallel: expected a torch.nn.Module, got {type(model).__name__}")
+        raise InvalidTypeError(
+            "model", "a torch.nn.Module", type(model).__name__,
+            message=f"data_parallel: expected a torch.nn.Module, got {type(model).__name__}",
+        )  # fmt: skip
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model
     options = context.options

@@ -32,7 +32,7 @@ from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
-from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError, MisuseError
 from pyrsia.shared.wire.batch import IDPart
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class PSConnection:
         """Queue one call's pooled gradient (bounded by ``emb_staleness``; 0 waits for it)."""
         engine = self._engine
         if engine is None:
-            raise RuntimeError("sharded embeddings: gradients before any lookup")
+            raise MisuseError("sharded embeddings: gradients before any lookup")
         # The worker divides the gradient by this scale: the world size averages the ranks'
         # gradients as HybridBackend does (GradientAggregation._reduce); 1 sums them (PERSIA).
         mean = context.options.emb_grad_reduction == "mean"

@@ -45,6 +45,7 @@ from persia.hb._parallel import (
 )
 from persia.hb._ps import connection
 from persia.hb._sharding import sharding_hooks
+from pyrsia.shared.errors import InvalidTypeError
 
 T = TypeVar("T")
 
@@ -258,7 +259,9 @@ def wraps(target: Any) -> Any:
         return target
     if isinstance(target, torch.nn.Module):
         return data_parallel(target)
-    raise TypeError(
-        "hb.wraps: expected a torch.optim.Optimizer class or instance, or a torch.nn.Module, "
-        f"got {type(target).__name__}"
+    raise InvalidTypeError(
+        "target",
+        "a torch.optim.Optimizer class or instance, or a torch.nn.Module",
+        message="hb.wraps: expected a torch.optim.Optimizer class or instance, or a torch.nn.Module, "
+        f"got {type(target).__name__}",
     )

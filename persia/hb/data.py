@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from persia.hb._context import context
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, MisuseError
 
 __all__ = ["InitializableIterator", "make_initializable_iterator", "make_one_shot_iterator"]
 
@@ -167,7 +167,7 @@ class InitializableIterator:
     def get_next(self) -> Any:
         """The next batch; StopIteration at the end of the pass (on every rank together)."""
         if self._it is None:
-            raise RuntimeError("InitializableIterator: call initialize() before get_next()")
+            raise MisuseError("InitializableIterator: call initialize() before get_next()")
         batch = next(self._it, None)
         if self._iterable and self.sync and not _all_ranks_have(batch is not None):
             self._it = None

@@ -22,7 +22,12 @@ import msgpack
 import numpy as np
 
 from pyrsia.shared.constants import MAX_ARRAY_DIMS, MAX_MESSAGE_BYTES, NDARRAY_EXT_CODE
-from pyrsia.shared.errors import PayloadTooLargeError, ProtocolError
+from pyrsia.shared.errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    PayloadTooLargeError,
+    ProtocolError,
+)
 
 _ALIGN = 16
 _ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float
@@ -91,7 +96,10 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
     """Append the msgpack encoding of ``obj`` to ``out`` as chunks (arrays as raw views)."""
     kind = type(obj)
     if depth > _MAX_DEPTH:
-        raise ValueError(f"message nested deeper than {_MAX_DEPTH} levels")
+        raise InvalidInputError(
+            "message", f"at most {_MAX_DEPTH} levels of nesting",
+            message=f"message nested deeper than {_MAX_DEPTH} levels",
+        )  # fmt: skip
     if kind is dict:
         out.append(packer.pack_map_header(len(obj)))
         for key, value in obj.items():
@@ -128,7 +136,9 @@ def _default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, (tuple, set, frozenset)):
         return list(obj)
-    raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+    raise InvalidTypeError(  # msgpack's default hook: a TypeError, as its contract wants
+        "message", "a wire type", message=f"cannot encode {type(obj).__name__} on the wire"
+    )
 
 
 _decoded_headers: dict[bytes, tuple[np.dtype, tuple[int, ...], int, int]] = {}

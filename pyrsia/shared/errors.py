@@ -9,9 +9,16 @@
     │       │                         InvalidInputError, so a ValueError)
     │       └── UnknownOptionError    no such key or option (also an AttributeError)
     ├── InvalidInputError        400  a value from outside is wrong (also a ValueError)
+    │   └── InvalidTypeError     400  ... of the wrong type (also a TypeError)
+    ├── MisuseError              500  an API called where it cannot work: outside its context,
+    │                                 before what must come first (also a RuntimeError)
     ├── ProtocolError            400  bytes on the wire are not what the protocol says
     │   └── PayloadTooLargeError 413  a message is over a size cap (``limit`` bytes)
+    ├── NotFoundError            404  this process does not know the reference (or dropped it)
+    ├── ConflictError            409  the request contradicts this process's state
+    ├── BackPressureError        429  a bounded queue here is full; back off and retry
     ├── RegistryError            503  Redis cannot be reached, or a role never showed up
+    │   └── JobConflictError     503  another live job holds this job id
     ├── ServiceUnavailableError  503  a peer cannot be reached or is not ready
     ├── RuntimeClosedError       500  the in-process runtime was stopped
     ├── GradientSendError        500  embedding gradients could not be delivered
@@ -19,18 +26,22 @@
     └── RemoteError              502  a peer answered with an error status
         ├── RemoteBadRequestError 502 the peer refused our input (it answered 400)
         ├── AuthError            401  missing or wrong PERSIA_AUTH_TOKEN (pyrsia.shared.auth)
-        ├── NotFoundError        404  unknown or dropped reference
-        ├── ConflictError        409  the request contradicts the state
-        └── BackPressureError    429  a bounded queue is full; back off and retry
+        ├── RemoteNotFoundError  404  the peer answered 404 (also a NotFoundError)
+        ├── RemoteConflictError  409  the peer answered 409 (also a ConflictError)
+        └── RemoteBackPressureError 429  the peer answered 429 (also a BackPressureError)
 
     ConfigWarning (a UserWarning)     an unknown key in a config file
 
 ``status`` (a class attribute) is the HTTP status a service answers with when the error
 escapes a route handler, and ``kind`` the ``error`` field of the msgpack error body
-(``pyrsia.shared.http_server``). A :class:`RemoteError` built from a peer's answer keeps that
-answer's status as ``peer_status`` and its decoded body as ``body``; the client maps
-404/409/413/429/503 back to the classes above, so a 404 forwarded through two services
-is still a :class:`NotFoundError`.
+(``pyrsia.shared.http_server``). Local and remote errors are apart: a process raises
+:class:`NotFoundError`, :class:`ConflictError` or :class:`BackPressureError` about its own
+state, and never a :class:`RemoteError`; a :class:`RemoteError` is built only from a peer's
+answer and keeps that answer's status as ``peer_status`` and its decoded body as ``body``.
+The client maps a peer's 404/409/429 to ``Remote*`` classes that are also the local class
+(``except NotFoundError`` catches both, ``except RemoteError`` only the peer's), so a 404
+forwarded through two services is still a :class:`NotFoundError`; 413 and 503 map to
+:class:`PayloadTooLargeError` and :class:`ServiceUnavailableError`.
 
 aiohttp and redis exceptions never leave the layer that talks to them: they are
 translated into these classes with ``raise ... from exc``.
@@ -49,14 +60,19 @@ __all__ = [
     "DataCtxError",
     "GradientSendError",
     "InvalidInputError",
+    "InvalidTypeError",
+    "MisuseError",
     "NotFoundError",
     "OptionError",
     "PayloadTooLargeError",
     "PersiaError",
     "ProtocolError",
     "RegistryError",
+    "RemoteBackPressureError",
     "RemoteBadRequestError",
+    "RemoteConflictError",
     "RemoteError",
+    "RemoteNotFoundError",
     "RuntimeClosedError",
     "ServiceUnavailableError",
     "UnknownOptionError",
@@ -118,6 +134,19 @@ class UnknownOptionError(OptionError, AttributeError):
     """
 
 
+class InvalidTypeError(InvalidInputError, TypeError):
+    """A value that came from outside has the wrong type (a str where a PersiaBatch goes).
+
+    Also a ``TypeError``, which Python raises for a wrong argument type and PERSIA users
+    catch; ``field``, ``expected`` and ``got`` as for :class:`InvalidInputError`.
+    """
+
+
+class MisuseError(PersiaError, RuntimeError):
+    """An API is called where it cannot work: outside its context, before the call that
+    must come first, after the end. Also a ``RuntimeError``, which PERSIA raised for these."""
+
+
 class ProtocolError(PersiaError):
     """Bytes on the wire do not follow Pyrsia's protocol."""
 
@@ -136,6 +165,27 @@ class PayloadTooLargeError(ProtocolError):
         self.body = body or {}
         self.limit = limit if limit is not None else self.body.get("limit")
         self.peer_status = self.status
+
+
+class NotFoundError(PersiaError):
+    """404: the reference or route asked for is unknown here (or was dropped)."""
+
+    status = 404
+    kind = "not_found"
+
+
+class ConflictError(PersiaError):
+    """409: the request contradicts this process's current state."""
+
+    status = 409
+    kind = "conflict"
+
+
+class BackPressureError(PersiaError):
+    """429: a bounded queue of this process is full; the caller should back off and retry."""
+
+    status = 429
+    kind = "back_pressure"
 
 
 class RegistryError(PersiaError):
@@ -169,11 +219,7 @@ class DataCtxError(PersiaError):
 
 
 class RemoteError(PersiaError):
-    """A peer answered with an error status; ``peer_status`` and ``body`` keep what it said.
-
-    Raised locally (a subclass such as :class:`ConflictError`), ``peer_status`` is the
-    class's own ``status``.
-    """
+    """A peer answered with an error status; ``peer_status`` and ``body`` keep what it said."""
 
     status = 502
     kind = "upstream_error"
@@ -206,25 +252,16 @@ class AuthError(RemoteError):
     kind = "unauthorized"
 
 
-class NotFoundError(RemoteError):
-    """404: the reference or route asked for is unknown (or was dropped)."""
-
-    status = 404
-    kind = "not_found"
+class RemoteNotFoundError(NotFoundError, RemoteError):
+    """A peer answered 404 (escaping a handler, still a 404: the reference is unknown)."""
 
 
-class ConflictError(RemoteError):
-    """409: the request contradicts the current state."""
-
-    status = 409
-    kind = "conflict"
+class RemoteConflictError(ConflictError, RemoteError):
+    """A peer answered 409: our request contradicts the peer's state."""
 
 
-class BackPressureError(RemoteError):
-    """429: a bounded queue is full; the caller should back off and retry."""
-
-    status = 429
-    kind = "back_pressure"
+class RemoteBackPressureError(BackPressureError, RemoteError):
+    """A peer answered 429: its queue is full; back off and retry."""
 
 
 class ConfigWarning(UserWarning):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyrsia.shared.errors import InvalidTypeError
 from pyrsia.shared.validate import positive_int
 
 try:  # numba is a runtime dependency; the numpy path keeps the module usable without it
@@ -49,7 +50,9 @@ def farmhash64_numpy(ids: np.ndarray) -> np.ndarray:
 def _as_uint64(ids: np.ndarray) -> np.ndarray:
     x = np.asarray(ids)
     if x.dtype != np.uint64:
-        raise TypeError(f"farmhash64 expects a uint64 array, got {x.dtype}")
+        raise InvalidTypeError(
+            "ids", "a uint64 array", message=f"farmhash64 expects a uint64 array, got {x.dtype}"
+        )
     return x
 
 

@@ -49,6 +49,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import (
     ConfigError,
+    InvalidInputError,
     PayloadTooLargeError,
     ProtocolError,
     ServiceUnavailableError,
@@ -69,7 +70,7 @@ class InflightBytes:
 
     def __init__(self, limit: int):
         if limit <= 0:
-            raise ValueError(f"limit must be positive, got {limit}")
+            raise InvalidInputError("limit", "a positive number of bytes", limit)
         self.limit = limit
         self.held = 0
         self.peak = 0

@@ -41,14 +41,15 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import (
     AuthError,
-    BackPressureError,
-    ConflictError,
-    NotFoundError,
+    InvalidInputError,
     PayloadTooLargeError,
     PersiaError,
     ProtocolError,
+    RemoteBackPressureError,
     RemoteBadRequestError,
+    RemoteConflictError,
     RemoteError,
+    RemoteNotFoundError,
     ServiceUnavailableError,
 )
 from pyrsia.shared.http_conn import ConnectionPool
@@ -61,9 +62,9 @@ STALL_REPORT_S = 5.0
 _BY_STATUS: dict[int, type[RemoteError]] = {
     400: RemoteBadRequestError,
     401: AuthError,
-    404: NotFoundError,
-    409: ConflictError,
-    429: BackPressureError,
+    404: RemoteNotFoundError,
+    409: RemoteConflictError,
+    429: RemoteBackPressureError,
 }
 
 
@@ -106,7 +107,7 @@ class HttpClient:
     ):
         """``stall_report_s``: the period of the warning an unanswered attempt logs."""
         if not stall_report_s > 0:
-            raise ValueError(f"stall_report_s: expected seconds > 0, got {stall_report_s!r}")
+            raise InvalidInputError("stall_report_s", "seconds > 0", stall_report_s)
         self.stall_report_s = stall_report_s
         self.timeout_s = timeout_s
         self.lean = lean  # False: every call through aiohttp (a benchmark's baseline client)
@@ -206,7 +207,7 @@ class HttpClient:
             report = _StallReport(loop, url, timeout, self.stall_report_s)
             try:
                 return await self._once(method, url, data, timeout)
-            except BackPressureError:
+            except RemoteBackPressureError:
                 report.cancel()  # answered: not silent, and no report during the backoff
                 if until is None or time.monotonic() >= until:
                     raise

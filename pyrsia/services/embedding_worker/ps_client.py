@@ -23,7 +23,12 @@ from pyrsia.shared.constants import (
     PS_SETUP_REPLAY_TIMEOUT_S,
     ROLE_EMBEDDING_PS,
 )
-from pyrsia.shared.errors import PersiaError, RegistryError, ServiceUnavailableError
+from pyrsia.shared.errors import (
+    InvalidInputError,
+    PersiaError,
+    RegistryError,
+    ServiceUnavailableError,
+)
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry
 from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSUpdate, UpdateTotals
@@ -43,7 +48,10 @@ class PSClient:
         addresses: tuple[str, ...] = (),
     ):
         if (registry is None) == (not addresses):
-            raise ValueError("PSClient needs a registry or fixed addresses (infer_config.servers)")
+            raise InvalidInputError(
+                "addresses", "a registry or fixed addresses (infer_config.servers), not both",
+                message="PSClient needs a registry or fixed addresses (infer_config.servers)",
+            )  # fmt: skip
         self.registry = registry
         self.http = http
         self.retry_window_s = retry_window_s
