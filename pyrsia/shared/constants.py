@@ -195,7 +195,7 @@ INLINE_WORK_MAX_IDS = 16384
 """PS: numeric work on at most this many ids runs on the event loop (~2 ms at the PS's
 ~0.14 µs per id); larger batches go to the service's thread pool so /health keeps
 answering. A thread hand-off costs more CPU than the kernels of a small batch
-(pyrsia/shared/offload.py)."""
+(pyrsia/shared/thread_offload.py)."""
 EW_INLINE_WORK_MAX_IDS = 65536
 """The embedding worker's bound: its per-batch kernels cost ~14 ns per id (preprocessing;
 pooling and backward ~3), so this is ~1 ms on the loop. A Census-Income batch (33,792 ids)

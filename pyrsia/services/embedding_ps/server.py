@@ -49,7 +49,7 @@ from pyrsia.shared.errors import (
     ServiceUnavailableError,
 )
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
-from pyrsia.shared.offload import Offloader
+from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
 

@@ -43,7 +43,7 @@ from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
 from pyrsia.shared.constants import ADMIN_TIMEOUT_S, EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
-from pyrsia.shared.offload import Offloader
+from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.batch import IDPart
 from pyrsia.shared.wire.gathered import SlotEmbeddings

@@ -42,7 +42,7 @@ from pyrsia.shared.embedding_spec import (
     optimizer_to_dict,
 )
 from pyrsia.shared.errors import InvalidInputError, PersiaError
-from pyrsia.shared.offload import Offloader
+from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.batch import IDPart
 from pyrsia.shared.wire.ps import PSStats, UpdateTotals
 from pyrsia.shared.wire.worker import (

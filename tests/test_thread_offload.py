@@ -1,5 +1,5 @@
 """A service's numeric work runs inline when small and its pool is idle, in the pool
-otherwise (pyrsia/shared/offload.py); the embedding worker keeps a Census-Income batch inline."""
+otherwise (pyrsia/shared/thread_offload.py); the embedding worker keeps a Census-Income batch inline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pyrsia.shared.constants import EW_INLINE_WORK_MAX_IDS, INLINE_WORK_MAX_IDS
-from pyrsia.shared.offload import Offloader
+from pyrsia.shared.thread_offload import Offloader
 
 CENSUS_BATCH_IDS = 1024 * 33  # one id per sample in each of 33 slots
 
