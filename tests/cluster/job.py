@@ -161,6 +161,8 @@ class ClusterJob:
             "PERSIA_NN_WORKER_ENTRY": str(ADULT / "train.py"),
             "PERSIA_DATALOADER_ENTRY": str(ADULT / "data_loader.py"),
             "PERSIA_CHECKPOINT_ROOT": str(self.shared),
+            # a checkout run by path (PYTHONPATH) rather than the installed one: hosts too
+            **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},
             **self.extra_env,
         }
 

@@ -20,7 +20,9 @@ Links: :meth:`Network.cut` takes a host's switch port down (its cable pulled: no
 crosses in either direction, open TCP connections stay open and retransmit) and
 :meth:`Network.restore` brings it back; :meth:`Network.shape` caps a host's link with a
 token bucket (``tc tbf``) on both ends of its veth. ``sch_netem`` is not assumed: latency
-comes from :mod:`tests.cluster.delay_proxy`.
+comes from :mod:`tests.cluster.delay_proxy` (the TCP ports a service advertises) or from
+:meth:`Network.delay`, which puts :mod:`tests.cluster.tap_delay` in a host's link so that
+every packet to and from the host waits (gloo's connections between NN-worker ranks too).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +44,7 @@ SUBNET_FIRST_OCTETS = "10.231"
 NETNS_ETC = Path("/etc/netns")
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 _ROOT_LINK = re.compile(rf"^{PREFIX}(\d+)c$")
+TAP_DELAY = Path(__file__).with_name("tap_delay.py")
 
 
 class NetnsUnavailable(RuntimeError):
@@ -130,6 +135,7 @@ class Host:
     ns: str
     port: str  # the switch-side veth, in the switch namespace
     cut: bool = False
+    tap: bool = False  # its link runs through tap_delay (see Network.delay)
     extra_addresses: list[str] = field(default_factory=list)
 
 
@@ -151,6 +157,8 @@ class Network:
         self.hosts: dict[str, Host] = {}
         self._names = list(hosts)
         self._procs: list[subprocess.Popen] = []
+        self._relays: dict[str, subprocess.Popen] = {}
+        self._relay_errors: list = []  # the relays' stderr files
         self.loopback_hostname = loopback_hostname
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -230,6 +238,9 @@ class Network:
             shutil.rmtree(NETNS_ETC / host.ns, ignore_errors=True)
         _ip("link", "del", self.root_link, check=False)
         _ip("netns", "del", self.switch, check=False)
+        for errors in self._relay_errors:
+            errors.close()
+        self._relay_errors.clear()
 
     # --- processes ----------------------------------------------------------------------
     def command(self, host: str, argv: list[str]) -> list[str]:
@@ -279,6 +290,57 @@ class Network:
         for ns_flag, ns, dev in (("-n", self.switch, h.port), ("-n", h.ns, "eth0")):
             subprocess.run(["tc", ns_flag, ns, "qdisc", "del", "dev", dev, "root"],
                            capture_output=True)  # fmt: skip
+
+    def delay(self, host: str, one_way_ms: float, timeout_s: float = 10.0) -> None:
+        """Hold every packet to and from ``host`` ``one_way_ms`` on its link, each way.
+
+        A round trip between ``host`` and any other host gains ``2 * one_way_ms``, for every
+        protocol and port (gloo's pairs between NN-worker ranks included), where
+        :mod:`tests.cluster.delay_proxy` delays only the TCP ports a service listens on.
+        The first call replaces the host's veth pair with two TAP devices relayed by
+        :mod:`tests.cluster.tap_delay` (call it before the host's processes start: a
+        :meth:`shape` made earlier is lost, and peers' ARP caches are flushed); a later call
+        restarts the relay with the new delay (frames in flight are lost, TCP resends them).
+        """
+        if not one_way_ms >= 0:
+            raise ValueError(f"one_way_ms: expected milliseconds >= 0, got {one_way_ms!r}")
+        h = self.hosts[host]
+        relay = self._relays.pop(host, None)
+        if relay is not None:
+            relay.terminate()
+            relay.wait(timeout=5)
+        if not h.tap:
+            sw = ("-n", self.switch)
+            _ip(*sw, "link", "del", h.port)  # the veth pair: eth0 in the host goes with it
+            _ip("-n", h.ns, "tuntap", "add", "dev", "eth0", "mode", "tap")
+            _ip(*sw, "tuntap", "add", "dev", h.port, "mode", "tap")
+            _ip(*sw, "link", "set", h.port, "master", "br0")
+            _ip(*sw, "link", "set", h.port, "down" if h.cut else "up")
+            for address in (h.address, *h.extra_addresses):
+                _ip("-n", h.ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", h.ns, "link", "set", "eth0", "up")
+            for other in self.hosts.values():
+                _ip("-n", other.ns, "neigh", "flush", "all", check=False)
+            h.tap = True
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 - the relay's stderr, read on failure
+        self._relay_errors.append(errors)
+        relay = subprocess.Popen(
+            [sys.executable, str(TAP_DELAY), "--host-ns", h.ns, "--switch-ns", self.switch,
+             "--switch-tap", h.port, "--delay-ms", str(one_way_ms),
+             "--parent-pid", str(os.getpid())],
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=errors,
+        )  # fmt: skip
+        self._procs.append(relay)
+        self._relays[host] = relay
+        deadline = time.monotonic() + timeout_s
+        while "NO-CARRIER" in _ip("-n", h.ns, "link", "show", "eth0").stdout:
+            if relay.poll() is not None or time.monotonic() > deadline:
+                relay.kill()
+                relay.wait()
+                errors.seek(0)
+                raise RuntimeError(f"tap_delay for {host} did not start: "
+                                   f"{errors.read().decode(errors='replace')[-500:]}")  # fmt: skip
+            time.sleep(0.02)
 
     def add_address(self, host: str) -> str:
         """A second address on ``host``'s link (``<host>-<k>`` in every hosts file)."""
