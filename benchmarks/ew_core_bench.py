@@ -25,14 +25,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pyrsia.services.embedding_worker.pooling import (
-    pool_backward,
-    pool_forward,
+from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
+from pyrsia.services.embedding_worker.preprocess import prepare_batch
+from pyrsia.services.embedding_worker.routing import (
     replica_lookups,
     replica_updates,
     scatter_responses,
 )
-from pyrsia.services.embedding_worker.preprocess import prepare_batch
 from pyrsia.shared.config import EmbeddingSchema, SlotConfig
 from pyrsia.shared.farmhash import farmhash64, farmhash64_numpy
 from pyrsia.shared.wire.batch import IDPart

@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 
 from pyrsia.services.embedding_worker import kernels
-from pyrsia.services.embedding_worker.pooling import (
-    pool_backward,
-    pool_forward,
+from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
+from pyrsia.services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
+from pyrsia.services.embedding_worker.routing import (
     replica_lookups,
     replica_updates,
     scatter_responses,
 )
-from pyrsia.services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
 from pyrsia.shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.wire.batch import IDFeature

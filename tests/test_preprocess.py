@@ -8,8 +8,9 @@ import farmhash as pyfarmhash
 import numpy as np
 import pytest
 
-from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward, scatter_responses
+from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
 from pyrsia.services.embedding_worker.preprocess import add_prefix, hash_stack, prepare_batch
+from pyrsia.services.embedding_worker.routing import scatter_responses
 from pyrsia.shared.config import EmbeddingSchema, HashStackConfig, SlotConfig
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.farmhash import farmhash64, farmhash64_numpy, replica_of

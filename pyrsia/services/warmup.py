@@ -42,12 +42,9 @@ def warm_ps() -> None:
 def warm_worker() -> None:
     """Run a tiny batch through the worker's preprocessing, pooling and gathering."""
     from pyrsia.services.embedding_worker.gathering import answer_embeddings, gather_backward
-    from pyrsia.services.embedding_worker.pooling import (
-        pool_backward,
-        pool_forward,
-        replica_lookups,
-    )
+    from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
     from pyrsia.services.embedding_worker.preprocess import prepare_batch
+    from pyrsia.services.embedding_worker.routing import replica_lookups
     from pyrsia.shared.config import parse_embedding_config
     from pyrsia.shared.wire.batch import IDFeature, single_id_offsets
 

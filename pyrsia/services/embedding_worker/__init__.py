@@ -3,9 +3,10 @@
 ``persia-launcher embedding-worker --replica-index i --replica-size n`` (or
 ``python -m pyrsia.services.embedding_worker``, same flags) buffers the id features
 data loaders send (``buffer``: ``forward_buffer_size``, oldest dropped first), answers
-an NN worker's lookup of a buffered batch (``preprocess``: feature-index prefixing and
-``hash_stack_config``; ``pooling``: dedup, routing of each id to its PS shard, sum/raw
-pooling; ``gathering``: the gathered answer), and turns pooled gradients back into
+an NN worker's lookup of a buffered batch (``preprocess``: feature-index prefixing,
+``hash_stack_config``, dedup and each id's PS shard; ``routing``: one request per shard
+and the answers put back; ``pooling``: sum/raw pooling; ``gathering``: the gathered
+answer), and turns pooled gradients back into
 per-id gradients for the shards (PERSIA's data-flow steps 1, 4 and 7).
 
 Threads of one embedding-worker process::
@@ -21,5 +22,5 @@ Threads of one embedding-worker process::
     GET /health, /metrics; registry heartbeat      metrics push thread (when configured)
 
 Modules: ``main`` (command line), ``server`` (routes), ``buffer``, ``preprocess``,
-``pooling``, ``gathering``, ``kernels``, ``ps_client``.
+``routing``, ``pooling``, ``gathering``, ``kernels``, ``ps_client``.
 """

@@ -13,8 +13,8 @@ Forward, per slot (``SlotPlan`` from ``preprocess``):
 
 Backward is the exact transpose: each output row's gradient, divided by the
 loss scale and multiplied by the same row scale, is added to every unique id
-that contributed to that row. The per-replica helpers cut a batch's unique ids
-and gradients into one payload per PS replica and put the answers back.
+that contributed to that row. Cutting a batch's ids into one request per PS
+replica is ``routing``'s job.
 """
 
 from __future__ import annotations
@@ -122,70 +122,3 @@ def _check_grad(plan: SlotPlan, grad: Any) -> np.ndarray:
     if grad.shape != plan.output_shape:
         raise InvalidInputError(f"gradients.{plan.name}", f"shape {plan.output_shape}", grad.shape)
     return np.ascontiguousarray(grad, dtype=np.float32).reshape(plan.num_rows, grad.shape[-1])
-
-
-# ------------------------------------------------------------------ per-replica payloads
-
-
-def replica_lookups(prepared: PreparedBatch) -> list[list[tuple[int, np.ndarray]]]:
-    """Per PS replica, ``[(dim, ids), ...]`` for every dim group (ids may be empty; views).
-
-    One request per replica carries all its groups; ``scatter_responses`` expects
-    the answers in the same order.
-    """
-    return [
-        [(dim, g.ids[g.replica_slice(k)]) for dim, g in prepared.groups.items()]
-        for k in range(prepared.replica_count)
-    ]
-
-
-def scatter_responses(
-    prepared: PreparedBatch, responses: Sequence[Sequence[np.ndarray]]
-) -> dict[int, np.ndarray]:
-    """``vectors_by_dim`` from the replicas' answers to ``replica_lookups``.
-
-    ``responses[k][j]`` is replica k's ``(n, dim)`` float32 answer for its j-th group,
-    checked against its request by ``pyrsia.shared.wire.ps.PSLookupAnswer`` when it arrived.
-    """
-    return {
-        dim: np.concatenate([answer[j] for answer in responses])
-        for j, dim in enumerate(prepared.groups)
-    }
-
-
-def replica_updates(
-    prepared: PreparedBatch,
-    grads_by_dim: dict[int, np.ndarray],
-    skipped_slots: Sequence[str] = (),
-) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
-    """Per PS replica, ``[(dim, ids, grads), ...]`` of the ids that received a gradient.
-
-    Ids seen only in skipped slots are left out: a zero gradient is not "no
-    update" for optimizers with state or weight decay. Every looked-up id occurs
-    in some slot, so without skipped slots the payloads are plain slices.
-    """
-    skipped = set(skipped_slots)
-    touched: dict[int, np.ndarray | None] = {}
-    for dim, group in prepared.groups.items():
-        plans = [p for p in prepared.slots if p.dim == dim]
-        if not any(p.name in skipped for p in plans):
-            touched[dim] = None  # every id of the group got a gradient
-            continue
-        mask = np.zeros(group.ids.shape[0], dtype=bool)
-        for plan in plans:
-            if plan.name not in skipped:
-                mask[plan.inverse] = True
-        touched[dim] = mask
-    out: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
-    for k in range(prepared.replica_count):
-        groups = []
-        for dim, group in prepared.groups.items():
-            part = group.replica_slice(k)
-            ids, grads = group.ids[part], grads_by_dim[dim][part]
-            mask = touched[dim]
-            if mask is not None:
-                keep = mask[part]
-                ids, grads = ids[keep], grads[keep]
-            groups.append((dim, ids, grads))
-        out.append(groups)
-    return out

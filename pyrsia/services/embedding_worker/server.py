@@ -31,14 +31,14 @@ from pyrsia.services.embedding_worker.gathering import (
     check_gradients,
     gather_backward,
 )
-from pyrsia.services.embedding_worker.pooling import (
-    pool_backward,
+from pyrsia.services.embedding_worker.pooling import pool_backward
+from pyrsia.services.embedding_worker.preprocess import PreparedBatch, prepare_batch
+from pyrsia.services.embedding_worker.ps_client import PSClient
+from pyrsia.services.embedding_worker.routing import (
     replica_lookups,
     replica_updates,
     scatter_responses,
 )
-from pyrsia.services.embedding_worker.preprocess import PreparedBatch, prepare_batch
-from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
 from pyrsia.shared.constants import ADMIN_TIMEOUT_S, EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
