@@ -35,7 +35,7 @@ from pyrsia.shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
 from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
 from pyrsia.shared.http_server import serve
 from pyrsia.shared.logging_setup import configure_logging
-from pyrsia.shared.service import run
+from pyrsia.shared.service_runner import run
 
 log = logging.getLogger(__name__)
 

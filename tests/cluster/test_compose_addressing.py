@@ -64,7 +64,7 @@ def bind_host(svc: Service) -> str:
 
 
 def advertised(svc: Service) -> str:
-    """What the service registers (pyrsia.shared.service.advertise_host, with the container's
+    """What the service registers (pyrsia.shared.service_runner.advertise_host, with the container's
     hostname for a wildcard bind)."""
     explicit = svc.environment.get("PERSIA_ADVERTISE_HOST")
     if explicit:

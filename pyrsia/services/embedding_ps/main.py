@@ -37,7 +37,7 @@ from pyrsia.shared.cpu_priority import (
 from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError, UsageError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import install_metrics_push, push_settings
-from pyrsia.shared.service import run, run_service
+from pyrsia.shared.service_runner import run, run_service
 from pyrsia.shared.warming import warm_in_background
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import install_metrics_push, push_settings
 from pyrsia.shared.registry import Registry, RegistrySettings
-from pyrsia.shared.service import run, run_service
+from pyrsia.shared.service_runner import run, run_service
 from pyrsia.shared.warming import warm_in_background
 
 log = logging.getLogger(__name__)

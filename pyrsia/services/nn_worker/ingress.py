@@ -43,7 +43,7 @@ from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputE
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler
 from pyrsia.shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
-from pyrsia.shared.service import advertise_host
+from pyrsia.shared.service_runner import advertise_host
 from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
 
 log = logging.getLogger(__name__)
