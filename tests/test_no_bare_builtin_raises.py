@@ -31,6 +31,7 @@ NOT_YET = (
     "persia/_base_ctx.py",
     "persia/_embedding_ctx.py",
     "persia/_train_ctx.py",
+    "persia/_train_args.py",
     "persia/_infer_ctx.py",
     "persia/_data_ctx.py",
     "persia/data.py",
