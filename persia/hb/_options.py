@@ -25,10 +25,11 @@ in a shell) an environment variable ``HB_<NAME>`` that supplies the default::
 optimizer is made or wrapped (inside ``hb.scope(grad_nbuckets=2)``: 2, also for steps
 taken after the block), as HybridBackend reads them when it wraps an optimizer.
 
-An unknown name is refused with the closest known one (``grad_nbucket`` ->
-``(did you mean "grad_nbuckets"?)``, the option engine's one wording: ``pyrsia.shared.options``;
-an ``UnknownOptionError``, also an ``AttributeError`` as in HybridBackend); a wrong type or value names the option and
-what was expected. Environment variables are read when the options object is
+The options are a key table of the option engine (``pyrsia.shared.options``). An unknown
+name is refused with the closest known one (``grad_nbucket`` -> ``(did you mean
+"grad_nbuckets"?)``) as an ``UnknownOptionError``, also an ``AttributeError`` as in
+HybridBackend; a wrong type or value is an ``OptionError`` (a ``ValueError``) naming the
+option and what was expected. Environment variables are read when the options object is
 created (first use of ``hb.context``), not at import, and :meth:`Options.reload_env`
 reads them again.
 """

@@ -9,9 +9,10 @@ Three surfaces read their options through it, each keeping its own names:
 - HybridBackend's ``hb.context.options``: a :class:`KeyTable` of names read from
   ``HB_<NAME>`` (``persia.hb._options``).
 
-A :class:`Kind` (``pyrsia.shared.option_kinds``) says which values a key takes (:class:`Integer`, :class:`Boolean`,
-:class:`String`, :class:`Choice`, :class:`Nullable`, :class:`InstanceOf`, :class:`Custom`),
-turns a value into its canonical form and parses the text of an environment variable.
+A :class:`Kind` (defined in ``pyrsia.shared.option_kinds``) says which values a key takes
+(:class:`Integer`, :class:`Boolean`, :class:`String`, :class:`Choice`, :class:`Nullable`,
+:class:`InstanceOf`, :class:`Custom`), turns a value into its canonical form and parses the
+text of an environment variable.
 Every refusal is one class, :class:`~pyrsia.shared.errors.OptionError` (a ``ConfigError``
 and a ``ValueError``), worded one way::
 
