@@ -11,7 +11,8 @@
     ├── InvalidInputError        400  a value from outside is wrong (also a ValueError)
     │   └── InvalidTypeError     400  ... of the wrong type (also a TypeError)
     ├── MisuseError              500  an API called where it cannot work: outside its context,
-    │                                 before what must come first (also a RuntimeError)
+    │   │                             before what must come first (also a RuntimeError)
+    │   └── DataCtxError         500  DataCtx misused (send outside ``with``, twice)
     ├── ProtocolError            400  bytes on the wire are not what the protocol says
     │   └── PayloadTooLargeError 413  a message is over a size cap (``limit`` bytes)
     ├── NotFoundError            404  this process does not know the reference (or dropped it)
@@ -22,7 +23,6 @@
     ├── ServiceUnavailableError  503  a peer cannot be reached or is not ready
     ├── RuntimeClosedError       500  the in-process runtime was stopped
     ├── GradientSendError        500  embedding gradients could not be delivered
-    ├── DataCtxError             500  DataCtx misused (send outside ``with``, twice)
     └── RemoteError              502  a peer answered with an error status
         ├── RemoteBadRequestError 502 the peer refused our input (it answered 400)
         ├── AuthError            401  missing or wrong PERSIA_AUTH_TOKEN (pyrsia.shared.auth)
@@ -147,6 +147,10 @@ class MisuseError(PersiaError, RuntimeError):
     must come first, after the end. Also a ``RuntimeError``, which PERSIA raised for these."""
 
 
+class DataCtxError(MisuseError):
+    """Misuse of ``DataCtx`` (sending outside the context, sending a batch twice)."""
+
+
 class ProtocolError(PersiaError):
     """Bytes on the wire do not follow Pyrsia's protocol."""
 
@@ -212,10 +216,6 @@ class RuntimeClosedError(PersiaError):
 
 class GradientSendError(PersiaError):
     """Embedding gradients could not be delivered to an embedding worker."""
-
-
-class DataCtxError(PersiaError):
-    """Misuse of ``DataCtx`` (sending outside the context, sending a batch twice)."""
 
 
 class RemoteError(PersiaError):
