@@ -18,7 +18,10 @@ The embedding staleness (gradients in flight) is 8 (the e2e benchmark's default)
 ``--staleness-low`` (default 1) each RTT runs again at that bound, at the highest rate: the
 difference is how much the prefetch and the staleness window hide. One NN-worker rank:
 the proxy relays TCP it can see a port for, and gloo's all-reduce between two ranks would
-bypass it. Prints a table and JSON (``--out``); no plot (matplotlib is not a dependency).
+bypass it. Prints a table and writes the JSON (``--out``, else
+``bench_results/cluster_bench-<time>.json``) and two PNGs beside it (``benchmarks/plots.py``):
+samples/s, and the NN worker's wait per step, against the measured RTT, one line per link
+rate and staleness. ``--plot-from JSON`` draws the PNGs of a saved run again.
 
 Needs root (network namespaces); ``--quick`` trains on 20k rows for a smoke run.
 """
@@ -33,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO
+from _common import REPO, write_json
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
@@ -222,6 +225,34 @@ def print_table(rows: list[dict]) -> None:
         ]))  # fmt: skip
 
 
+def save_plots(json_path: Path, rows: list[dict]) -> list[Path]:
+    """``<json>.png`` (samples/s) and ``<json>-wait.png`` (the training loop's wait for its
+    next looked-up batch, p50) against the measured RTT p50: one line per link rate and
+    staleness through the relay, one point per rate for the direct rows. None written
+    without matplotlib (``plots`` says so)."""
+    from plots import png_beside, save_line_chart
+
+    def series(key: str) -> dict[str, tuple[list[float], list[float]]]:
+        out: dict[str, tuple[list[float], list[float]]] = {}
+        for r in sorted(rows, key=lambda r: r["rtt_p50_ms"]):
+            via = "relay" if r["via_proxy"] else "direct"
+            name = f"{r['rate']}, staleness {r['staleness']}, {via}"
+            xs, ys = out.setdefault(name, ([], []))
+            xs.append(r["rtt_p50_ms"])
+            ys.append(r[key])
+        return out
+
+    png = png_beside(json_path)
+    written = [
+        save_line_chart(png, series("samples_per_s"), xlabel="measured RTT p50 (ms)",
+                        ylabel="samples/s", title="Census across hosts: throughput against RTT"),
+        save_line_chart(png.with_name(f"{png.stem}-wait.png"), series("wait_ms_p50"),
+                        xlabel="measured RTT p50 (ms)", ylabel="NN wait per step, p50 (ms)",
+                        title="Census across hosts: wait for the next batch against RTT"),
+    ]  # fmt: skip
+    return [p for p in written if p is not None]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rtt-ms", default="0,0.5,2,5", help="round-trip times (ms)")
@@ -230,8 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staleness-low", type=int, default=1, help="0: skip those runs")
     parser.add_argument("--quick", action="store_true",
                         help="20k training rows, RTT 0 and the second RTT, the first rate")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON there too")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the JSON's path (default bench_results/cluster_bench-<time>.json)",
+    )
+    parser.add_argument(
+        "--plot-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="only draw the PNGs of a saved run (beside that JSON)",
+    )
     args = parser.parse_args(argv)
+    if args.plot_from is not None:
+        doc = json.loads(args.plot_from.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+            parser.error(f"--plot-from: {args.plot_from} is not a cluster_bench JSON (no rows)")
+        print_table(doc["rows"])
+        for path in save_plots(args.plot_from, doc["rows"]):
+            print(f"wrote {path}")
+        return 0
     reason = unavailable_reason()
     if reason is not None:
         print(f"cluster_bench: skipped: {reason}")
@@ -274,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "cluster_bench", "layout": LAYOUT.hosts(), "rows": rows,
            "median_samples_per_s": statistics.median(r["samples_per_s"] for r in rows)}  # fmt: skip
     print(json.dumps(doc))
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=1))
+    json_path = write_json("cluster_bench", doc, args.out)
+    print(f"wrote {json_path}")
+    for path in save_plots(json_path, rows):
+        print(f"wrote {path}")
     return 0
 
 
