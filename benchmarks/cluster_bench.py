@@ -276,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.plot_from is not None:
-        doc = json.loads(args.plot_from.read_text())
+        try:
+            doc = json.loads(args.plot_from.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--plot-from: cannot read {args.plot_from} as JSON: {exc}")
         if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
             parser.error(f"--plot-from: {args.plot_from} is not a cluster_bench JSON (no rows)")
         print_table(doc["rows"])
