@@ -6,7 +6,8 @@ context module small.
 
 from __future__ import annotations
 
-from persia.ctx import EmbeddingCtx, PreprocessMode
+from persia._base_ctx import PreprocessMode
+from persia._embedding_ctx import EmbeddingCtx
 from pyrsia.services.nn_worker.embedding_client import normalize_address
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.errors import InvalidInputError

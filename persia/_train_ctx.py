@@ -1,6 +1,8 @@
 """``TrainCtx``: the training context (re-exported by :mod:`persia.ctx`).
 
-One training step, as ``ctx.backward(loss)`` runs it::
+PERSIA's facade over :class:`pyrsia.services.nn_worker.step.TrainingStep`
+(``ctx.training_step``), which holds the step and its public hooks. One training step,
+as ``ctx.backward(loss)`` runs it::
 
     loss ──scale (GradScaler, CUDA fp16 only)──> backward()
          ├─ dense grads: averaged over the ranks by DDP when WORLD_SIZE > 1
@@ -15,17 +17,15 @@ One training step, as ``ctx.backward(loss)`` runs it::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import socket
-import time
-from functools import partial
 
 import torch
 
 from persia import env
-from persia.ctx import EmbeddingCtx, PreprocessMode, cnt_ctx
+from persia._base_ctx import PreprocessMode, cnt_ctx
+from persia._embedding_ctx import EmbeddingCtx
+from persia._train_args import check_args, warn_no_effect
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
@@ -33,35 +33,27 @@ from persia.epl.config import Config
 from persia.epl.plan import install_plan
 from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.backward import BackwardEngine
+from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
-from pyrsia.services.nn_worker.features import gradient_payload, nonfinite_slots
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.precision import Precision
 from pyrsia.services.nn_worker.rank_stats import RankStats
+from pyrsia.services.nn_worker.step import HookHandle, StepEvent, TrainingStep
 from pyrsia.services.nn_worker.step_clock import StepClock
 from pyrsia.services.nn_worker.tensorboard import TensorBoardLog, run_dir
-from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S, TerminationGuard
+from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S
 from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.constants import (
     DEFAULT_JOB_ID,
     DEFAULT_WAIT_TIMEOUT_S,
-    DISCOVERY_POLL_INTERVAL_S,
-    ENV_ADVERTISE_HOST,
     ENV_JOB_ID,
     ENV_TENSORBOARD_DIR,
 )
-from pyrsia.shared.errors import InvalidInputError, RegistryError
+from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.scatter import warm_in_background
 from pyrsia.shared.validate import positive_int
 
 _logger = logging.getLogger("persia.ctx")
-
-
-_GRAD_UPDATE_BUFFER_SIZE = 60
-"""PERSIA's default ``grad_update_buffer_size``; another positive value is accepted with a warning."""
-
-EMBEDDING_GRAD_REDUCTIONS = ("sum", "mean")
-"""Accepted ``TrainCtx(embedding_grad_reduction=...)`` values (see TrainCtx)."""
 
 
 class TrainCtx(EmbeddingCtx):
@@ -112,32 +104,8 @@ class TrainCtx(EmbeddingCtx):
                  embedding_grad_reduction: str = "sum", tensorboard_dir: str | os.PathLike | None = None,
                  log_every_n_steps: int = 10, **kwargs):  # fmt: skip
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
-        if not isinstance(embedding_optimizer, Optimizer):
-            raise TypeError(
-                "TrainCtx needs embedding_optimizer=persia.embedding.optim.SGD/Adam/Adagrad(...), "
-                f"got {type(embedding_optimizer).__name__}"
-            )
-        if not isinstance(dense_optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                "TrainCtx needs dense_optimizer=torch.optim.<Optimizer>(model.parameters(), ...), "
-                f"got {type(dense_optimizer).__name__}"
-            )
-        if self.model is None:
-            raise TypeError("TrainCtx needs model=<the torch.nn.Module to train>")
-        if isinstance(grad_scalar_update_factor, bool) or not isinstance(grad_scalar_update_factor, (int, float)) \
-                or not grad_scalar_update_factor > 0:  # fmt: skip
-            raise InvalidInputError(
-                "grad_scalar_update_factor", "a number > 0", grad_scalar_update_factor
-            )
-        if embedding_grad_reduction not in EMBEDDING_GRAD_REDUCTIONS:
-            raise InvalidInputError(
-                "embedding_grad_reduction", " or ".join(map(repr, EMBEDDING_GRAD_REDUCTIONS)),
-                embedding_grad_reduction,
-            )  # fmt: skip
-        if distributed_option is not None and not isinstance(
-            distributed_option, DistributedBaseOption
-        ):
-            raise TypeError("distributed_option: expected DDPOption or BaguaDistributedOption")
+        check_args(embedding_optimizer, dense_optimizer, self.model, grad_scalar_update_factor,
+                    embedding_grad_reduction, distributed_option, lookup_emb_directly)  # fmt: skip
         self.embedding_optimizer = embedding_optimizer
         self.dense_optimizer = dense_optimizer
         self.grad_scalar_update_factor = float(grad_scalar_update_factor)
@@ -147,45 +115,51 @@ class TrainCtx(EmbeddingCtx):
         )
         self.backward_buffer_size = self.inflight.backward_buffer
         self.backward_workers_size = self.inflight.backward_workers
-        if (
-            positive_int(grad_update_buffer_size, "grad_update_buffer_size")
-            != _GRAD_UPDATE_BUFFER_SIZE
-        ):
-            _logger.warning(
-                "grad_update_buffer_size=%d accepted as PERSIA did, with no effect: gradients are "
-                "copied before they are sent (batches in flight: backward_buffer_size)",
-                grad_update_buffer_size,
-            )
-        if not isinstance(lookup_emb_directly, bool):
-            raise InvalidInputError("lookup_emb_directly", "True or False", lookup_emb_directly)
-        if not lookup_emb_directly:
-            _logger.warning(
-                "lookup_emb_directly=False accepted as PERSIA did; direct lookups "
-                "(get_embedding_from_data, an IterableDataset) still work in Pyrsia"
-            )
+        warn_no_effect(grad_update_buffer_size, lookup_emb_directly)
         self.mixed_precision = bool(mixed_precision)
         self.distributed_option = distributed_option
         self.embedding_config = self.embedding_config or get_default_embedding_config()
-        self.update_times = 0
         self.world_size = 1
         self.rank_id = 0
-        self._precision = Precision(self.mixed_precision, self.device_id)
-        self.grad_scaler = self._precision.scaler
-        self._backward: BackwardEngine | None = None
+        self.training_step = TrainingStep(
+            Precision(self.mixed_precision, self.device_id),
+            grad_scalar_update_factor=self.grad_scalar_update_factor,
+        )
+        """The step ``backward`` runs; ``training_step.add_hook(point, fn)`` extends it."""
         self._owns_process_group = False
         self.epl_plan = install_plan(self, epl_config)  # EPL options (epl_config= or epl.init)
         self._checkpointer: PeriodicCheckpointer | None = None
-        self._termination = TerminationGuard()
-        self.step_clock = StepClock()
-        """Wall and CPU seconds per phase of ``backward`` (autograd, gradient_send, dense_step)."""
-        self._shadowing = False  # a shadow step of pyrsia.services.nn_worker.even_steps is running
-        self._check_frequency = 20  # the last embedding_gradient_check_frequency (shadow steps)
+        self._step_hooks: list[HookHandle] = []  # this context's own hooks, while entered
         self.log_every_n_steps = positive_int(log_every_n_steps, "log_every_n_steps")
         self.tensorboard_dir = tensorboard_dir
         self._tensorboard: TensorBoardLog | None = None
         self.stats: RankStats | None = None
         """What this rank's training did (steps, samples, loss, waits); read by /metrics and
         the TensorBoard writer. Set while the context is entered."""
+
+    # --- the step's state, as PERSIA's attributes ----------------------------------------
+    @property
+    def update_times(self) -> int:
+        """Training steps taken (restored by ``--resume``)."""
+        return self.training_step.steps
+
+    @update_times.setter
+    def update_times(self, value: int) -> None:
+        self.training_step.steps = value
+
+    @property
+    def grad_scaler(self):
+        """The loss scaler (``torch.amp.GradScaler`` with CUDA fp16), or None."""
+        return self.training_step.precision.scaler
+
+    @property
+    def step_clock(self) -> StepClock:
+        """Wall and CPU seconds per phase of ``backward`` (autograd, gradient_send, dense_step)."""
+        return self.training_step.clock
+
+    @property
+    def _precision(self) -> Precision:
+        return self.training_step.precision
 
     # --- lifecycle ----------------------------------------------------------------------
     def _enter(self) -> None:
@@ -203,26 +177,34 @@ class TrainCtx(EmbeddingCtx):
             self._run(self.session.client.register_optimizer(self.embedding_optimizer.to_dict()))
             if self.world_size > 1:
                 self._make_distributed()
-            self._backward = BackwardEngine(
-                self.session.runtime, self.session.client,
-                limits=self.inflight,
-            )  # fmt: skip
+            step = self.training_step
+            step.world_size, step.embedding_grad_divisor = (
+                self.world_size,
+                self.embedding_grad_divisor,
+            )
+            step.start(
+                BackwardEngine(self.session.runtime, self.session.client, limits=self.inflight)
+            )
             self._start_checkpointing()
             self._start_stats()
-            self._termination.install()
+            step.termination.install()
         except BaseException:
+            self._remove_step_hooks()
+            self.training_step.stop()
             self._close_tensorboard()
             super()._exit(failed=True)
             raise
 
     def _exit(self, failed: bool) -> None:
-        self._termination.uninstall()
+        step = self.training_step
+        step.termination.uninstall()
+        self._remove_step_hooks()
         try:
-            if self._backward is not None:
-                drain_s = SIGTERM_DRAIN_S if self._termination.triggered else None
-                self._backward.flush(raise_errors=not failed, timeout_s=drain_s)
+            engine = step.stop()
+            if engine is not None:
+                drain_s = SIGTERM_DRAIN_S if step.termination.triggered else None
+                engine.flush(raise_errors=not failed, timeout_s=drain_s)
         finally:
-            self._backward = None
             self._close_tensorboard()
             if self._owns_process_group and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
@@ -237,6 +219,13 @@ class TrainCtx(EmbeddingCtx):
             step = self._checkpointer.resume(self)
             if step is not None:
                 self.update_times = step
+        hook = self._checkpointer.hook(self)  # a step boundary: record, checkpoint if due
+        self._step_hooks.append(self.training_step.add_hook("step_boundary", hook))
+
+    def _remove_step_hooks(self) -> None:
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks = []
 
     def _start_stats(self) -> None:
         """The rank's stats (served by the ingress) and, when asked for, TensorBoard curves."""
@@ -244,8 +233,8 @@ class TrainCtx(EmbeddingCtx):
         stats.loss_every = self.log_every_n_steps
         stats.clock = self.step_clock
         stats.steps = self.update_times  # restored by --resume
-        backward = self._backward
-        stats.in_flight = lambda: backward.in_flight
+        engine = self.training_step.gradients
+        stats.in_flight = lambda: engine.in_flight
         root = self.tensorboard_dir or os.environ.get(ENV_TENSORBOARD_DIR) or None
         if root is not None:
             job_id = os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
@@ -254,6 +243,15 @@ class TrainCtx(EmbeddingCtx):
                 has_scaler=self.grad_scaler is not None,
             )  # fmt: skip
             self._tensorboard.start()
+        # after the checkpoint's hook: /metrics shows a step once it is complete
+        self._step_hooks.append(self.training_step.add_hook("step_boundary", self._record_step))
+
+    def _record_step(self, event: StepEvent) -> None:
+        """The ``step_boundary`` hook of the rank's statistics and TensorBoard curves."""
+        batch_size = event.batch.batch_size
+        if self.stats.step_done(event.step, batch_size, event.loss, event.scale, event.finite):
+            if self._tensorboard is not None:
+                self._tensorboard.record_step()
 
     def _close_tensorboard(self) -> None:
         tensorboard, self._tensorboard = self._tensorboard, None
@@ -281,8 +279,9 @@ class TrainCtx(EmbeddingCtx):
 
     def wait_for_gradients(self) -> None:
         """Block until every embedding gradient sent so far is applied; raise send errors."""
-        if self._backward is not None:
-            self._backward.flush()
+        engine = self.training_step.gradients
+        if engine is not None:
+            engine.flush()
 
     # --- distribution -------------------------------------------------------------------
     def _make_distributed(self) -> None:
@@ -302,29 +301,7 @@ class TrainCtx(EmbeddingCtx):
 
     def _get_master_addr(self, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> str:
         """Rank 0 publishes its address in the registry; the other ranks wait for it."""
-        registry = self.session.registry
-        if registry is None:
-            raise RegistryError(
-                "no registry to exchange the master address: pass master_addr= to the option"
-            )
-        if self.rank_id == 0:
-            address = os.environ.get(ENV_ADVERTISE_HOST) or socket.gethostbyname(
-                socket.gethostname()
-            )
-            self._run(registry.publish_master_addr(address))
-            return address
-
-        async def wait() -> str:
-            deadline = time.monotonic() + timeout_s
-            while (address := await registry.get_master_addr()) is None:
-                if time.monotonic() >= deadline:
-                    raise RegistryError(
-                        f"rank 0 did not publish its master address within {timeout_s:.0f}s"
-                    )
-                await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
-            return address
-
-        return self._run(wait())
+        return self.session.exchange_master_addr(self.rank_id, timeout_s)
 
     # --- training step ------------------------------------------------------------------
     def backward(
@@ -334,7 +311,7 @@ class TrainCtx(EmbeddingCtx):
 
         Returns the loss as scaled for backward (the loss itself without a scaler).
         """
-        if cnt_ctx() is not self or self._backward is None:
+        if cnt_ctx() is not self or self.training_step.gradients is None:
             raise RuntimeError(
                 "TrainCtx.backward() called outside the context: call it inside `with TrainCtx(...) as ctx:`"
             )
@@ -345,70 +322,25 @@ class TrainCtx(EmbeddingCtx):
         frequency = positive_int(
             embedding_gradient_check_frequency, "embedding_gradient_check_frequency"
         )
-        self._check_frequency = frequency
-        batch = self.current_batch
-        if batch is None or not self._current_embeddings:
+        batch, embeddings = self.current_batch, self._current_embeddings
+        if batch is None or not embeddings:
             raise RuntimeError(
                 "TrainCtx.backward(): no batch was prepared; call ctx.forward(batch) first"
             )
-        self._backward.raise_pending()
-        clock = self.step_clock
-        clock.start()
-        scaled, scale = self._precision.scale(loss)
-        scaled.backward()
-        clock.lap("autograd")
-        tensors = self._current_embeddings
-        finite, bad = True, []
-        if self.update_times % frequency == 0:  # PERSIA checked only on the first step
-            bad = nonfinite_slots(tensors)
-            finite = self._agree(not bad)
-        self.update_times += 1
-        grads = partial(gradient_payload, tensors, batch.tables)  # the sender runs it, off here
-        if not finite:
-            _logger.warning(
-                "NaN or inf in the embedding gradient of slot(s) %s (loss scale %g): embedding "
-                "update of this batch skipped (labels and dense features were checked finite "
-                "on arrival: look at the model's output and the loss)",
-                bad or "none on this rank, another rank's", scale,
-            )  # fmt: skip
-            grads = list  # no gradients: the worker still releases the batch
-        if not self._shadowing:  # a shadow step (even_steps.py) updates no embedding
-            self._backward.submit(
-                batch.worker, batch.batch_id, scale * self.embedding_grad_divisor, grads,
-                on_done=batch.take_release(),
-            )  # fmt: skip
         self.current_batch, self._current_embeddings = None, []
-        clock.lap("gradient_send")
-        self._precision.step(self.dense_optimizer, finite, self.grad_scalar_update_factor)
-        self.dense_optimizer.zero_grad(set_to_none=True)
-        clock.lap("dense_step")
-        if self._checkpointer is not None:
-            if not self._shadowing:
-                self._checkpointer.record(batch.batch_id)
-            self._checkpointer.after_step(self)  # a step boundary: periodic checkpoint if due
-        stats = self.stats  # after the checkpoint: /metrics shows a step once it is complete
-        if stats.step_done(self.update_times, batch.batch_size, loss, scale, finite):
-            if self._tensorboard is not None:
-                self._tensorboard.record_step()
-        return scaled
+        return self.training_step.run(loss, batch, embeddings, self.dense_optimizer, frequency)
+
+    def prepare_features(self, persia_training_batch: PersiaTrainingBatch):
+        """As :meth:`EmbeddingCtx.prepare_features`, then the step's ``before_forward`` hooks."""
+        features = super().prepare_features(persia_training_batch)
+        self.training_step.before_forward(persia_training_batch)
+        return features
 
     @property
     def embedding_grad_divisor(self) -> float:
         """What the embedding worker divides this rank's embedding gradients by, besides the
         loss scale: the world size with ``embedding_grad_reduction="mean"``, else 1."""
         return float(self.world_size) if self.embedding_grad_reduction == "mean" else 1.0
-
-    def _agree(self, finite: bool) -> bool:
-        """All ranks take the same decision, so their loss scales stay equal."""
-        if (
-            self.world_size <= 1
-            or not torch.distributed.is_initialized()
-            or self.grad_scaler is None
-        ):
-            return finite
-        flag = torch.tensor([1 if finite else 0], device="cuda" if self._precision.cuda else "cpu")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        return bool(flag.item())
 
     # --- checkpoints --------------------------------------------------------------------
     def dump_checkpoint(self, dst_dir: str, dense_model_filename: str = "dense.pt", jit_dense_model_filename: str = "jit_dense.pt",

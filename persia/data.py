@@ -8,6 +8,13 @@
 - :class:`DataLoader`: looks embeddings up ahead of the loop and yields
   :class:`PersiaTrainingBatch` es for ``ctx.forward`` / ``ctx.prepare_features``.
   Iterate it inside a context (``TrainCtx``, ``eval_ctx``, ``InferCtx``).
+
+The path of a batch: the DataLoader builds a source from the context's session
+(:class:`~pyrsia.services.nn_worker.lookups.StreamedLookups` over this rank's ingress queue,
+or :class:`~pyrsia.services.nn_worker.lookups.DirectLookups` over the dataset's iterator)
+and a :class:`~pyrsia.services.nn_worker.prefetch.Prefetcher` that reads it ahead of the
+loop; on several ranks, :class:`~pyrsia.services.nn_worker.even_steps.EvenSteps` keeps
+their steps in lockstep.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from persia.ctx import BaseCtx, EmbeddingCtx, PreprocessMode, TrainCtx, cnt_ctx
 from persia.embedding.data import PersiaBatch
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
-from pyrsia.services.nn_worker.prefetch import IteratorReader, Prefetcher
+from pyrsia.services.nn_worker.lookups import DirectLookups, StreamedLookups
+from pyrsia.services.nn_worker.prefetch import Prefetcher
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.validate import positive_int
 
@@ -177,52 +185,27 @@ class DataLoader:
             prefetcher.close()
 
     def _prefetcher(self, ctx: BaseCtx) -> Prefetcher:
+        """The path of this loader's batches: a source (``StreamedLookups`` from this rank's
+        ingress, or ``DirectLookups`` of the dataset's iterator) read by a Prefetcher."""
         session = ctx.session if isinstance(ctx, EmbeddingCtx) else ctx.common_context.session
-        client = session.client
         train = (
             isinstance(ctx, EmbeddingCtx)
             and ctx.preprocess_mode == PreprocessMode.TRAIN
             and self.is_training
         )
-        staleness = self.embedding_staleness if train else None
-        common = dict(
-            num_workers=self.num_workers, buffer_size=self.forward_buffer_size,
-            staleness=staleness, just_in_time=train,
-            on_wait=session.stats.waited if train else None,  # the rank's lookup wait
-        )  # fmt: skip
+        source: StreamedLookups | DirectLookups
         if isinstance(self.dataset, StreamingDataset):
             queue = session.ingress(rank=env.get_rank() or 0, world_size=env.get_world_size() or 1,
                                     capacity=self.dataset.buffer_size, reproducible=self.reproducible)  # fmt: skip
-
-            async def lookup_streamed(item) -> PersiaTrainingBatch:
-                embeddings, trainable = await client.lookup(
-                    item.worker, item.batch_id, train, item.dense.batch_size, gathered=True
-                )
-                batch = PersiaTrainingBatch(
-                    item.dense, embeddings.embeddings, trainable,
-                    worker=item.worker if trainable else None,
-                    batch_id=item.batch_id if trainable else None, device_id=ctx.device_id,
-                )  # fmt: skip
-                batch.build_tensors(requires_grad=train)  # here, off the training thread
-                return batch
-
-            return Prefetcher(
-                session.runtime, fetch_next=queue.get, lookup=lookup_streamed, **common
-            )
-
-        reader = IteratorReader(iter(self.dataset), self.dataset.buffer_size, _check_batch)
-
-        async def lookup_direct(batch: PersiaBatch) -> PersiaTrainingBatch:
-            answer, worker = await client.lookup_direct(
-                batch.id_part(), train and batch.requires_grad, gathered=True
-            )
-            looked_up = PersiaTrainingBatch(
-                batch.dense_part(), answer.embeddings, batch.requires_grad,
-                worker=worker if answer.batch_id is not None else None,
-                batch_id=answer.batch_id, device_id=ctx.device_id,
+            source = StreamedLookups(queue, session.client, train=train, device_id=ctx.device_id)
+        else:
+            source = DirectLookups(
+                iter(self.dataset), self.dataset.buffer_size, _check_batch, session.client,
+                train=train, device_id=ctx.device_id,
             )  # fmt: skip
-            looked_up.build_tensors(requires_grad=train)  # here, off the training thread
-            return looked_up
-
-        return Prefetcher(session.runtime, fetch_next=reader.next, lookup=lookup_direct,
-                          on_close=lambda: reader.close(session.runtime), **common)  # fmt: skip
+        return Prefetcher(
+            session.runtime, source, num_workers=self.num_workers,
+            buffer_size=self.forward_buffer_size,
+            staleness=self.embedding_staleness if train else None, just_in_time=train,
+            on_wait=session.stats.waited if train else None,  # the rank's lookup wait
+        )  # fmt: skip

@@ -31,6 +31,22 @@ def runtime():
     rt.stop()
 
 
+class FunctionSource:
+    """A prefetch.BatchSource over two coroutine functions (the test's items and lookup)."""
+
+    def __init__(self, fetch_next, lookup):
+        self.fetch_next, self.lookup_fn = fetch_next, lookup
+
+    async def next(self):
+        return await self.fetch_next()
+
+    async def lookup(self, item):
+        return await self.lookup_fn(item)
+
+    def close(self, runtime) -> None:
+        pass
+
+
 def _batch(batch_id: int = 7) -> PersiaTrainingBatch:
     rng = np.random.default_rng(batch_id)
     dense = DensePart(
@@ -104,7 +120,7 @@ def _prefetcher(runtime: Runtime, lookup) -> Prefetcher:
         return next(items, None)
 
     return Prefetcher(
-        runtime, fetch_next=fetch_next, lookup=lookup, num_workers=2, buffer_size=2,
+        runtime, FunctionSource(fetch_next, lookup), num_workers=2, buffer_size=2,
         staleness=None,
     ).start()  # fmt: skip
 

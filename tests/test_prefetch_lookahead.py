@@ -26,6 +26,22 @@ STEP_S = 0.03
 LOOKUP_S = 0.004
 
 
+class FunctionSource:
+    """A prefetch.BatchSource over two coroutine functions (the test's items and lookup)."""
+
+    def __init__(self, fetch_next, lookup):
+        self.fetch_next, self.lookup_fn = fetch_next, lookup
+
+    async def next(self):
+        return await self.fetch_next()
+
+    async def lookup(self, item):
+        return await self.lookup_fn(item)
+
+    def close(self, runtime) -> None:
+        pass
+
+
 def test_lookahead_target_follows_latency_over_step_time():
     ahead = Lookahead(cap=8)
     assert ahead.target == 8  # nothing measured yet: the configured bound
@@ -60,7 +76,7 @@ def _run(just_in_time: bool, staleness: int = 8) -> tuple[list[int], list[int]]:
         )  # fmt: skip
 
     prefetcher = Prefetcher(
-        runtime, fetch_next=fetch_next, lookup=lookup, num_workers=10, buffer_size=10,
+        runtime, FunctionSource(fetch_next, lookup), num_workers=10, buffer_size=10,
         staleness=staleness, just_in_time=just_in_time,
     ).start()  # fmt: skip
     order = []

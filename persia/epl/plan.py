@@ -4,7 +4,9 @@
 
 - ``ctx.model``: ``sparse_as_dense``, offload, gradient checkpoint (in place on the
   user's modules), then an :class:`EplModel` for micro-batching / the gradient check;
-- ``ctx._precision`` / ``ctx.grad_scaler``: ``amp.*`` and the step's gradient clipping;
+- ``ctx.training_step.precision`` (and so ``ctx.grad_scaler``): ``amp.*`` and the step's
+  gradient clipping (the training step's public precision, see
+  :mod:`pyrsia.services.nn_worker.step`);
 - ``ctx.dense_optimizer``: ``optimizer.num_apply_group``;
 - ``ctx.distributed_option``: an :class:`EplDistributedOption` that builds DDP with the
   ``communication.*`` settings and shards the optimizer for ``zero.level`` once the
@@ -133,14 +135,15 @@ class EplPlan:
                 )  # fmt: skip
         if micro > 1 or self.gradient_check is not None:
             ctx.model = EplModel(self.user_model, micro, self.gradient_check)
-        precision = EplPrecision(config, self.device_id, ctx._precision)
+        step = ctx.training_step
+        precision = EplPrecision(config, self.device_id, step.precision)
         precision.clip, precision.clip_active = self._clip, self._clip_active
         if config.communication.clip_after_allreduce and current_clip_norm() is None:
             log.warning(
                 "communication.clip_after_allreduce has no effect until a norm is registered "
                 "with persia.epl.clip_by_global_norm(max_norm) (it then applies from the next step)"
             )
-        ctx._precision, ctx.grad_scaler = precision, precision.scaler
+        step.precision = precision
         if config.optimizer.num_apply_group > 1:
             ctx.dense_optimizer = GroupedApplyOptimizer(
                 ctx.dense_optimizer, config.optimizer.num_apply_group

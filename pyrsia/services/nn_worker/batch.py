@@ -92,6 +92,16 @@ class PersiaTrainingBatch:
         """Whether gradients of this batch can be sent (a training lookup kept it for them)."""
         return self.requires_grad and self.batch_id is not None and self.worker is not None
 
+    def hold_permit(self, release: Callable[[], None]) -> None:
+        """Attach the embedding-staleness permit this batch holds until its gradients are
+        sent (the prefetcher's; ``release()`` gives it back)."""
+        self._release = release
+
+    @property
+    def permit(self) -> Callable[[], None] | None:
+        """The release function of the permit this batch holds (None: it holds none)."""
+        return self._release
+
     def take_release(self) -> Callable[[], None] | None:
         """Hand over the embedding-staleness permit of this batch (at most once)."""
         with self._lock:

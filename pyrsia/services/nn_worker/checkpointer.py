@@ -6,8 +6,9 @@ Switched on in ``global_config.yml`` (``common_config.checkpointing_config``)::
     checkpoint_every_n_steps: 50        # and/or checkpoint_every_n_seconds: 600
     keep_checkpoints: 2
 
-At the end of every step ``ctx.backward`` asks :meth:`PeriodicCheckpointer.after_step`
-whether one is due (ranks agree: the step count is the same on every rank, and a time
+At every step boundary (a :class:`~pyrsia.services.nn_worker.step.TrainingStep` hook that
+``TrainCtx`` adds when entered, :meth:`PeriodicCheckpointer.hook`) records the
+trained batch and asks :meth:`PeriodicCheckpointer.after_step` whether one is due (ranks agree: the step count is the same on every rank, and a time
 trigger is all-reduced). Writing one (see :mod:`pyrsia.services.nn_worker.job_checkpoint` for the
 layout): every rank drains its in-flight embedding gradients and records which batches it
 has trained; barrier; rank 0 dumps every PS shard (through the embedding workers), the
@@ -26,14 +27,38 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from pyrsia.services.nn_worker import job_checkpoint as jc
+from pyrsia.services.nn_worker.session import Session
+from pyrsia.services.nn_worker.step import StepEvent
 from pyrsia.shared.config import CheckpointingConfig
 
-TrainCtx = Any  # the training context (persia.ctx.TrainCtx); services do not import persia
+
+class CheckpointHost(Protocol):
+    """What a checkpoint reads and restores: ``persia.ctx.TrainCtx`` is one."""
+
+    model: torch.nn.Module
+    dense_optimizer: torch.optim.Optimizer
+    update_times: int
+
+    @property
+    def session(self) -> Session: ...
+
+    def wait_for_gradients(self) -> None: ...
+
+    def dump_torch_state_dict(self, torch_instance: Any, dst_dir: str, file_name: str) -> None: ...
+
+    def load_torch_state_dict(self, torch_instance: Any, src_dir: str) -> None: ...
+
+
+def barrier() -> None:
+    """Every rank waits here (a no-op without a process group)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +89,18 @@ class PeriodicCheckpointer:
         if batch_id is not None and batch_id >= 0:
             self.trained.append(int(batch_id))
 
+    def hook(self, ctx: CheckpointHost):
+        """The ``step_boundary`` hook of ``ctx``'s training step: record, then checkpoint if due."""
+
+        def on_step_boundary(event: StepEvent) -> None:
+            if not event.shadow:  # a shadow step trains no batch
+                self.record(event.batch.batch_id)
+            self.after_step(ctx)
+
+        return on_step_boundary
+
     # --- writing ------------------------------------------------------------------------
-    def after_step(self, ctx: TrainCtx) -> None:
+    def after_step(self, ctx: CheckpointHost) -> None:
         """At a step boundary: write a checkpoint when one is due."""
         if not self.config.periodic:
             return
@@ -86,14 +121,14 @@ class PeriodicCheckpointer:
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return bool(tensor.item())
 
-    def save(self, ctx: TrainCtx, step: int) -> Path:
+    def save(self, ctx: CheckpointHost, step: int) -> Path:
         """Write the checkpoint of ``step`` (every rank calls this at the same step)."""
         assert self.root is not None
         started = time.monotonic()
         directory = jc.step_dir(self.root, step)
         ctx.wait_for_gradients()  # the staleness window is drained: every update acknowledged
         jc.save_data_position(directory, self.rank, self.trained)
-        ctx._barrier()  # every rank drained and recorded; nobody sends a gradient until the end
+        barrier()  # every rank drained and recorded; nobody sends a gradient until the end
         if hasattr(ctx.dense_optimizer, "consolidate_state_dict"):  # EPL ZeRO: a collective
             ctx.dense_optimizer.consolidate_state_dict(to=0)  # every rank's shard, on rank 0
         if self.rank == 0:
@@ -101,8 +136,8 @@ class PeriodicCheckpointer:
             ctx.dump_torch_state_dict(ctx.dense_optimizer, str(directory), jc.OPTIMIZER_FILE)
             embedding_dir = directory / jc.EMBEDDING_SUBDIR
             embedding_dir.mkdir(parents=True, exist_ok=True)
-            ctx._run(ctx.session.client.dump(str(embedding_dir)))
-            stats = ctx._run(ctx.session.client.stats()).ps
+            ctx.session.runtime.run(ctx.session.client.dump(str(embedding_dir)))
+            stats = ctx.session.runtime.run(ctx.session.client.stats()).ps
             jc.commit(
                 directory,
                 {
@@ -119,7 +154,7 @@ class PeriodicCheckpointer:
                 },
             )
             jc.prune(self.root, self.config.keep_checkpoints)
-        ctx._barrier()
+        barrier()
         self.written += 1
         log.info(
             "checkpoint of step %d written to %s in %.2fs",
@@ -130,7 +165,7 @@ class PeriodicCheckpointer:
         return directory
 
     # --- resuming -----------------------------------------------------------------------
-    def resume(self, ctx: TrainCtx) -> int | None:
+    def resume(self, ctx: CheckpointHost) -> int | None:
         """Load the newest complete checkpoint into ``ctx``; its step, or None if there is none."""
         if self.root is None:
             log.warning(
@@ -148,8 +183,10 @@ class PeriodicCheckpointer:
         ctx.load_torch_state_dict(ctx.model, str(directory / jc.DENSE_FILE))
         ctx.load_torch_state_dict(ctx.dense_optimizer, str(directory / jc.OPTIMIZER_FILE))
         if self.rank == 0:
-            ctx._run(ctx.session.client.load(os.fspath(directory / jc.EMBEDDING_SUBDIR)))
-        ctx._barrier()
+            ctx.session.runtime.run(
+                ctx.session.client.load(os.fspath(directory / jc.EMBEDDING_SUBDIR))
+            )
+        barrier()
         trained = jc.trained_batch_ids(directory)
         self.trained = [int(i) for i in trained]  # every rank: its ingress steps over them
         ctx.session.resume_skip = frozenset(self.trained)

@@ -34,15 +34,27 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
+from pyrsia.services.nn_worker.step import TrainingStep
 from pyrsia.shared.constants import RANK_STOP_NOTICE_TIMEOUT_S
 from pyrsia.shared.errors import ConfigError
 
-TrainCtx = Any  # the training context (persia.ctx.TrainCtx); services do not import persia
+
+class StepHost(Protocol):
+    """The training context a shadow step runs through: ``persia.ctx.TrainCtx`` is one."""
+
+    rank_id: int
+    world_size: int
+    training_step: TrainingStep
+
+    def forward(self, batch: PersiaTrainingBatch) -> tuple[Any, Any]: ...
+
+    def backward(self, loss: torch.Tensor, embedding_gradient_check_frequency: int) -> Any: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +71,7 @@ def zero_loss(output: torch.Tensor | tuple | list) -> torch.Tensor:
 class EvenSteps:
     """Agrees, before each step, whether every rank trains, shadows, or stops (see module doc)."""
 
-    def __init__(self, ctx: TrainCtx, fetch: Callable[[], PersiaTrainingBatch | None]):
+    def __init__(self, ctx: StepHost, fetch: Callable[[], PersiaTrainingBatch | None]):
         self.ctx = ctx
         self.fetch = fetch
         self.rank = ctx.rank_id
@@ -108,7 +120,7 @@ class EvenSteps:
         if self.finished:
             return
         self.finished = True
-        if self.ctx._termination.triggered:
+        if self.ctx.training_step.termination.triggered:
             return  # SIGTERM: every rank is stopping; do not spend the drain time waiting
         try:
             self._all_reduce(have=False, cannot_shadow=False, stopped=True,
@@ -133,13 +145,10 @@ class EvenSteps:
     def _shadow_step(self) -> None:
         """A step with zero gradients on this rank's last batch (no embedding update)."""
         assert self.template is not None
-        ctx = self.ctx
-        output, _ = ctx.forward(self.template)
-        ctx._shadowing = True
-        try:
-            ctx.backward(zero_loss(output), ctx._check_frequency)
-        finally:
-            ctx._shadowing = False
+        ctx, step = self.ctx, self.ctx.training_step
+        with step.shadow():
+            output, _ = ctx.forward(self.template)
+            ctx.backward(zero_loss(output), step.check_frequency)
         self.shadow_steps += 1
 
     def _stop_with_peers(self, batch: PersiaTrainingBatch | None) -> None:

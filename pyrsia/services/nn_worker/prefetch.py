@@ -1,7 +1,8 @@
 """Embedding prefetch for ``persia.data.DataLoader`` (data-flow step 3).
 
-A producer task on the runtime loop pulls the next batch from its source (this rank's
-ingress queue, or a user iterator read by one helper thread), looks its embeddings up
+A producer task on the runtime loop pulls the next batch from its source
+(:mod:`pyrsia.services.nn_worker.lookups`: this rank's ingress queue, or a user iterator
+read by one helper thread), looks its embeddings up through that source
 with at most ``num_workers`` lookups in flight, and queues the lookups *in source order*
 (at most ``forward_buffer_size`` ahead of the training loop). In training, lookups start
 just in time (the lookahead) and each takes an embedding-staleness permit (when
@@ -20,9 +21,8 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.inflight import InflightLimits, LookupLimits
@@ -44,6 +44,17 @@ class _Failed:
         self.sticky = sticky
 
 
+class BatchSource(Protocol):
+    """What a Prefetcher reads: the next item (None at the end), its lookup, and close
+    (:mod:`pyrsia.services.nn_worker.lookups` has the two the DataLoader uses)."""
+
+    async def next(self) -> Any: ...
+
+    async def lookup(self, item: Any) -> PersiaTrainingBatch: ...
+
+    def close(self, runtime: Runtime) -> None: ...
+
+
 class Prefetcher:
     """Ordered, bounded, concurrent embedding lookups ahead of the training loop.
 
@@ -55,27 +66,25 @@ class Prefetcher:
     def __init__(
         self,
         runtime: Runtime,
+        source: BatchSource,
         *,
-        fetch_next: Callable[[], Awaitable[Any]],
-        lookup: Callable[[Any], Awaitable[PersiaTrainingBatch]],
         num_workers: int,
         buffer_size: int,
         staleness: int | None,
         just_in_time: bool = False,
-        on_close: Callable[[], None] | None = None,
         on_wait: Callable[[float], None] | None = None,
     ):
-        """``on_wait(seconds)``: told, on the training thread, how long each :meth:`next`
-        waited for a ready batch (``RankStats.waited``: the rank's lookup wait)."""
+        """``source``: where batches come from and how each is looked up (``lookups``);
+        closed with the Prefetcher. ``on_wait(seconds)``: told, on the training thread, how
+        long each :meth:`next` waited for a ready batch (``RankStats.waited``: the rank's
+        lookup wait)."""
         self.runtime = runtime
+        self.source = source
         self._on_wait = on_wait
-        self._fetch_next = fetch_next
-        self._lookup_fn = lookup
         self._num_workers = num_workers
         self._buffer_size = buffer_size
         self._staleness = staleness
         self._just_in_time = just_in_time
-        self._on_close = on_close
         self._out: asyncio.Queue | None = None  # lookup tasks in source order (loop side)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()  # handed to the training thread
         self._tasks: list[asyncio.Task] = []  # producer and deliverer
@@ -98,7 +107,7 @@ class Prefetcher:
         try:
             while True:
                 await limits.admit()
-                item = await self._fetch_next()
+                item = await self.source.next()
                 if item is None:
                     limits.unadmit()
                     break
@@ -119,7 +128,7 @@ class Prefetcher:
         assert limits is not None
         started = time.monotonic()
         try:
-            batch = await self._lookup_fn(item)
+            batch = await self.source.lookup(item)
         except BaseException:
             if release is not None:
                 release()
@@ -130,7 +139,7 @@ class Prefetcher:
         limits.looked_up(time.monotonic() - started)
         if release is not None:
             if batch.trainable:
-                batch._release = release
+                batch.hold_permit(release)
             else:
                 release()
         return batch
@@ -208,7 +217,7 @@ class Prefetcher:
         if isinstance(entry, _Failed):
             loop.call_soon_threadsafe(limits.dropped)
             raise entry.exc
-        loop.call_soon_threadsafe(limits.taken, entry._release)
+        loop.call_soon_threadsafe(limits.taken, entry.permit)
         self._last = entry
         return entry
 
@@ -227,63 +236,4 @@ class Prefetcher:
                 if isinstance(entry, PersiaTrainingBatch):
                     entry.release()
         finally:
-            if self._on_close is not None:
-                self._on_close()
-
-
-class IteratorReader:
-    """Reads a user's iterator of PersiaBatches in one helper thread, ``buffer_size`` ahead."""
-
-    def __init__(self, iterator, buffer_size: int, check: Callable[[Any], Any]):
-        self._iterator = iterator
-        self._check = check
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyrsia-dataset")
-        self._buffer_size = buffer_size
-        self._queue: asyncio.Queue | None = None
-        self._task: asyncio.Task | None = None
-
-    def _read_one(self) -> Any:
-        try:
-            return self._check(next(self._iterator))
-        except StopIteration:
-            return _END
-
-    async def _fill(self) -> None:
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                item = await loop.run_in_executor(self._executor, self._read_one)
-                await self._queue.put(item)
-                if item is _END:
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._queue.put(_Failed(exc, sticky=True))
-
-    async def next(self) -> Any:
-        """The next checked item, or None when the iterator is exhausted."""
-        if self._queue is None:
-            self._queue = asyncio.Queue(maxsize=self._buffer_size)
-            self._task = asyncio.create_task(self._fill())
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)
-            return None
-        if isinstance(item, _Failed):
-            raise item.exc
-        return item
-
-    def close(self, runtime: Runtime) -> None:
-        """Cancel the reader task and wait for the helper thread."""
-        task = self._task
-
-        async def stop() -> None:
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-
-        if task is not None and runtime.running:
-            runtime.run(stop())
-        self._executor.shutdown(wait=True, cancel_futures=True)
+            self.source.close(self.runtime)

@@ -1,0 +1,67 @@
+"""``TrainCtx``'s arguments: each checked with its name and what it needs, and PERSIA's
+arguments that Pyrsia accepts without effect (a warning when one is not PERSIA's default)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from persia.distributed import DistributedBaseOption
+from persia.embedding.optim import Optimizer
+from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.validate import positive_int
+
+_logger = logging.getLogger("persia.ctx")
+
+_GRAD_UPDATE_BUFFER_SIZE = 60
+"""PERSIA's default ``grad_update_buffer_size``; another positive value is accepted with a warning."""
+
+EMBEDDING_GRAD_REDUCTIONS = ("sum", "mean")
+"""Accepted ``TrainCtx(embedding_grad_reduction=...)`` values (see TrainCtx)."""
+
+
+def check_args(embedding_optimizer, dense_optimizer, model, grad_scalar_update_factor,
+                embedding_grad_reduction, distributed_option, lookup_emb_directly) -> None:  # fmt: skip
+    """TrainCtx's arguments, each refused with the name of the argument and what it needs."""
+    if not isinstance(embedding_optimizer, Optimizer):
+        raise TypeError(
+            "TrainCtx needs embedding_optimizer=persia.embedding.optim.SGD/Adam/Adagrad(...), "
+            f"got {type(embedding_optimizer).__name__}"
+        )
+    if not isinstance(dense_optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "TrainCtx needs dense_optimizer=torch.optim.<Optimizer>(model.parameters(), ...), "
+            f"got {type(dense_optimizer).__name__}"
+        )
+    if model is None:
+        raise TypeError("TrainCtx needs model=<the torch.nn.Module to train>")
+    if isinstance(grad_scalar_update_factor, bool) or not isinstance(grad_scalar_update_factor, (int, float)) \
+            or not grad_scalar_update_factor > 0:  # fmt: skip
+        raise InvalidInputError(
+            "grad_scalar_update_factor", "a number > 0", grad_scalar_update_factor
+        )
+    if embedding_grad_reduction not in EMBEDDING_GRAD_REDUCTIONS:
+        raise InvalidInputError(
+            "embedding_grad_reduction", " or ".join(map(repr, EMBEDDING_GRAD_REDUCTIONS)),
+            embedding_grad_reduction,
+        )  # fmt: skip
+    if distributed_option is not None and not isinstance(distributed_option, DistributedBaseOption):
+        raise TypeError("distributed_option: expected DDPOption or BaguaDistributedOption")
+    if not isinstance(lookup_emb_directly, bool):
+        raise InvalidInputError("lookup_emb_directly", "True or False", lookup_emb_directly)
+
+
+def warn_no_effect(grad_update_buffer_size: int, lookup_emb_directly: bool) -> None:
+    """PERSIA's arguments Pyrsia accepts without effect: a warning when not PERSIA's default."""
+    if positive_int(grad_update_buffer_size, "grad_update_buffer_size") != _GRAD_UPDATE_BUFFER_SIZE:
+        _logger.warning(
+            "grad_update_buffer_size=%d accepted as PERSIA did, with no effect: gradients are "
+            "copied before they are sent (batches in flight: backward_buffer_size)",
+            grad_update_buffer_size,
+        )
+    if not lookup_emb_directly:
+        _logger.warning(
+            "lookup_emb_directly=False accepted as PERSIA did; direct lookups "
+            "(get_embedding_from_data, an IterableDataset) still work in Pyrsia"
+        )
