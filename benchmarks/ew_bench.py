@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import Cluster, cpu_seconds, fmt_rate, print_table, summarize, write_json
+from plots import save_bar_chart, saved
 from torch import nn
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
@@ -345,6 +346,10 @@ def main() -> None:
         args.json,
     )  # fmt: skip
     print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
+    saved(save_bar_chart(path, ["embedding worker\n(1 EW + 2 PS, HTTP)", f"pytorch step\n({base['torch_threads']} threads)"],
+                         [ew["samples_per_s"], base["samples_per_s"]],
+                         title=f"Embedding worker vs a PyTorch step, batch {batch} (ratio {ratio:.2f})",
+                         ylabel="samples/s (median)"))  # fmt: skip
     print(f"baseline_samples_per_s={base['samples_per_s']:.0f} ratio={ratio:.2f}")
     print(
         f"RESULT ew_samples_per_s={ew['samples_per_s']:.0f} ew_ids_per_s={ew['samples_per_s'] * SLOTS:.0f}"

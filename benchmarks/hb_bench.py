@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from _common import REPO, Cluster, print_table, write_json
+from plots import bar_chart_from_rows, saved
 
 sys.path.insert(0, str(REPO / "examples" / "hb_adult"))
 
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ])  # fmt: skip
     path = write_json("hb_bench", {"steps": args.steps, "rows": rows}, args.json)
     print(f"JSON: {path}")
+    saved(bar_chart_from_rows(path, rows, "batch", {"local_step_ms": "local", "sharded_step_ms": "sharded"},
+                              title="HybridBackend sharded embedding vs local, per batch size", ylabel="ms per step"))  # fmt: skip
     last = rows[-1]
     print(
         f"RESULT local_step_ms={last['local_step_ms']:.3f} "

@@ -81,6 +81,7 @@ def save_bar_chart(
     ylabel: str,
     baseline: float | None = None,
     baseline_label: str = "baseline",
+    logy: bool = False,
 ) -> Path | None:
     """Save a bar chart of one metric per configuration as a PNG; the path written.
 
@@ -88,7 +89,7 @@ def save_bar_chart(
     ``{series: numbers per label}`` for grouped bars (e.g. median and best per mode). A
     value that is None or not finite leaves its bar out. Each bar carries its value.
     ``baseline`` draws a dashed horizontal line (the reference the ratios are against).
-    A ``.json`` path is replaced by the PNG beside it.
+    ``logy``: a log scale, for values orders of magnitude apart. A ``.json`` path is replaced by the PNG beside it.
     """
     series = dict(values) if isinstance(values, Mapping) else {"": list(values)}
     for name, vals in series.items():
@@ -103,7 +104,7 @@ def save_bar_chart(
     out = png_beside(path) if Path(path).suffix == ".json" else Path(path)
     n_series = len(series)
     width = 0.8 / n_series
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(labels) * max(1, n_series * 0.6) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) * max(1, n_series * 0.6) + 2), 3.8))
     for i, (name, vals) in enumerate(series.items()):
         xs, ys = [], []
         for j, v in enumerate(vals):
@@ -118,8 +119,10 @@ def save_bar_chart(
     ax.set_xticks(
         range(len(labels)), [str(lb) for lb in labels], rotation=20 if len(labels) > 4 else 0
     )
+    if logy:
+        ax.set_yscale("log")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10, wrap=True)
     ax.margins(y=0.15)
     if n_series > 1 or baseline is not None:
         ax.legend(fontsize=8)
@@ -135,6 +138,7 @@ def bar_chart_from_rows(
     title: str,
     ylabel: str,
     baseline: float | None = None,
+    logy: bool = False,
 ) -> Path | None:
     """``save_bar_chart`` over the row dicts a benchmark prints with ``print_table``.
 
@@ -144,11 +148,10 @@ def bar_chart_from_rows(
     names = dict(value_keys) if isinstance(value_keys, Mapping) else {k: k for k in value_keys}
     labels = [str(r.get(label_key, "")) for r in rows]
     series = {names[k]: [r.get(k) for r in rows] for k in names}
-    if len(series) == 1:
-        return save_bar_chart(
-            path, labels, next(iter(series.values())), title=title, ylabel=ylabel, baseline=baseline
-        )
-    return save_bar_chart(path, labels, series, title=title, ylabel=ylabel, baseline=baseline)
+    values = next(iter(series.values())) if len(series) == 1 else series
+    return save_bar_chart(
+        path, labels, values, title=title, ylabel=ylabel, baseline=baseline, logy=logy
+    )
 
 
 def save_line_chart(
@@ -192,8 +195,14 @@ def save_line_chart(
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10, wrap=True)
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=8)
     return _save(fig, plt, out)
+
+
+def saved(png: Path | None) -> None:
+    """Print where a chart went (``PNG: <path>``), as the benchmarks print ``JSON: <path>``."""
+    if png is not None:
+        print(f"PNG: {png}")

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from _common import Cluster, cpu_seconds, fmt_rate, print_table, write_json
+from plots import bar_chart_from_rows, saved
 from ps_bench_engine import OPTIMIZERS, rank_to_id, run_engine_bench, zipf_batches
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
@@ -328,6 +329,14 @@ def main() -> None:
     path = write_json("ps_bench", {"args": {k: v for k, v in vars(args).items() if k != "json"}, "engine": engine, "http": http,
                                    "profile": profile, "wall_s": time.perf_counter() - t0}, args.json)  # fmt: skip
     print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
+    chart = [{"config": f"n={k[0]:,} d={k[1]} b={k[2]}",
+              "engine lookup": eng_by.get(k, {}).get("train_lookup_ids_per_s"),
+              "engine Adagrad": eng_by.get(k, {}).get("update_ids_per_s"),
+              "HTTP lookup": http_by.get(k, {}).get("lookup_ids_per_s"),
+              "HTTP update": http_by.get(k, {}).get("update_ids_per_s")}
+             for k in sorted(set(eng_by) | set(http_by))]  # fmt: skip
+    saved(bar_chart_from_rows(path, chart, "config", ["engine lookup", "engine Adagrad", "HTTP lookup", "HTTP update"],
+                              title="Embedding PS: ids/s (n ids, dim, batch)", ylabel="ids/s", logy=True))  # fmt: skip
 
     def head(rows):
         if not rows:

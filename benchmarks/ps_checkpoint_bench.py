@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, write_json  # noqa: E402
+from plots import bar_chart_from_rows, saved  # noqa: E402
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore  # noqa: E402
 from pyrsia.shared.embedding_spec import AdagradSpec  # noqa: E402
@@ -99,7 +100,10 @@ def main() -> int:
     doc = {"benchmark": "ps_checkpoint", "args": vars(args) | {"json": None}, "results": rows,
            "raw_seconds": {op: {str(k): v for k, v in d.items()} for op, d in times.items()},
            "files_identical": identical}  # fmt: skip
-    print(f"JSON: {write_json('ps_checkpoint', doc, args.json)}")
+    path = write_json("ps_checkpoint", doc, args.json)
+    print(f"JSON: {path}")
+    saved(bar_chart_from_rows(path, rows, "op", {"mb_per_s_1": "1 thread", f"mb_per_s_{n}": f"{n} threads"},
+                              title=f"PS checkpoint, {rows[0]['table_mb']} MB table", ylabel="MB/s"))  # fmt: skip
     return 0 if identical else 1
 
 

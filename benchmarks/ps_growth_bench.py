@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from _common import REPO, print_table, write_json
+from plots import save_bar_chart, saved
 
 CHILD = """
 import json, resource, sys, time
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json("ps_growth_bench", {"args": vars(args) | {"json": None}, "runs": runs,
                                           "median_s": median, "ratio": ratio}, args.json)  # fmt: skip
     print(f"\nJSON: {path}")
+    saved(save_bar_chart(path, list(median), list(median.values()),
+                         title=f"PS store growth to {args.entries:,} entries (copy / in place {ratio:.2f})",
+                         ylabel="insert seconds (median)"))  # fmt: skip
     print(
         f"RESULT in_place_s={median['in place']:.4f} copy_s={median['copy']:.4f} ratio={ratio:.3f}"
     )

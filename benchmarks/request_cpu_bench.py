@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO, Cluster, cpu_seconds, print_table, write_json
+from plots import save_bar_chart, saved
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from pyrsia.shared.http_client import HttpClient
@@ -219,6 +220,12 @@ def main() -> None:
            "summary": summary, **result}  # fmt: skip
     path = write_json("request_cpu", doc, args.json)
     print(f"wrote {path}")
+    procs = {"ew": "embedding worker", "ps": "PS", "client": "client"}
+    per_tree = {
+        tree: [per_step(ms, p) for p in procs] for tree, ms in result["per_request_ms"].items()
+    }
+    saved(save_bar_chart(path, list(procs.values()), per_tree, title="CPU-ms per training step, per process",
+                         ylabel="CPU ms per step"))  # fmt: skip
     print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in summary.items()))
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import REPO, ServiceProc, fmt_rate, print_table, write_json
+from plots import save_bar_chart, saved
 
 sys.path.insert(0, str(REPO / "examples" / "adult_income"))
 from model import DNN  # noqa: E402
@@ -167,6 +168,12 @@ def main() -> None:
         "serve_bench", {"rows": rows, "concurrency": CONCURRENCY, "quick": args.quick}
     )
     print(f"json: {path}")
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    sizes = sorted({r["batch"] for r in rows})
+    p50 = {(m, b): next((r["p50_ms"] for r in rows if r["mode"] == m and r["batch"] == b), None)
+           for m in modes for b in sizes}  # fmt: skip
+    saved(save_bar_chart(path, [f"batch {b}" for b in sizes], {m: [p50[m, b] for b in sizes] for m in modes},
+                         title="Serving latency (p50)", ylabel="ms", logy=True))  # fmt: skip
 
     def pick(mode: str, batch: int, key: str) -> float:
         return next(r[key] for r in rows if r["mode"] == mode and r["batch"] == batch)

@@ -73,6 +73,10 @@ def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
         assert all(math.isfinite(v) and v > 0 for v in result.values()), f"{name}: {result}"
         doc = json.loads((tmp_path / f"{name}.json").read_text())
         assert "machine" in doc
+        png = tmp_path / f"{name}.png"  # benchmarks/plots.py's chart beside the JSON
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"PNG: {png}" in out, (
+            f"{name}: no PNG"
+        )
     print(f"benchmarks quick: {time.monotonic() - started:.1f}s")
 
 
