@@ -18,6 +18,7 @@ so without these lines a partition looks like an idle job.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -109,6 +110,7 @@ class HttpClient:
         if not stall_report_s > 0:
             raise InvalidInputError("stall_report_s", "seconds > 0", stall_report_s)
         self.stall_report_s = stall_report_s
+        self._stalls = _StallWatch(stall_report_s)
         self.timeout_s = timeout_s
         self.lean = lean  # False: every call through aiohttp (a benchmark's baseline client)
         self.retries = retries
@@ -203,26 +205,26 @@ class HttpClient:
         pressure_backoff = BACKPRESSURE_BACKOFF_S
         loop = asyncio.get_running_loop()
         began = loop.time()
+        watch = self._stalls
         while True:
-            report = _StallReport(loop, url, timeout, self.stall_report_s)
+            attempt = watch.begin(loop, url, timeout)
             try:
                 return await self._once(method, url, data, timeout)
             except RemoteBackPressureError:
-                report.cancel()  # answered: not silent, and no report during the backoff
+                watch.end(attempt)  # answered: not silent, and no report during the backoff
                 if until is None or time.monotonic() >= until:
                     raise
                 await asyncio.sleep(pressure_backoff * (0.5 + random.random()))
                 pressure_backoff = min(pressure_backoff * 2, BACKPRESSURE_BACKOFF_MAX_S)
             except ServiceUnavailableError as exc:
-                report.cancel()
+                waited = watch.end(attempt)
                 if attempts_left <= 0:
                     raise
                 attempts_left -= 1
                 # an attempt that outlived a stall report is a silent peer: say so; a quick
                 # refusal or 503 (a peer restarting, not ready yet) is retried quietly
-                silent = loop.time() - report.started >= self.stall_report_s
                 log.log(
-                    logging.WARNING if silent else logging.DEBUG,
+                    logging.WARNING if waited >= self.stall_report_s else logging.DEBUG,
                     "%s; retrying, %.1f s since the call began (%d %s left)",
                     exc, loop.time() - began, attempts_left + 1,
                     "attempt" if attempts_left == 0 else "attempts",
@@ -230,26 +232,57 @@ class HttpClient:
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
             finally:
-                report.cancel()
+                watch.end(attempt)
 
 
-class _StallReport:
-    """Logs, every ``period`` while it is not cancelled, that ``url`` has not answered."""
+class _StallWatch:
+    """A client's attempts awaiting an answer, and one timer that reports the silent ones.
 
-    __slots__ = ("loop", "url", "timeout", "period", "started", "handle")
+    An attempt costs a dict insert and a pop, not a timer of its own: while any attempt is
+    open, one timer ticks every ``period / TICKS`` and logs each attempt whose report is
+    due (first after ``period``, then every ``period``); with none open there is no timer.
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, timeout: float, period: float):
-        self.loop, self.url, self.timeout, self.period = loop, url, timeout, period
-        self.started = loop.time()
-        self.handle = loop.call_at(self.started + period, self._report)
+    TICKS = 5
 
-    def _report(self) -> None:
-        waited = self.loop.time() - self.started
-        log.warning(
-            "no answer from %s for %.1f s (the attempt times out at %g s)",
-            self.url, waited, self.timeout,
-        )  # fmt: skip
-        self.handle = self.loop.call_at(self.loop.time() + self.period, self._report)
+    def __init__(self, period: float):
+        self.period = period
+        self.open: dict[int, list] = {}  # attempt -> [url, started, timeout, next report]
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
-    def cancel(self) -> None:
-        self.handle.cancel()
+    def begin(self, loop: asyncio.AbstractEventLoop, url: str, timeout: float) -> int:
+        """Open an attempt to ``url``; its key for :meth:`end`."""
+        if loop is not self._loop:  # a new event loop: the old one's attempts cannot go on
+            self.open.clear()
+            self._loop, self._timer = loop, None
+        key = next(self._ids)
+        now = loop.time()
+        self.open[key] = [url, now, timeout, now + self.period]
+        if self._timer is None:
+            self._timer = loop.call_at(now + self.period / self.TICKS, self._tick)
+        return key
+
+    def end(self, key: int) -> float:
+        """Close attempt ``key`` (again: no-op); the seconds it waited (0 when closed before)."""
+        entry = self.open.pop(key, None)
+        if entry is None or self._loop is None:
+            return 0.0
+        return self._loop.time() - entry[1]
+
+    def _tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        for entry in self.open.values():
+            if now >= entry[3]:
+                url, started, timeout, _ = entry
+                log.warning(
+                    "no answer from %s for %.1f s (the attempt times out at %g s)",
+                    url, now - started, timeout,
+                )  # fmt: skip
+                entry[3] += self.period
+        self._timer = (
+            loop.call_at(now + self.period / self.TICKS, self._tick) if self.open else None
+        )
