@@ -130,7 +130,7 @@ def test_gradient_checkpoint_check_gradients_reports_max_difference(caplog):
     )
     ctx = make_ctx(model, config)
     non_id, emb, labels = inputs(8)
-    with caplog.at_level(logging.INFO, logger="persia.epl.checkpointing"):
+    with caplog.at_level(logging.INFO, logger="persia.epl.recompute"):
         _backward(ctx.model, non_id, emb, labels)
         _backward(ctx.model, non_id, emb, labels)
     check = ctx.epl_plan.gradient_check

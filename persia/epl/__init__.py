@@ -8,16 +8,16 @@
     with TrainCtx(...) as ctx: ...
 
 Modules, one per feature: ``config`` (the key table), ``microbatch``, ``pipeline``,
-``checkpointing``, ``zero``, ``offload``, ``amp``, ``optimizer``, ``communication``,
-``io``, ``cluster``; ``plan`` applies them to a ``TrainCtx`` (refusing at once, with
+``recompute`` (the ``gradient_checkpoint.*`` keys), ``zero``, ``offload``, ``amp``,
+``optimizer``, ``communication``, ``io``, ``cluster``; ``plan`` applies them to a ``TrainCtx`` (refusing at once, with
 the key and the fix, what a TrainCtx cannot honour, and warning about keys it does not
 read); ``buffers`` keeps BatchNorm statistics to one update per sample when a pass is
 recomputed (micro-batches, gradient checkpoint).
 """
 
-from persia.epl.checkpointing import add_to_collection
 from persia.epl.config import KEYS, Config
 from persia.epl.io import FileListDataset, slice_files
+from persia.epl.recompute import add_to_collection
 from persia.epl.state import clip_by_global_norm, current_config, init
 
 __all__ = [

@@ -31,7 +31,7 @@ from torch import nn
 
 from persia import env
 from persia.distributed import DDPOption, DistributedBaseOption, get_default_distributed_option
-from persia.epl import checkpointing, communication, offload, zero
+from persia.epl import communication, offload, recompute, zero
 from persia.epl.amp import EplPrecision
 from persia.epl.config import KEYS, Config
 from persia.epl.microbatch import EplModel
@@ -97,7 +97,7 @@ class EplPlan:
         self.device_id = device_id
         self.checkpointed: list[nn.Module] = []
         self.offloaded = False
-        self.gradient_check: checkpointing.GradientCheck | None = None
+        self.gradient_check: recompute.GradientCheck | None = None
         self.reduce_state: communication.ReduceState | None = None
         self.world_size = 1
 
@@ -109,14 +109,14 @@ class EplPlan:
         if config.communication.sparse_as_dense:
             communication.densify_sparse_layers(self.user_model)
         self.offloaded = offload.apply_offload(self.user_model, config, self.device_id)
-        self.checkpointed = checkpointing.apply_gradient_checkpoint(self.user_model, config)
+        self.checkpointed = recompute.apply_gradient_checkpoint(self.user_model, config)
         if config.gradient_checkpoint.check_gradients:
             if not self.checkpointed:
                 log.warning(
                     "gradient_checkpoint.check_gradients: no block is checkpointed, nothing to check"
                 )
             else:
-                self.gradient_check = checkpointing.GradientCheck(self.user_model)
+                self.gradient_check = recompute.GradientCheck(self.user_model)
         micro = config.pipeline.num_micro_batch
         unread = sorted(k for k in config.non_default() if k in NOT_READ_BY_TRAINCTX)
         if unread:

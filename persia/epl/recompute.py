@@ -1,5 +1,9 @@
 """``gradient_checkpoint.*``: recompute blocks' activations in backward instead of keeping them.
 
+EPL calls this gradient checkpointing and its keys keep EPL's names; the module is named
+for what it does, apart from the checkpoints of a job (``pyrsia.services.nn_worker``) and
+of the embedding PS (``pyrsia.services.embedding_ps.checkpoint``).
+
 - ``type = "auto"``: the model's repeated blocks (children of a ``Sequential`` /
   ``ModuleList`` that occur at least twice with the same class and parameter shapes,
   e.g. transformer layers or residual blocks) run under ``torch.utils.checkpoint``.
