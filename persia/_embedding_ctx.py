@@ -65,6 +65,10 @@ class EmbeddingCtx(BaseCtx):
         model: the dense torch model, called as ``model(non_id_tensors, embedding_tensors)``.
         embedding_config: hyperparameters sent to the servers on enter; when None the
             servers keep theirs (PERSIA resets them to defaults, even inside TrainCtx).
+
+    Entered inside another context (``eval_ctx(model=model)`` inside a TrainCtx, as
+    PERSIA's examples evaluate), it shares that context's connection and, when it has no
+    ``device_id`` of its own, its device while it is entered.
     """
 
     def __init__(self, preprocess_mode: PreprocessMode, model: torch.nn.Module | None = None,
@@ -87,6 +91,7 @@ class EmbeddingCtx(BaseCtx):
         self._owns_session = False
         self._forward_precision = Precision(False, self.device_id)
         self._pending: dict[str, Any] = {}
+        self._device_inherited = False  # device_id taken from the enclosing context (_enter)
 
     @property
     def _precision(self) -> Precision:
@@ -106,6 +111,10 @@ class EmbeddingCtx(BaseCtx):
         ):
             self.close()  # a connection opened before `with` gives way to the parent's
             self._session, self._owns_session = parent._session, False
+            if self.device_id is None and parent.device_id is not None:
+                # PERSIA's examples evaluate with eval_ctx(model=model) inside a TrainCtx on a
+                # GPU, without a device_id: the batches go where the parent's go
+                self.device_id, self._device_inherited = parent.device_id, True
             parent._before_nested()
         elif self._session is None:
             self._session, self._owns_session = self._open_session(), True
@@ -116,6 +125,8 @@ class EmbeddingCtx(BaseCtx):
         """Hook run when a context is entered inside this one (TrainCtx flushes gradients)."""
 
     def _exit(self, failed: bool) -> None:
+        if self._device_inherited:
+            self.device_id, self._device_inherited = None, False
         session, self._session = self._session, None
         if session is not None and self._owns_session:
             session.close()
