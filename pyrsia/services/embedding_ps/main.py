@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config
     shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
-    if shards != ps.num_hashmap_internal_shards:
-        log.info(
+    if shards != ps.num_hashmap_internal_shards:  # the default (100) does: no news at INFO
+        log.debug(
             "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
             ps.num_hashmap_internal_shards,
             shards,

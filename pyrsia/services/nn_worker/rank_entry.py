@@ -3,10 +3,12 @@
 ``persia-launcher nn-worker train.py`` has torch.distributed.run start
 ``python -u -m pyrsia.services.nn_worker.rank_entry train.py [arguments]`` on every rank. The script runs as
 ``__main__`` (``runpy``, its folder first on ``sys.path``, ``sys.argv`` its own), as
-``python train.py`` would run it, with two differences:
+``python train.py`` would run it, with three differences:
 
 - the ``shared`` loggers (registry waits, Redis trouble) print to stderr, tagged
   ``nn_worker/<rank>``, so a rank waiting for a service says so every few seconds;
+- on a pipe (honcho, ``persia-launcher run``, a log file) a progress bar comes out as a line
+  per update (``pyrsia.shared.progress_lines``), not all at once when it closes;
 - a known error leaving the script (a bad config, Redis unreachable, a service that never
   registered: :data:`pyrsia.shared.cli.KNOWN_ERRORS`) ends the rank with one line ``error: ...``
   and exit code 2; its traceback too with ``--verbose`` (``PERSIA_VERBOSE=1``) or
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from pyrsia.shared.cli import KNOWN_ERRORS, fail_known
 from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     script = Path(argv[0])
+    progress_lines_when_piped()  # a tqdm bar on a pipe (honcho, run): a line per update
     _show_service_logs(f"nn_worker/{os.environ.get('RANK', '0')}")
     sys.argv = [str(script), *argv[1:]]
     sys.path[0] = str(script.parent.resolve())  # where `python train.py` looks first
