@@ -117,7 +117,8 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
                staleness: int, max_steps: int, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
                cpu_priority: str = "normal", rank_batch: str = "whole",
-               fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
+               fused_adam: bool = False, malloc_tuning: str = "on", batch: int | None = None,
+               extra_env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
     ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
@@ -127,9 +128,11 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     as many data loaders, loader ``i`` feeding rank ``i`` (batch ``b`` goes to rank ``b mod
     n``), as ``Procfile.multi`` runs them. ``rank_batch`` (``whole`` or ``split``): see the
     module's docstring. ``malloc_tuning`` (``on``, Pyrsia's default, or ``off``):
-    ``PERSIA_MALLOC_TUNING`` of the NN worker (``pyrsia/shared/allocator.py``).
+    ``PERSIA_MALLOC_TUNING`` of the NN worker (``pyrsia/shared/allocator.py``). ``batch``:
+    rows per rank batch instead of ``rank_batch``'s; ``extra_env``: more ``E2E_*`` settings
+    of train.py, over these (``benchmarks/rank_quality.py`` uses both).
     """
-    batch = rank_rows(nn_workers, rank_batch)
+    batch = rank_rows(nn_workers, rank_batch) if batch is None else batch
     lr_scale = nn_workers if rank_batch == "whole" else 1
     result_path = tmp / f"result-{nn_workers}x{threads}-{time.monotonic_ns()}.json"
     env = {
@@ -139,6 +142,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
         "E2E_DENSE_LR_SCALE": str(lr_scale), "E2E_FUSED_ADAM": "1" if fused_adam else "0",
         ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
+        **(extra_env or {}),
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")

@@ -62,7 +62,8 @@ INIT_RANGE = (-0.01, 0.01)
 DENSE_LR = 1e-3
 
 
-def build_model(num_slots: int, num_dense: int) -> DLRM:
-    """The benchmark's model with its weights drawn from :data:`SEED` (same on both sides)."""
-    torch.manual_seed(SEED)
+def build_model(num_slots: int, num_dense: int, seed: int = SEED) -> DLRM:
+    """The benchmark's model with its weights drawn from ``seed`` (:data:`SEED` unless a run
+    sets another; the same on both sides)."""
+    torch.manual_seed(seed)
     return DLRM(num_slots, num_dense)

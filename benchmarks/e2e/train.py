@@ -7,7 +7,8 @@ staleness bound), ``E2E_MAX_STEPS`` (0 = the whole stream), ``E2E_PROFILE`` (wri
 cProfile of the training loop there), ``E2E_MIXED_PRECISION`` (1: ``mixed_precision=True``,
 bf16 autocast of the forward pass on the CPU), ``E2E_DENSE_LR_SCALE`` (the dense learning
 rate's factor; default the world size), ``E2E_FUSED_ADAM`` (1: the dense model's Adam with
-``fused=True``).
+``fused=True``), ``E2E_SEED`` (the dense model's initial weights; default ``model.SEED``),
+``E2E_EMB_GRAD_REDUCTION`` (``TrainCtx(embedding_grad_reduction=)``; default ``sum``).
 
 Timing: the training loop runs from the end of the first step (not timed, as on the
 baseline's side) to the moment the last backward's embedding gradients are applied
@@ -34,7 +35,15 @@ import time
 import numpy as np
 import torch
 from data import load, persia_batches, roc_auc
-from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
+from model import (
+    ADAGRAD_EPS,
+    DENSE_LR,
+    EMBEDDING_LR,
+    INIT_RANGE,
+    INITIAL_ACCUMULATOR,
+    SEED,
+    build_model,
+)
 from procs import minor_faults
 
 from persia.ctx import TrainCtx, eval_ctx
@@ -87,7 +96,8 @@ def main() -> None:
     max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
     mixed = os.environ.get("E2E_MIXED_PRECISION") == "1"
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed)
-    model = build_model(len(data["slot_names"]), data["train_dense"].shape[1])
+    seed = int(os.environ.get("E2E_SEED", str(SEED)))
+    model = build_model(len(data["slot_names"]), data["train_dense"].shape[1], seed)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     ctx_args = dict(
         model=model,
@@ -105,6 +115,7 @@ def main() -> None:
         ),
         embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
         mixed_precision=mixed,  # bf16 autocast on CPU
+        embedding_grad_reduction=os.environ.get("E2E_EMB_GRAD_REDUCTION", "sum"),
     )
     if os.environ.get("E2E_DDP_PORT"):  # several ranks: a free rendezvous port, not 23456
         ctx_args["distributed_option"] = DDPOption(
