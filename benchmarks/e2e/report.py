@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's printed report: the runs table, per-process CPU, step split.
+"""The end-to-end benchmark's report: the runs table, per-process CPU, step split, its chart.
 
 Kept apart from ``e2e_bench.py`` (which runs the two sides) so each file has one job.
 ``_common`` is importable because ``e2e_bench.py`` runs from ``benchmarks/``.
@@ -6,9 +6,11 @@ Kept apart from ``e2e_bench.py`` (which runs the two sides) so each file has one
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from _common import fmt_rate, print_table
+from plots import save_bar_chart
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
@@ -225,3 +227,18 @@ def print_step_split(name: str, pyrsia: dict[str, Any], baseline: dict[str, Any]
         columns += [(f"{prefix}_wall", f"{side} wall"), (f"{prefix}_cpu", "CPU"),
                     (f"{prefix}_runq", "run queue"), (f"{prefix}_blocked", "blocked")]  # fmt: skip
     print_table(rows, columns)
+
+
+def save_chart(results: list[dict[str, Any]], json_path: Path) -> Path | None:
+    """The PNG beside the JSON: samples/s of every Pyrsia side and the baseline, per data set
+    (the best run of each), with the AUC of each in its legend; the path written."""
+    sides = list(dict.fromkeys(side for r in results for side in r["pyrsia_sides"]))
+    series: dict[str, list[float | None]] = {}
+    for side in [*sides, "baseline"]:
+        runs = [
+            r["baseline"] if side == "baseline" else r["pyrsia_sides"].get(side) for r in results
+        ]
+        aucs = ", ".join(f"{run['auc']:.4f}" for run in runs if run)
+        series[f"{side} (AUC {aucs})"] = [run["samples_per_s"] if run else None for run in runs]
+    return save_bar_chart(json_path, [r["dataset"] for r in results], series,
+                          title="End to end: Pyrsia against one PyTorch process", ylabel="samples/s")  # fmt: skip
