@@ -122,8 +122,9 @@ def test_adult_through_run_on_a_terminal(tmp_path):
     assert re.search(
         r"run\s+\| nn_worker exited with code 0 after \d+s; every process stopped", plain
     )
-    for name in ("redis", "embedding_parameter_server", "embedding_worker", "data_loader"):
+    for name in ("embedding_parameter_server", "embedding_worker", "data_loader"):
         assert re.search(rf"^\x1b?.*{name}\s+\| ", plain, re.M), name
+    assert not re.search(r"^redis\s+\| ", plain, re.M), "Redis is quiet unless something is wrong"
     assert _port_closed(_redis_port(plain))
 
 
