@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from persia.errors import MisuseError
 from pyrsia.services.nn_worker.precision import check_ctx_args
 
 _logger = logging.getLogger("persia.ctx")
@@ -85,7 +86,7 @@ class BaseCtx:
 
     def __enter__(self):
         if self._entered:
-            raise RuntimeError(
+            raise MisuseError(
                 f"{type(self).__name__} is already entered; contexts are not reentrant"
             )
         if self.device_id is not None:

@@ -18,7 +18,7 @@ from persia.env import get_replica_index, get_replica_size
 from pyrsia.services.data_loader.sender import BatchSender
 from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.shared.constants import DATA_SEND_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
-from pyrsia.shared.errors import DataCtxError
+from pyrsia.shared.errors import DataCtxError, InvalidTypeError
 from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,11 @@ class DataCtx:
         if sender is None:
             raise DataCtxError("send_data() called outside `with DataCtx() as ctx:`")
         if not isinstance(persia_batch, PersiaBatch):
-            raise TypeError(f"send_data expects a PersiaBatch, got {type(persia_batch).__name__}")
+            raise InvalidTypeError(
+                "persia_batch",
+                "a PersiaBatch",
+                message=f"send_data expects a PersiaBatch, got {type(persia_batch).__name__}",
+            )
         if persia_batch in self._sent_batches:
             raise DataCtxError("this PersiaBatch was already sent; build a new batch for new data")
         self._sent_batches.add(persia_batch)

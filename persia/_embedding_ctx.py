@@ -15,7 +15,7 @@ from pyrsia.services.nn_worker import dense_state as ckpt
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.precision import Precision
 from pyrsia.services.nn_worker.session import Session
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 
 _logger = logging.getLogger("persia.ctx")
 
@@ -33,8 +33,10 @@ def _prepare_feature(persia_training_batch: PersiaTrainingBatch,
 def _batch_tensors(batch, preprocess_mode: PreprocessMode, device_id: int | None):
     """The batch's tensors on its device (else ``device_id``); embeddings as (slot, tensor)."""
     if not isinstance(batch, PersiaTrainingBatch):
-        raise TypeError(
-            f"expected a PersiaTrainingBatch from persia.data.DataLoader or get_embedding_from_data, got {type(batch).__name__}"
+        raise InvalidTypeError(
+            "batch",
+            "a PersiaTrainingBatch",
+            message=f"expected a PersiaTrainingBatch from persia.data.DataLoader or get_embedding_from_data, got {type(batch).__name__}",
         )
     if not isinstance(preprocess_mode, PreprocessMode):
         raise InvalidInputError("preprocess_mode", "a PreprocessMode", preprocess_mode)
@@ -77,10 +79,16 @@ class EmbeddingCtx(BaseCtx):
         if not isinstance(preprocess_mode, PreprocessMode):
             raise InvalidInputError("preprocess_mode", "a PreprocessMode", preprocess_mode)
         if model is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+            raise InvalidTypeError(
+                "model",
+                "a torch.nn.Module",
+                message=f"model: expected a torch.nn.Module, got {type(model).__name__}",
+            )
         if embedding_config is not None and not isinstance(embedding_config, EmbeddingConfig):
-            raise TypeError(
-                f"embedding_config: expected persia.embedding.EmbeddingConfig, got {type(embedding_config).__name__}"
+            raise InvalidTypeError(
+                "embedding_config",
+                "persia.embedding.EmbeddingConfig",
+                message=f"embedding_config: expected persia.embedding.EmbeddingConfig, got {type(embedding_config).__name__}",
             )
         self.preprocess_mode = preprocess_mode
         self.model = model
@@ -158,7 +166,7 @@ class EmbeddingCtx(BaseCtx):
     def close(self) -> None:
         """Release a connection opened outside ``with`` (a no-op when there is none)."""
         if self._entered:
-            raise RuntimeError(f"{type(self).__name__} is entered: it closes when its `with` ends")
+            raise MisuseError(f"{type(self).__name__} is entered: it closes when its `with` ends")
         session, self._session = self._session, None
         if session is not None and self._owns_session:
             session.close()
@@ -169,7 +177,11 @@ class EmbeddingCtx(BaseCtx):
     def configure_embedding_parameter_servers(self, embedding_config: EmbeddingConfig) -> None:
         """Send initialization bounds, admit probability and weight bound to every PS."""
         if not isinstance(embedding_config, EmbeddingConfig):
-            raise TypeError("embedding_config: expected persia.embedding.EmbeddingConfig")
+            raise InvalidTypeError(
+                "embedding_config",
+                "persia.embedding.EmbeddingConfig",
+                message="embedding_config: expected persia.embedding.EmbeddingConfig",
+            )
         client = self.session.client
         self._run(client.wait_ready())
         self._run(client.configure(embedding_config.to_dict()))
@@ -180,8 +192,10 @@ class EmbeddingCtx(BaseCtx):
     ) -> PersiaTrainingBatch:
         """Look the batch's embeddings up directly (no data loader in between)."""
         if not isinstance(persia_batch, PersiaBatch):
-            raise TypeError(
-                f"persia_batch: expected a PersiaBatch, got {type(persia_batch).__name__}"
+            raise InvalidTypeError(
+                "persia_batch",
+                "a PersiaBatch",
+                message=f"persia_batch: expected a PersiaBatch, got {type(persia_batch).__name__}",
             )
         train = self.preprocess_mode == PreprocessMode.TRAIN and persia_batch.requires_grad
         answer, worker = self._run(self.session.client.lookup_direct(persia_batch.id_part(), train))
@@ -196,8 +210,10 @@ class EmbeddingCtx(BaseCtx):
     ) -> PersiaTrainingBatch:
         """:meth:`get_embedding_from_data` of ``PersiaBatch.to_bytes()`` output."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(
-                f"data: expected bytes from PersiaBatch.to_bytes(), got {type(data).__name__}"
+            raise InvalidTypeError(
+                "data",
+                "bytes from PersiaBatch.to_bytes()",
+                message=f"data: expected bytes from PersiaBatch.to_bytes(), got {type(data).__name__}",
             )
         return self.get_embedding_from_data(PersiaBatch.from_bytes(bytes(data)), device_id)
 
@@ -212,7 +228,7 @@ class EmbeddingCtx(BaseCtx):
     def forward(self, batch: PersiaTrainingBatch):
         """``prepare_features`` then ``model(non_id_tensors, embedding_tensors)``: ``(output, labels)``."""
         if self.model is None:
-            raise RuntimeError(f"{type(self).__name__} has no model: pass model=... to the context")
+            raise MisuseError(f"{type(self).__name__} has no model: pass model=... to the context")
         non_id, embeddings, labels = self.prepare_features(batch)
         with self._precision.autocast():
             output = self.model(non_id, embeddings)
@@ -222,8 +238,10 @@ class EmbeddingCtx(BaseCtx):
             and all(isinstance(o, torch.Tensor) for o in output)
         )
         if not ok:
-            raise TypeError(
-                f"the model returned {type(output).__name__}: expected a torch.Tensor (or a tuple/list of tensors)"
+            raise InvalidTypeError(
+                "model output",
+                "a torch.Tensor (or a tuple/list of tensors)",
+                message=f"the model returned {type(output).__name__}: expected a torch.Tensor (or a tuple/list of tensors)",
             )
         return self._precision.to_full(output), labels
 
@@ -292,7 +310,7 @@ class EmbeddingCtx(BaseCtx):
         Not collective (PERSIA's examples call it on rank 0 only): other ranks return at once.
         """
         if self.model is None:
-            raise RuntimeError("dump_checkpoint needs the context's model: pass model=...")
+            raise MisuseError("dump_checkpoint needs the context's model: pass model=...")
         if self._writer():
             os.makedirs(dst_dir, exist_ok=True)
             if with_jit_model:
@@ -304,7 +322,7 @@ class EmbeddingCtx(BaseCtx):
                         blocking: bool = True) -> None:  # fmt: skip
         """Load the dense model (calling rank) and embeddings (rank 0); not collective either."""
         if self.model is None:
-            raise RuntimeError("load_checkpoint needs the context's model: pass model=...")
+            raise MisuseError("load_checkpoint needs the context's model: pass model=...")
         if not os.path.isdir(src_dir):
             raise FileNotFoundError(f"{src_dir}: no such checkpoint directory")
         dense_path = os.path.join(src_dir, dense_filename)

@@ -9,7 +9,7 @@ import torch
 
 from persia.distributed import DistributedBaseOption
 from persia.embedding.optim import Optimizer
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError
 from pyrsia.shared.validate import positive_int
 
 _logger = logging.getLogger("persia.ctx")
@@ -25,17 +25,25 @@ def check_args(embedding_optimizer, dense_optimizer, model, grad_scalar_update_f
                 embedding_grad_reduction, distributed_option, lookup_emb_directly) -> None:  # fmt: skip
     """TrainCtx's arguments, each refused with the name of the argument and what it needs."""
     if not isinstance(embedding_optimizer, Optimizer):
-        raise TypeError(
-            "TrainCtx needs embedding_optimizer=persia.embedding.optim.SGD/Adam/Adagrad(...), "
-            f"got {type(embedding_optimizer).__name__}"
+        raise InvalidTypeError(
+            "embedding_optimizer",
+            "persia.embedding.optim.SGD/Adam/Adagrad",
+            message="TrainCtx needs embedding_optimizer=persia.embedding.optim.SGD/Adam/Adagrad(...), "
+            f"got {type(embedding_optimizer).__name__}",
         )
     if not isinstance(dense_optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            "TrainCtx needs dense_optimizer=torch.optim.<Optimizer>(model.parameters(), ...), "
-            f"got {type(dense_optimizer).__name__}"
+        raise InvalidTypeError(
+            "dense_optimizer",
+            "a torch.optim.Optimizer",
+            message="TrainCtx needs dense_optimizer=torch.optim.<Optimizer>(model.parameters(), ...), "
+            f"got {type(dense_optimizer).__name__}",
         )
     if model is None:
-        raise TypeError("TrainCtx needs model=<the torch.nn.Module to train>")
+        raise InvalidTypeError(
+            "model",
+            "a torch.nn.Module",
+            message="TrainCtx needs model=<the torch.nn.Module to train>",
+        )
     if isinstance(grad_scalar_update_factor, bool) or not isinstance(grad_scalar_update_factor, (int, float)) \
             or not grad_scalar_update_factor > 0:  # fmt: skip
         raise InvalidInputError(
@@ -47,7 +55,11 @@ def check_args(embedding_optimizer, dense_optimizer, model, grad_scalar_update_f
             embedding_grad_reduction,
         )  # fmt: skip
     if distributed_option is not None and not isinstance(distributed_option, DistributedBaseOption):
-        raise TypeError("distributed_option: expected DDPOption or BaguaDistributedOption")
+        raise InvalidTypeError(
+            "distributed_option",
+            "DDPOption or BaguaDistributedOption",
+            message="distributed_option: expected DDPOption or BaguaDistributedOption",
+        )
     if not isinstance(lookup_emb_directly, bool):
         raise InvalidInputError("lookup_emb_directly", "True or False", lookup_emb_directly)
 

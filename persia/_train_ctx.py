@@ -49,7 +49,7 @@ from pyrsia.shared.constants import (
     ENV_JOB_ID,
     ENV_TENSORBOARD_DIR,
 )
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, MisuseError
 from pyrsia.shared.scatter import warm_in_background
 from pyrsia.shared.validate import positive_int
 
@@ -312,7 +312,7 @@ class TrainCtx(EmbeddingCtx):
         Returns the loss as scaled for backward (the loss itself without a scaler).
         """
         if cnt_ctx() is not self or self.training_step.gradients is None:
-            raise RuntimeError(
+            raise MisuseError(
                 "TrainCtx.backward() called outside the context: call it inside `with TrainCtx(...) as ctx:`"
             )
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
@@ -324,7 +324,7 @@ class TrainCtx(EmbeddingCtx):
         )
         batch, embeddings = self.current_batch, self._current_embeddings
         if batch is None or not embeddings:
-            raise RuntimeError(
+            raise MisuseError(
                 "TrainCtx.backward(): no batch was prepared; call ctx.forward(batch) first"
             )
         self.current_batch, self._current_embeddings = None, []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from pyrsia.shared.errors import InvalidTypeError
+
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The user's model inside a DistributedDataParallel (or Bagua) wrapper."""
@@ -37,7 +39,11 @@ def save_state(
     buffer = io.BytesIO()
     if is_jit:
         if not isinstance(instance, torch.nn.Module):
-            raise TypeError(f"is_jit=True needs a torch.nn.Module, got {type(instance).__name__}")
+            raise InvalidTypeError(
+                "instance",
+                "a torch.nn.Module with is_jit=True",
+                message=f"is_jit=True needs a torch.nn.Module, got {type(instance).__name__}",
+            )
         torch.jit.save(torch.jit.script(unwrap(instance)), buffer)
     else:
         target = unwrap(instance) if isinstance(instance, torch.nn.Module) else instance

@@ -53,7 +53,7 @@ from pyrsia.shared.constants import (
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
 )
-from pyrsia.shared.errors import ConfigError, RegistryError
+from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
 from pyrsia.shared.wire.ingress import IngressBatch
 
 log = logging.getLogger(__name__)
@@ -259,10 +259,12 @@ class EmbeddedSession(Session):
         if self._queue is not None:
             queue = self._queue
             if queue.capacity != capacity or queue.reproducible != reproducible:
-                raise ValueError(
-                    f"this rank's batch queue already runs with buffer_size={queue.capacity}, "
+                raise InvalidInputError(
+                    "buffer_size/reproducible",
+                    "one StreamingDataset configuration per context",
+                    message=f"this rank's batch queue already runs with buffer_size={queue.capacity}, "
                     f"reproducible={queue.reproducible}; one StreamingDataset configuration "
-                    "per training context"
+                    "per training context",
                 )
             return queue
         if world_size != 1:

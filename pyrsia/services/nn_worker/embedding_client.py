@@ -76,7 +76,11 @@ class EmbeddingWorkerClient:
         wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     ):
         if (registry is None) == (addresses is None):
-            raise ValueError("EmbeddingWorkerClient needs exactly one of registry or addresses")
+            raise InvalidInputError(
+                "registry/addresses",
+                "exactly one of them",
+                message="EmbeddingWorkerClient needs exactly one of registry or addresses",
+            )
         self.http = http
         self.registry = registry
         self.wait_timeout_s = wait_timeout_s

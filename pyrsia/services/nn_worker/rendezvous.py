@@ -32,7 +32,7 @@ from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCP
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from pyrsia.shared.auth import is_loopback
-from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,11 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     --rdzv-conf=rank=<node rank>`` (what the launcher passes)."""
     host, port = parse_rendezvous_endpoint(params.endpoint.strip(), -1)
     if port == -1:
-        raise ValueError(f"rendezvous endpoint {params.endpoint!r} has no port")
+        raise InvalidInputError(
+            "rendezvous endpoint",
+            "host:port",
+            message=f"rendezvous endpoint {params.endpoint!r} has no port",
+        )
     rank = int(params.config["rank"])
     timeout = int(params.config.get("timeout", _DEFAULT_TIMEOUT_S))
     return BoundStaticRendezvous(host, port, rank, params.max_nodes, params.run_id, timeout)

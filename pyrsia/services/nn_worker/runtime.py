@@ -33,7 +33,7 @@ from pyrsia.shared.constants import (
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
     RUNTIME_STOP_TIMEOUT_S,
 )
-from pyrsia.shared.errors import RuntimeClosedError
+from pyrsia.shared.errors import MisuseError, RuntimeClosedError
 from pyrsia.shared.http_client import HttpClient
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Runtime:
         if thread is None or loop is None:
             return
         if thread is threading.current_thread():
-            raise RuntimeError("Runtime.stop() cannot be called from the runtime's own thread")
+            raise MisuseError("Runtime.stop() cannot be called from the runtime's own thread")
         loop.call_soon_threadsafe(loop.stop)
         thread.join(RUNTIME_STOP_TIMEOUT_S)
         if thread.is_alive():  # pragma: no cover - a coroutine ignored cancellation
@@ -151,7 +151,7 @@ class Runtime:
         loop = self.loop
         if self._in_loop_thread():
             coro.close()
-            raise RuntimeError("Runtime.submit() called from the runtime thread; await instead")
+            raise MisuseError("Runtime.submit() called from the runtime thread; await instead")
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:

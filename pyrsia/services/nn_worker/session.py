@@ -23,7 +23,7 @@ from pyrsia.shared.constants import (
     DISCOVERY_POLL_INTERVAL_S,
     ENV_ADVERTISE_HOST,
 )
-from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,12 @@ class Session:
         if self._ingress is not None:
             queue = self._ingress.queue
             if queue.capacity != capacity or queue.reproducible != reproducible:
-                raise ValueError(
-                    "this rank's ingress already runs with buffer_size="
+                raise InvalidInputError(
+                    "buffer_size/reproducible",
+                    "one StreamingDataset configuration per context",
+                    message="this rank's ingress already runs with buffer_size="
                     f"{queue.capacity}, reproducible={queue.reproducible}; one StreamingDataset "
-                    "configuration per training context"
+                    "configuration per training context",
                 )
             return queue
 
