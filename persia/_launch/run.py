@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import math
 import os
 import shutil
@@ -66,13 +65,13 @@ from pyrsia.shared.constants import (
     ROLE_NN_WORKER,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.parent_death import die_with_parent
 
 STOP_TIMEOUT_S = 20.0
 """Seconds a child gets between SIGTERM and SIGKILL."""
 REDIS_START_TIMEOUT_S = 10.0
 PROGRESS_INTERVAL_S = 1.0
 POLL_S = 0.1
-_PR_SET_PDEATHSIG = 1
 
 NAMES = ("redis", "embedding_parameter_server", "embedding_worker", "nn_worker", "data_loader")
 _WIDTH = max(map(len, NAMES))
@@ -160,14 +159,6 @@ def _pump(name: str, pipe: IO[bytes], out: Output) -> None:
 # --- children -------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when ``run`` dies (Linux; a no-op elsewhere)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
 @dataclass
 class Child:
     name: str
@@ -187,7 +178,7 @@ class Job:
     def start(self, name: str, argv: list[str]) -> Child:
         proc = subprocess.Popen(
             argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         reader = threading.Thread(target=_pump, args=(name, proc.stdout, self.out),
                                   name=f"run-{name}", daemon=True)  # fmt: skip

@@ -12,9 +12,7 @@ killed outright, the kernel sends the worker SIGTERM (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import signal
 import socket
 import subprocess
 import sys
@@ -24,21 +22,12 @@ from aiohttp import web
 
 from pyrsia.shared.constants import SHUTDOWN_BUDGET_S
 from pyrsia.shared.http_server import STATE
+from pyrsia.shared.parent_death import die_with_parent
 
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "pyrsia.services.embedding_worker"
 WATCH_INTERVAL_S = 0.5
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when serve dies, even by SIGKILL (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the worker outlives a killed serve
-        pass
 
 
 def free_loopback_port() -> int:
@@ -65,7 +54,7 @@ class PrivateWorker:
         args = [sys.executable, "-m", WORKER_MODULE, "--host", "127.0.0.1", "--port", str(self.port),
                 "--embedding-config", str(self.embedding_config), "--global-config", str(self.global_config)]  # fmt: skip
         # output goes where serve's goes (honcho, terminal); the worker dies with serve
-        self.proc = subprocess.Popen(args, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(args, preexec_fn=die_with_parent)
         log.info("started a private embedding worker (pid %d) on %s", self.proc.pid, self.address)
 
     def terminate(self) -> None:

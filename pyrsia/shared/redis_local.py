@@ -25,7 +25,6 @@ every line comes through, at Redis's own default log level.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -43,9 +42,9 @@ from pyrsia.shared.constants import (
     REDIS_RESTART_WINDOW_S,
 )
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.parent_death import die_with_parent_sigkill
 
 RESTART_FLAG = "--restart-on-failure"
-_PR_SET_PDEATHSIG = 1
 
 NOISE = (
     "oO0OoO0OoO0Oo Redis is starting",
@@ -101,14 +100,6 @@ def find_redis_server() -> str:
     return str(bundled)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the supervisor dies (Linux; no-op elsewhere)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def _describe(argv: list[str]) -> str:
     """The redis-server in messages: by its port only (its arguments may hold
     ``--requirepass``)."""
@@ -150,7 +141,7 @@ def supervise(
     restarts: deque[float] = deque()
     while True:
         piped = subprocess.PIPE if quiet else None
-        child = subprocess.Popen(argv, preexec_fn=_die_with_parent, stdout=piped,
+        child = subprocess.Popen(argv, preexec_fn=die_with_parent_sigkill, stdout=piped,
                                  stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
         reader = None
         if quiet:

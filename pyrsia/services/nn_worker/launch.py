@@ -39,6 +39,7 @@ from pyrsia.shared.constants import (
     ENV_JOB_ID,
     ENV_MAX_MESSAGE_BYTES,
     ENV_NN_WORKER_ENTRY,
+    ENV_RANK_AGENT_PID,
     ENV_RESUME,
     ENV_VERBOSE,
     ROLE_NN_WORKER_NODE,
@@ -304,6 +305,7 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
     nnodes = int(str(parsed.nnodes).split(":")[-1])
     os.environ.update(loopback_rank_env(nnodes, store_host or parsed.master_addr))
     _quiet_known_error_exits()
+    os.environ[ENV_RANK_AGENT_PID] = str(os.getpid())  # torch's agent runs in this process
     try:
         run(parsed)
     except SignalException as exc:

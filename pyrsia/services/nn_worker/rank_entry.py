@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 
 from pyrsia.shared.cli import KNOWN_ERRORS, fail_known
-from pyrsia.shared.constants import ENV_LOG_LEVEL
+from pyrsia.shared.constants import ENV_LOG_LEVEL, ENV_RANK_AGENT_PID
+from pyrsia.shared.parent_death import die_with_parent, orphaned
 from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
 
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     script = Path(argv[0])
+    # killed -9, torch's agent cannot forward SIGTERM: the kernel does (TrainCtx drains)
+    die_with_parent(signal.SIGTERM)
+    if orphaned(int(os.environ.get(ENV_RANK_AGENT_PID, os.getppid()))):
+        return 143  # the agent died before the request above: as if SIGTERM came
     progress_lines_when_piped()  # a tqdm bar on a pipe (honcho, run): a line per update
     _show_service_logs(f"nn_worker/{os.environ.get('RANK', '0')}")
     sys.argv = [str(script), *argv[1:]]
