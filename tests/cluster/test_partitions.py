@@ -139,11 +139,11 @@ def test_link_cut_mid_job(target, cut_seconds, unfaulted, network, tmp_path):
             resumed_job.stop()
 
 
-# A PS cut past the deadlines on the way (about 100 s, measured): the NN worker stops on
+# A PS cut past the deadlines on the way (100 to 210 s, measured): the NN worker stops on
 # whichever gives up first, its own 120 s deadline on the embedding worker (which waits on
 # ps0 meanwhile, saying so every 5 s) or the worker's 503 once its PS call (60 s attempts,
 # one retry) and 30 s PS retry window are over. The link comes back once the job stopped.
-STOP_CUT_LIMIT_S = 200.0
+STOP_CUT_LIMIT_S = 300.0
 STOP_LINE = re.compile(
     r"(ServiceUnavailableError|GradientSendError): .*http://(ew[01]:8887|ps0:8888)/\S+ "
     r"(did not answer within [\d.]+s|answered 503: PS replica 0 unreachable)"
@@ -151,6 +151,7 @@ STOP_LINE = re.compile(
 STALL_LINE = re.compile(r"no answer from http://ps0:8888/\S+ for ([\d.]+) s")
 
 
+@pytest.mark.timeout(900)  # the unfaulted run, up to 300 s of cut, then the resumed run
 def test_ps_cut_past_the_deadline_stops_the_job_and_resume_finishes(unfaulted, network, tmp_path):
     """ps0's cable pulled until the job stops: the embedding workers report the silent PS
     every 5 s while it lasts, an NN-worker node stops with a line naming ps0 and the
