@@ -33,6 +33,7 @@ Ends with::
     python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--fused-adam] [--datasets census,criteo]
                                    [--criteo-rows 200000] [--staleness 8] [--torchrec]
+                                   [--modes services,embedded]
                                    [--malloc-tuning on,off]
                                    [--json F]
 
@@ -43,6 +44,11 @@ the baseline with fused Adam is run and reported beside it as a reference.
 ``--malloc-tuning on,off`` runs Pyrsia with and without the NN worker's heap tuning
 (``PERSIA_MALLOC_TUNING``, ``pyrsia/shared/allocator.py``) in the same run; both sides
 report their page faults per step.
+
+``--modes services,embedded`` runs Pyrsia in services mode (the processes above) and in
+embedded mode (``persia-launcher run --embedded``: the same train.py and data_loader.py, the
+engines and the loader inside the NN worker's process; side ``pyrsia_embedded``) in the same
+run; ``--modes embedded`` runs only the latter.
 
 ``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
 run and reported like the baseline (install it by hand, as that module says).
@@ -234,6 +240,61 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     return res
 
 
+EMBEDDED_SIDE = "pyrsia_embedded"
+MODES = ("services", "embedded")
+
+
+def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
+                        staleness: int, max_steps: int, profile: bool = False,
+                        fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One training run in embedded mode, ``persia-launcher run --embedded``: train.py, the
+    embedding PS and worker engines and data_loader.py in one process (no Redis, no servers).
+    The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON."""
+    result_path = tmp / f"result-embedded-{threads}-{time.monotonic_ns()}.json"
+    env = {
+        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
+        "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
+        "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
+        "E2E_MIXED_PRECISION": "0", "E2E_DENSE_LR_SCALE": "1",
+        "E2E_FUSED_ADAM": "1" if fused_adam else "0", "PYTHONUNBUFFERED": "1",
+    }  # fmt: skip
+    if profile:
+        env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads}.prof")
+    log_path = tmp / f"embedded-{threads}.log"
+    sampler = CpuSampler()
+    t_launch = time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "persia.launcher", "run", "--embedded", "--no-progress",
+             "--nn-worker", str(E2E / "train.py"), "--data-loader", str(E2E / "data_loader.py"),
+             "--embedding-config", str(configs[0]), "--global-config", str(configs[1])],
+            cwd=REPO, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        sampler.track("nn_worker", proc.pid)  # the launcher and its one child
+        sampler.start()
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            sampler.stop()
+    if code != 0 or not result_path.exists():
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"Pyrsia embedded run failed, exit code {code}\n{tail}")
+    res = json.loads(result_path.read_text())
+    res["startup_s"] = res["t_first"] - t_launch
+    res["services_registered_s"] = 0.0  # no services
+    res["ctx_ready_s"] = res["t_ready"] - t_launch
+    res["cpu"] = sampler.window(res["t_first"], res["t_end"])
+    res["cpu_s"] = sum(v["cpu_s"] for v in res["cpu"].values())
+    res["metrics"] = {}
+    res["exit_codes"] = {"nn_worker": code}
+    res.update(nn_workers=1, cpu_priority="normal", rank_batch=BATCH, malloc_tuning="on",
+               mode="embedded")  # fmt: skip
+    return res
+
+
 # ------------------------------------------------------------------------------- baseline
 def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
                  bf16: bool = False, torchrec: bool = False,
@@ -305,7 +366,10 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
         for mt in args.malloc_tuning
     }
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides.values()}
+    if "services" not in args.modes:
+        sides = {}
+    mode_sides = [*sides.values(), *([EMBEDDED_SIDE] if "embedded" in args.modes else [])]
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in mode_sides}
     runs["baseline"] = []
     if args.mixed_precision:
         runs["baseline_bf16"] = []
@@ -320,6 +384,13 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         runs["torchrec"] = []
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
+            if "embedded" in args.modes:
+                print(f"[{name}] Pyrsia embedded (one process), {threads} torch thread(s) ...",
+                      flush=True)  # fmt: skip
+                runs[EMBEDDED_SIDE].append(run_pyrsia_embedded(
+                    data_path, configs, tmp, threads=threads, staleness=args.staleness,
+                    max_steps=max_steps, profile=args.profile, fused_adam=args.fused_adam,
+                ))  # fmt: skip
             for (n, prio, rb, mt), side in sides.items():
                 print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
                       f"thread(s), {rank_rows(n, rb)}-row batches per "
@@ -351,7 +422,7 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                 )
     best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
     b = best["baseline"]
-    pyrsia_sides = list(sides.values())
+    pyrsia_sides = mode_sides
     p = best[pyrsia_sides[0]]
     pairs = [  # each Pyrsia run against the baseline run of the same repeat and threads
         {"side": side, "nn_workers": pr["nn_workers"], "threads": pr["threads"],
@@ -490,6 +561,13 @@ def main(argv: list[str] | None = None) -> int:
         "Pyrsia's default: freed heap memory kept for reuse; on,off runs both in the same run)",
     )
     parser.add_argument(
+        "--modes",
+        default="services",
+        help="how Pyrsia runs, one or more of services,embedded (default services: the PS, "
+        "embedding worker, NN worker and data loader as processes; embedded: persia-launcher "
+        "run --embedded, one process; services,embedded runs both, side pyrsia_embedded)",
+    )
+    parser.add_argument(
         "--torchrec",
         action="store_true",
         help="also run TorchRec's fused CPU embeddings as a single-process peer "
@@ -525,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     args.cpu_priority = choice_list(parser, "--cpu-priority", args.cpu_priority, CPU_PRIORITIES)
     args.rank_batch = choice_list(parser, "--rank-batch", args.rank_batch, RANK_BATCHES)
     args.malloc_tuning = choice_list(parser, "--malloc-tuning", args.malloc_tuning, ("on", "off"))
+    args.modes = choice_list(parser, "--modes", args.modes, MODES)
     if "split" in args.rank_batch and (bad := [n for n in args.nn_workers if BATCH % n]):
         parser.error(f"--rank-batch split: the ranks must divide the batch {BATCH}, got {bad}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
