@@ -7,6 +7,7 @@ worker's dense step replaced (``benchmarks/e2e/feed_train.py``):
 - ``--dense sleep``: a fixed ``time.sleep(--dense-ms)`` stands in for the GPU; every slot's
   embedding gradient is a fixed tensor of the embedding's shape, so the embedding worker
   and the PS do their real work (routing, pooling, gradient fan-out, Adagrad updates);
+  (one torch thread: a GPU job's CPU does no dense math);
 - ``--dense cpu``: the real DLRM on the CPU (``--threads`` torch threads), for comparison;
 - ``--dense cuda``: the real DLRM on CUDA device 0 (no network needed).
 
@@ -25,8 +26,14 @@ pipeline's queues and the data loader finishing early are outside it):
   can feed (``1 / (service CPU s per batch) / (NN-worker batches/s)``).
 
 In the same run the 2-thread plain-PyTorch baseline (``benchmarks/baseline.py``, the e2e
-benchmark's) trains the same batches; each configuration's ratio is its samples/s over the
-baseline's at the same batch size (target for ``sleep``: >= 4). Prints a table and the JSON
+benchmark's) trains the same batches (at most ``BASELINE_MAX_STEPS``); each configuration's
+ratio is its samples/s over the baseline's at the same batch size (target for ``sleep``:
+>= 4).
+
+``--services-ref REF`` runs every configuration a second time with the PS and the embedding
+worker of commit ``REF`` (``git archive``, started through ``benchmarks/run_source.py``),
+interleaved with the working tree's, and prints their CPU ms per batch side by side
+(medians over ``--repeats``): how a change to the services is measured on a shared machine. Prints a table and the JSON
 path (with the CPU model), writes a PNG of samples/s per configuration beside the JSON, and
 ends with::
 
@@ -36,7 +43,8 @@ ends with::
 
     python benchmarks/feed_rate.py [--dense sleep,cpu] [--dense-ms 2] [--batches 1024,8192]
                                    [--datasets census,criteo] [--criteo-rows 200000]
-                                   [--min-steps 150] [--max-steps 0] [--json F] [--png F]
+                                   [--min-steps 150] [--max-steps 0] [--repeats N]
+                                   [--services-ref REF] [--json F] [--png F]
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +78,7 @@ from e2e.model import (  # noqa: E402  # noqa: E402
     build_model,
 )
 from e2e.procs import CpuSampler  # noqa: E402
+from request_cpu_bench import unpack_ref  # noqa: E402
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
@@ -79,6 +89,7 @@ SERVICES = ("embedding_ps", "embedding_worker", "data_loader")
 WINDOW = (0.2, 0.8)  # the steady window, as fractions of the run's steps
 RUN_TIMEOUT_S = 1200.0
 TARGET_RATIO = 4.0
+BASELINE_MAX_STEPS = 60  # the baseline's samples/s settles within a few dozen steps
 
 
 # ------------------------------------------------------------------------------- one run
@@ -91,9 +102,13 @@ def steady_window(steps: int) -> tuple[int, int]:
 
 def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: str,
              dense_ms: float, batch: int, steps: int, epochs: int, threads: int,
-             staleness: int) -> dict[str, Any]:  # fmt: skip
-    """One job through the whole pipeline with ``dense`` as the NN worker's dense step."""
+             staleness: int, services: str = "working tree",
+             source: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """One job through the whole pipeline with ``dense`` as the NN worker's dense step; the
+    PS and the embedding worker from ``source`` (a ``git archive`` of ``services``, run by
+    ``benchmarks/run_source.py``) or from the working tree (None)."""
     lo, hi = steady_window(steps)
+    threads = 1 if dense == "sleep" else threads  # no dense math on the CPU: one torch thread
     result_path = tmp / f"feed-{dense}-{batch}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
@@ -105,7 +120,8 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
              "--port", "0", "--replica-index", "0", "--replica-size", "1"]  # fmt: skip
     sampler = CpuSampler(interval_s=0.1)
-    tag = f"{dense}-{batch}"
+    tag = f"{dense}-{batch}-{time.monotonic_ns()}"
+    from_source = ["benchmarks.run_source", str(source)] if source is not None else None
     with Cluster(log_dir=tmp) as cluster:
         full_env = {**os.environ, **cluster.env, **env}
         launcher = [sys.executable, "-m", "persia.launcher"]
@@ -127,17 +143,17 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
             children.append(dl)
             sampler.track("data_loader", dl.pid)
             ps = cluster.start(
-                "pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False
-            )
+                "pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False,
+                python_args=from_source,
+            )  # fmt: skip
             sampler.track("embedding_ps", ps.proc.pid)
             ew = cluster.start(
                 "pyrsia.services.embedding_worker", flags, role=ROLE_EMBEDDING_WORKER,
-                wait_ready=False,
+                wait_ready=False, python_args=from_source,
             )  # fmt: skip
             sampler.track("embedding_worker", ew.proc.pid)
             sampler.start()
-            nn_code = nn.wait(timeout=RUN_TIMEOUT_S)
-            dl_code = dl.wait(timeout=60)
+            nn_code, dl_code = wait_both(nn, dl)
         finally:
             for child in children:
                 if child.poll() is None:
@@ -148,7 +164,7 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
             sampler.stop()
         codes = {"nn_worker": nn_code, "data_loader": dl_code}
         codes.update(zip(("embedding_worker", "embedding_ps"), cluster.stop(), strict=True))
-    if any(codes.values()) or not result_path.exists():
+    if any(code != 0 for code in codes.values()) or not result_path.exists():
         tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
         tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
         raise RuntimeError(
@@ -156,8 +172,25 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
             f"--- data loader\n{tail_dl}"
         )
     res = json.loads(result_path.read_text())
-    return summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
-                         threads=threads)  # fmt: skip
+    out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
+                        threads=threads)  # fmt: skip
+    return {"services": services, **out}
+
+
+def wait_both(nn: subprocess.Popen, dl: subprocess.Popen) -> tuple[int | None, int | None]:
+    """Exit codes of the NN worker and the data loader; a data loader that fails ends the
+    wait at once (the NN worker would wait for its batches until ``RUN_TIMEOUT_S``)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if nn.poll() is not None:
+            try:
+                return nn.returncode, dl.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                return nn.returncode, None
+        if dl.poll() not in (None, 0):
+            return None, dl.returncode
+        time.sleep(0.2)
+    return None, dl.poll()
 
 
 def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense: str,
@@ -229,8 +262,10 @@ def run_baseline(data: dict[str, Any], *, batch: int, threads: int, steps: int) 
 
 
 # ------------------------------------------------------------------------------- report
-def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace) -> dict:
-    """Every (dense, batch) configuration of one data set, and the baseline at each batch."""
+def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace,
+                  trees: dict[str, Path | None]) -> dict:  # fmt: skip
+    """Every (dense, batch) configuration of one data set, ``--repeats`` times with the
+    services of each of ``trees`` (interleaved), and the baseline at each batch."""
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
     rows = len(data["train_label"])
@@ -240,14 +275,20 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         steps = args.max_steps or max(args.min_steps, per_epoch)
         epochs = math.ceil(steps / per_epoch)
         for dense in args.dense:
-            print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps ...", flush=True)
-            run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
-                           batch=batch, steps=steps, epochs=epochs, threads=args.threads,
-                           staleness=args.staleness)  # fmt: skip
-            configs_out.append({"dataset": name, **run})
+            for _ in range(args.repeats):
+                for services, source in trees.items():
+                    print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps, "
+                          f"services of the {services} ...", flush=True)  # fmt: skip
+                    run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
+                                   batch=batch, steps=steps, epochs=epochs, threads=args.threads,
+                                   staleness=args.staleness, services=services, source=source)  # fmt: skip
+                    configs_out.append({"dataset": name, **run})
         print(f"[{name}] baseline, batch {batch}, {args.baseline_threads} threads ...", flush=True)
         baselines[batch] = run_baseline(
-            data, batch=batch, threads=args.baseline_threads, steps=min(steps, per_epoch)
+            data,
+            batch=batch,
+            threads=args.baseline_threads,
+            steps=min(steps, per_epoch, BASELINE_MAX_STEPS),
         )
     for c in configs_out:
         c["baseline_samples_per_s"] = baselines[c["batch"]]["samples_per_s"]
@@ -261,14 +302,38 @@ def label(c: dict[str, Any]) -> str:
     return f"{c['dataset']}/{c['dense']}/{c['batch']}"
 
 
-def print_report(results: list[dict[str, Any]]) -> None:
+def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
+    """Per configuration, the median CPU ms per batch of the working tree's services and of
+    ``ref``'s (same-run, interleaved runs) and their ratio (``ref`` / working tree: > 1 is a
+    saving), with the median samples/s of each."""
+    out = []
+    for r in results:
+        keys = list(dict.fromkeys(label(c) for c in r["configs"]))
+        for key in keys:
+            runs = {t: [c for c in r["configs"] if label(c) == key and c["services"] == t]
+                    for t in ("working tree", ref)}  # fmt: skip
+            row: dict[str, Any] = {"config": key, "runs": len(runs[ref])}
+            for what, get in (
+                ("embedding_worker", lambda c: c["services_cpu_ms_per_batch"]["embedding_worker"]),
+                ("embedding_ps", lambda c: c["services_cpu_ms_per_batch"]["embedding_ps"]),
+                ("nn_worker", lambda c: c["nn_cpu_ms_outside_dense"]),
+                ("samples_per_s", lambda c: c["samples_per_s"]),
+            ):
+                new = statistics.median(get(c) for c in runs["working tree"])
+                old = statistics.median(get(c) for c in runs[ref])
+                row[what] = {"working_tree": new, ref: old, "ratio": old / new if new else None}
+            out.append(row)
+    return out
+
+
+def print_report(results: list[dict[str, Any]], compare: list[dict[str, Any]]) -> None:
     rows = []
     for r in results:
         for c in r["configs"]:
             svc = c["services_cpu_ms_per_batch"]
             feeds = c["nn_workers_fed_per_core"]
             rows.append({
-                "config": label(c), "samples/s": fmt_rate(c["samples_per_s"]),
+                "config": label(c), "services": c["services"], "samples/s": fmt_rate(c["samples_per_s"]),
                 "baseline": fmt_rate(c["baseline_samples_per_s"]), "ratio": f"{c['ratio']:.2f}",
                 "nn_out": f"{c['nn_cpu_ms_outside_dense']:.2f}",
                 "ps": f"{svc.get('embedding_ps', 0):.2f}", "ew": f"{svc.get('embedding_worker', 0):.2f}",
@@ -277,10 +342,31 @@ def print_report(results: list[dict[str, Any]]) -> None:
             })  # fmt: skip
     print("\nSamples/s of one NN-worker process, CPU ms per batch (NN worker outside the dense "
           "step; PS, embedding worker, data loader), NN workers one EW / PS core feeds:")  # fmt: skip
-    print_table(rows, [("config", "config"), ("samples/s", "samples/s"), ("baseline", "baseline"),
+    print_table(rows, [("config", "config"), ("services", "services"), ("samples/s", "samples/s"), ("baseline", "baseline"),
                        ("ratio", "ratio"), ("nn_out", "nn_cpu_ms"), ("ps", "ps_cpu_ms"),
                        ("ew", "ew_cpu_ms"), ("dl", "dl_cpu_ms"), ("fed_ew", "nn/ew_core"),
                        ("fed_ps", "nn/ps_core")])  # fmt: skip
+    if compare:
+        ref = next(k for k in compare[0]["embedding_worker"] if k not in ("working_tree", "ratio"))
+        print(f"\nServices of the working tree against {ref} (medians of same-run runs; "
+              "ratio = old / new, > 1 a saving):")  # fmt: skip
+        print_table(
+            [{"config": c["config"], "runs": c["runs"],
+              **{f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
+                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
+                 for p in ("working_tree", ref)},
+              **{f"{k}_ratio": f"{c[k]['ratio']:.3f}"
+                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")}}
+             for c in compare],
+            [("config", "config"), ("runs", "runs")]
+            + [(f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
+               for k, short in (("embedding_worker", "ew_ms"), ("embedding_ps", "ps_ms"),
+                                ("nn_worker", "nn_ms"), ("samples_per_s", "samples/s"))
+               for p in ("working_tree", ref)]
+            + [(f"{k}_ratio", f"{short}_ratio") for k, short in
+               (("embedding_worker", "ew"), ("embedding_ps", "ps"), ("nn_worker", "nn"),
+                ("samples_per_s", "samples/s"))],
+        )  # fmt: skip
     for r in results:
         for c in r["configs"]:
             phases = ", ".join(f"{k} {v['wall']:.2f} ({v['cpu']:.2f})"
@@ -289,6 +375,8 @@ def print_report(results: list[dict[str, Any]]) -> None:
                                 sorted(c["nn_threads_cpu_ms"].items(), key=lambda kv: -kv[1]))  # fmt: skip
             cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["cores_used"].items(),
                                                                  key=lambda kv: -kv[1]))  # fmt: skip
+            if c["services"] != "working tree":
+                continue
             print(f"\n[{label(c)}] training thread ms per batch wall (CPU): {phases}")
             print(f"[{label(c)}] NN worker CPU ms per batch by thread: {threads}")
             print(f"[{label(c)}] cores used in the window: {cores}")
@@ -378,6 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--staleness", type=int, default=8, help="embedding staleness bound")
     parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each configuration (interleaved; default 1)"
+    )
+    parser.add_argument(
+        "--services-ref",
+        default=None,
+        help="also run the PS and the embedding worker of this commit "
+        "(git archive), interleaved with the working tree's, and compare "
+        "their CPU per batch",
+    )
+    parser.add_argument(
         "--log-dir",
         type=Path,
         default=None,
@@ -403,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
-    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness"):
+    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness",
+                 "repeats"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: expected a positive integer")
     if args.max_steps < 0 or args.max_train_rows < 0 or not args.dense_ms >= 0:
@@ -415,13 +514,20 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name) if args.log_dir is None else args.log_dir
         tmp.mkdir(parents=True, exist_ok=True)
         caps = {"max_train_rows": args.max_train_rows or None, "max_test_rows": 16}
+        trees: dict[str, Path | None] = {"working tree": None}
+        if args.services_ref:
+            ref = unpack_ref(args.services_ref, tmp / "services-ref")
+            trees[ref[:10]] = tmp / "services-ref"
         for name in args.datasets:
             path = e2e_data.prepare(name, tmp / f"{name}.npz", criteo_rows=args.criteo_rows, **caps)
-            results.append(bench_dataset(name, path, tmp, args))
-    print_report(results)
+            results.append(bench_dataset(name, path, tmp, args, trees))
+    compare = compare_trees(results, list(trees)[1]) if len(trees) > 1 else []
+    print_report(results, compare)
     doc = {"dense_ms": args.dense_ms, "threads": args.threads,
            "baseline_threads": args.baseline_threads, "staleness": args.staleness,
-           "target_ratio": TARGET_RATIO, "window": WINDOW, "results": results}  # fmt: skip
+           "target_ratio": TARGET_RATIO, "window": WINDOW, "repeats": args.repeats,
+           "services_ref": list(trees)[1] if len(trees) > 1 else None,
+           "services_compare": compare, "results": results}  # fmt: skip
     path = write_json("feed_rate", doc, args.json)
     png = plot(results, args.png or path.with_suffix(".png"))  # None without matplotlib
     print(f"\nmachine: {machine_info()['cpu_model']}, {os.cpu_count()} CPUs")

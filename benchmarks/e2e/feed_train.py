@@ -6,9 +6,11 @@ Run by ``persia-launcher nn-worker benchmarks/e2e/feed_train.py --nproc-per-node
 
 - ``sleep``: the GPU's stand-in. ``time.sleep(FEED_DENSE_MS / 1000)`` takes the place of
   forward, backward and the dense optimizer; the loss handed to ``ctx.backward`` is
-  ``FEED_GRAD * sum(embeddings)``, so every slot's gradient is the fixed tensor
-  ``FEED_GRAD`` of the embedding's shape, sent and applied by the servers as a real one.
-  The dense model is a one-parameter stand-in that gets no gradient.
+  ``StandIn``'s, whose backward hands every slot the fixed tensor ``FEED_GRAD`` of the
+  embedding's shape (no arithmetic: a copy into ``.grad``, as a GPU job's device-to-host
+  copy), sent and applied by the servers as a real one. The dense model is a
+  one-parameter stand-in that gets no gradient; torch runs 1 thread (a GPU job's CPU
+  does no dense math).
 - ``cpu``: the benchmark's DLRM (``model.py``) on the CPU, as ``train.py`` trains it.
 - ``cuda``: the same DLRM on CUDA device 0 (``TrainCtx(device_id=0)``: the batch's tensors
   are copied to the GPU, the gradients back), in full precision.
@@ -42,9 +44,37 @@ from pyrsia.services.nn_worker.step_clock import StepClock
 DENSE_MODES = ("sleep", "cpu", "cuda")
 
 
+class StandIn(torch.autograd.Function):
+    """The GPU's stand-in: a zero loss whose backward hands every embedding a fixed gradient.
+
+    The gradients are made once per shape (filled with ``FEED_GRAD``) and handed out again,
+    so autograd costs what a GPU job's CPU pays for them: one copy into each embedding's
+    ``.grad`` (a GPU job's device-to-host copy of the same bytes), no arithmetic.
+    """
+
+    fixed: dict[tuple, torch.Tensor] = {}
+    value = 1e-4
+
+    @staticmethod
+    def forward(ctx, *embeddings: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        ctx.shapes = [(tuple(e.shape), e.dtype, e.device) for e in embeddings]
+        return embeddings[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ARG004
+        out = []
+        for shape, dtype, device in ctx.shapes:
+            key = (shape, dtype, device)
+            if key not in StandIn.fixed:
+                StandIn.fixed[key] = torch.full(shape, StandIn.value, dtype=dtype, device=device)
+            out.append(StandIn.fixed[key])
+        return tuple(out)
+
+
 def stand_in_loss(embeddings: list[torch.Tensor], grad: float) -> torch.Tensor:
-    """``grad * sum of every embedding``: each slot's gradient is the constant ``grad``."""
-    return torch.stack([e.sum() for e in embeddings]).sum() * grad
+    """A loss whose gradient for every embedding is the fixed tensor ``grad`` (see StandIn)."""
+    StandIn.value = grad
+    return StandIn.apply(*embeddings)
 
 
 def snapshot(ctx: TrainCtx, clock: StepClock, samples: int) -> dict:
@@ -60,7 +90,7 @@ def main() -> None:
         raise SystemExit(f"FEED_DENSE: expected one of {DENSE_MODES}, got {dense!r}")
     dense_s = float(os.environ.get("FEED_DENSE_MS", "2")) / 1e3
     grad = float(os.environ.get("FEED_GRAD", "1e-4"))
-    torch.set_num_threads(int(os.environ.get("E2E_THREADS", "1")))
+    torch.set_num_threads(1 if dense == "sleep" else int(os.environ.get("E2E_THREADS", "1")))
     data = load(os.environ["E2E_DATA"])
     staleness = int(os.environ.get("E2E_STALENESS", "8"))
     max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
