@@ -103,3 +103,29 @@ async def test_an_answer_before_the_first_report_logs_nothing(caplog):
         server.close()
         await server.wait_closed()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_the_first_report_waits_a_quarter_of_the_timeout_and_a_url_gets_one_line(caplog):
+    """A slow but healthy answer (a first lookup compiling its kernels, a long checkpoint
+    write) is not a stall: with a 4 s timeout nothing is reported before 1 s, even with a
+    0.3 s period; and eight requests waiting on one peer make one line per period, not
+    eight (a cold start's prefetch printed 20 identical lines at once)."""
+    caplog.set_level(logging.INFO, logger="pyrsia.shared.http_client")
+    async with SilentPeer() as peer:
+        client = HttpClient(timeout_s=4.0, stall_report_s=0.3, auth_token=None)
+        try:
+            calls = [
+                asyncio.create_task(client.call(peer.url, {"i": i}, idempotent=True, retries=0))
+                for i in range(8)
+            ]
+            await asyncio.sleep(1.9)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await client.close()
+    stalls = [r.getMessage() for r in caplog.records if "no answer from" in r.getMessage()]
+    waited = [float(re.search(r"for ([\d.]+) s", ln)[1]) for ln in stalls]
+    assert stalls and min(waited) >= 0.95, stalls  # a quarter of 4 s, not the 0.3 s period
+    assert len(stalls) <= 4, stalls  # 1.0 .. 1.9 s every 0.3 s: one line per tick, not 8
+    assert all("8 requests waiting" in ln for ln in stalls), stalls

@@ -6,9 +6,11 @@ connection failures, timeouts and 503; ``until`` makes a call keep retrying 429
 (back-pressure) until a deadline. Failures surface as the project's exceptions
 (``pyrsia.shared.errors``): no aiohttp exception leaves this module.
 
-A peer that does not answer is never silent in the log: while an attempt has had no
-answer for ``stall_report_s`` (5 s by default) a warning names the URL and the seconds
-waited, again every ``stall_report_s``, and the retry after such an attempt is a warning
+A peer that does not answer is never silent in the log: once an attempt has had no
+answer for a quarter of its timeout (at least ``stall_report_s``, 5 s by default, and at
+most 30 s, so a first lookup compiling its kernels or a long checkpoint write is not
+reported as a stall) a warning names the URL and the seconds waited, again every
+``stall_report_s`` (one line per URL, however many requests wait on it), and the retry after such an attempt is a warning
 naming the URL and the seconds since the call began (a quick refusal or 503, a peer
 restarting, is retried quietly as before). On a pulled cable TCP retransmits
 into the dead link and nothing fails before the request's own deadline (60 s by default),
@@ -239,11 +241,13 @@ class _StallWatch:
     """A client's attempts awaiting an answer, and one timer that reports the silent ones.
 
     An attempt costs a dict insert and a pop, not a timer of its own: while any attempt is
-    open, one timer ticks every ``period / TICKS`` and logs each attempt whose report is
-    due (first after ``period``, then every ``period``); with none open there is no timer.
+    open, one timer ticks every ``period / TICKS`` and logs, once per URL, the attempts
+    whose report is due (first after a quarter of the timeout, at least ``period`` and at
+    most ``FIRST_REPORT_MAX_S``; then every ``period``); with none open there is no timer.
     """
 
     TICKS = 5
+    FIRST_REPORT_MAX_S = 30.0
 
     def __init__(self, period: float):
         self.period = period
@@ -259,7 +263,8 @@ class _StallWatch:
             self._loop, self._timer = loop, None
         key = next(self._ids)
         now = loop.time()
-        self.open[key] = [url, now, timeout, now + self.period]
+        first = max(self.period, min(timeout / 4, self.FIRST_REPORT_MAX_S))
+        self.open[key] = [url, now, timeout, now + first]
         if self._timer is None:
             self._timer = loop.call_at(now + self.period / self.TICKS, self._tick)
         return key
@@ -275,14 +280,20 @@ class _StallWatch:
         loop = self._loop
         assert loop is not None
         now = loop.time()
+        due: dict[str, list] = {}  # url -> [longest wait, its timeout, attempts waiting]
         for entry in self.open.values():
             if now >= entry[3]:
                 url, started, timeout, _ = entry
-                log.warning(
-                    "no answer from %s for %.1f s (the attempt times out at %g s)",
-                    url, now - started, timeout,
-                )  # fmt: skip
+                seen = due.setdefault(url, [0.0, timeout, 0])
+                if now - started > seen[0]:
+                    seen[0], seen[1] = now - started, timeout
+                seen[2] += 1
                 entry[3] += self.period
+        for url, (waited, timeout, count) in due.items():
+            log.warning(
+                "no answer from %s for %.1f s (the attempt times out at %g s)%s",
+                url, waited, timeout, f"; {count} requests waiting" if count > 1 else "",
+            )  # fmt: skip
         self._timer = (
             loop.call_at(now + self.period / self.TICKS, self._tick) if self.open else None
         )
