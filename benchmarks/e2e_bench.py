@@ -78,6 +78,7 @@ from typing import Any
 
 import torch
 from _common import REPO, Cluster, write_json
+from plots import saved
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
@@ -94,7 +95,7 @@ from e2e.model import (  # noqa: E402
     build_model,
 )
 from e2e.procs import CpuSampler, minor_faults, scrape_histograms  # noqa: E402
-from e2e.report import print_report  # noqa: E402
+from e2e.report import print_report, save_chart  # noqa: E402
 from torchrec_peer import TorchRecEmbeddings, torchrec_missing  # noqa: E402
 
 from pyrsia.services.nn_worker.precision import cpu_computes_bf16  # noqa: E402
@@ -632,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(results)
     path = write_json("e2e_bench", {"quick": args.quick, "results": results}, args.json)
     print(f"\nJSON: {path}")
+    saved(save_chart(results, path))
     r = results[0]
     print(
         f"RESULT pyrsia_samples_per_s={r['pyrsia']['samples_per_s']:.1f} "

@@ -42,6 +42,8 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert list(result) == KEYS
     assert all(math.isfinite(v) and v > 0 for v in result.values()), result
     doc = json.loads(out_json.read_text())
+    png = out_json.with_suffix(".png")  # benchmarks/plots.py's chart beside the JSON
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"PNG: {png}" in out
     census = doc["results"][0]
     assert census["dataset"] == "census"
     assert census["pyrsia"]["steps"] == census["baseline"]["steps"] == 20
