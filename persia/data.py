@@ -208,4 +208,5 @@ class DataLoader:
             buffer_size=self.forward_buffer_size,
             staleness=self.embedding_staleness if train else None, just_in_time=train,
             on_wait=session.stats.waited if train else None,  # the rank's lookup wait
+            ranks=env.get_world_size() or 1,  # the ranks share the staleness window
         )  # fmt: skip

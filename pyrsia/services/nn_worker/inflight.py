@@ -26,7 +26,9 @@ Per DataLoader iteration (:class:`LookupLimits`, on the event loop):
   lookup and gradient latencies need (2 when they are short), below the bound. Embeddings
   read earlier miss the updates of every batch trained meanwhile (issue 10: reading 8
   ahead cost 0.005 test AUC on Census-Income; a window of 8 instead of 2 cost 0.0065 on
-  the Criteo-shaped set).
+  the Criteo-shaped set). The window is the job's: a rank's lookups miss the updates of
+  the batches *every* rank has out, so each of N ranks keeps ``ceil(window / N)`` of them
+  (at least 1).
 * staleness permit (training only): the prefetcher takes one before a lookup; it comes back
   when the batch's gradients were applied, or when the loop moves past the batch without
   backward. It bounds how many batches read embeddings that miss each other's updates.
@@ -74,12 +76,14 @@ class InflightLimits:
     # --- lookups (event loop; one set per DataLoader iteration) -------------------------
     @staticmethod
     def for_lookups(
-        *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool
-    ) -> LookupLimits:
-        """The limits of one DataLoader iteration's lookups (call it on the event loop)."""
+        *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool,
+        ranks: int = 1,
+    ) -> LookupLimits:  # fmt: skip
+        """The limits of one DataLoader iteration's lookups (call it on the event loop);
+        ``ranks``: the job's NN-worker ranks, which share the staleness window."""
         return LookupLimits(
             num_workers=num_workers, buffer_size=buffer_size, staleness=staleness,
-            just_in_time=just_in_time,
+            just_in_time=just_in_time, ranks=ranks,
         )  # fmt: skip
 
     # --- backward slots (training thread) ---------------------------------------------
@@ -119,6 +123,12 @@ class Lookahead:
       to end on 2 cores": a window sized by the least recent latencies instead held the
       bound off but lost more samples/s than a lower bound did).
 
+    With ``ranks`` > 1 the window is the job's, shared: each rank keeps ``ceil(window /
+    ranks)`` (at least 1). A rank's lookups miss the updates of the batches every rank has
+    out, so counted per rank the staleness grows with the ranks: on the Criteo-shaped set 2
+    ranks of whole batches, each keeping the whole window, lose 0.0031-0.0106 test AUC
+    against one process; sharing it, 0.0001-0.0023 (``benchmarks/rank_quality.py``).
+
     Lives on the runtime loop.
     """
 
@@ -128,9 +138,11 @@ class Lookahead:
     """Headroom of the window over what the mean latencies need."""
     SMOOTHING = 0.2
 
-    def __init__(self, cap: int, window_cap: int | None = None):
+    def __init__(self, cap: int, window_cap: int | None = None, ranks: int = 1):
         self.cap = max(1, cap)
         self.window_cap = None if window_cap is None else max(2, window_cap)
+        self.ranks = positive_int(ranks, "ranks")
+        """The job's NN-worker ranks, which share the window."""
         self.ahead = 0
         self.out = 0
         """Batches admitted and not yet returned (counted only with a ``window_cap``)."""
@@ -155,9 +167,11 @@ class Lookahead:
         if self.window_cap is None:
             return None
         if self._latency is None or not self._interval or self._hold is None:
-            return self.window_cap
-        want = math.ceil(self.WINDOW_MARGIN * (self._latency + self._hold) / self._interval)
-        return max(2, min(self.window_cap, want))
+            job = self.window_cap
+        else:
+            want = math.ceil(self.WINDOW_MARGIN * (self._latency + self._hold) / self._interval)
+            job = max(2, min(self.window_cap, want))
+        return max(1, math.ceil(job / self.ranks))  # this rank's share of the job's window
 
     def _full(self) -> bool:
         window = self.window
@@ -219,10 +233,12 @@ class LookupLimits:
     staleness permit's releaser may be called from another thread."""
 
     def __init__(
-        self, *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool
-    ):
+        self, *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool,
+        ranks: int = 1,
+    ):  # fmt: skip
         self.num_workers = positive_int(num_workers, "num_workers")
         self.buffer_size = positive_int(buffer_size, "forward_buffer_size")
+        self.ranks = positive_int(ranks, "ranks")
         self.staleness = None if not staleness else positive_int(staleness, "embedding_staleness")
         self._loop = asyncio.get_running_loop()
         self._workers = asyncio.Semaphore(self.num_workers)
@@ -230,7 +246,7 @@ class LookupLimits:
         self._permits = asyncio.Semaphore(self.staleness) if self.staleness else None
         cap = min(self.num_workers, self.buffer_size + 1, self.staleness or self.num_workers)
         self.lookahead: Lookahead | None = (
-            Lookahead(cap, window_cap=self.staleness) if just_in_time else None
+            Lookahead(cap, window_cap=self.staleness, ranks=self.ranks) if just_in_time else None
         )
 
     # --- one lookup's life ------------------------------------------------------------

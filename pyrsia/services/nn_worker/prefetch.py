@@ -29,6 +29,7 @@ from pyrsia.services.nn_worker.inflight import InflightLimits, LookupLimits
 from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
 from pyrsia.shared.errors import RuntimeClosedError
+from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,13 @@ class Prefetcher:
         staleness: int | None,
         just_in_time: bool = False,
         on_wait: Callable[[float], None] | None = None,
+        ranks: int = 1,
     ):
         """``source``: where batches come from and how each is looked up (``lookups``);
         closed with the Prefetcher. ``on_wait(seconds)``: told, on the training thread, how
         long each :meth:`next` waited for a ready batch (``RankStats.waited``: the rank's
-        lookup wait)."""
+        lookup wait). ``ranks``: the job's NN-worker ranks, which share the staleness window
+        (``inflight.Lookahead``)."""
         self.runtime = runtime
         self.source = source
         self._on_wait = on_wait
@@ -85,6 +88,7 @@ class Prefetcher:
         self._buffer_size = buffer_size
         self._staleness = staleness
         self._just_in_time = just_in_time
+        self._ranks = positive_int(ranks, "ranks")
         self._out: asyncio.Queue | None = None  # lookup tasks in source order (loop side)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()  # handed to the training thread
         self._tasks: list[asyncio.Task] = []  # producer and deliverer
@@ -96,7 +100,7 @@ class Prefetcher:
     async def _start(self) -> None:
         self._limits = InflightLimits.for_lookups(
             num_workers=self._num_workers, buffer_size=self._buffer_size,
-            staleness=self._staleness, just_in_time=self._just_in_time,
+            staleness=self._staleness, just_in_time=self._just_in_time, ranks=self._ranks,
         )  # fmt: skip
         self._out = asyncio.Queue()  # bounded by the limits' forward-buffer slots
         self._tasks = [asyncio.create_task(self._produce()), asyncio.create_task(self._deliver())]
