@@ -75,7 +75,7 @@ def test_a_cleared_bar_leaves_nothing_and_plain_text_is_unchanged():
     for _ in tqdm(range(20), desc="test", file=out, mininterval=0, leave=False, ascii=True):
         pass
     out.write("a")
-    out.write("b\n\nc\n")
+    out.writelines(["b\n", "\nc\n"])
     lines = _lines(sink.getvalue())
     assert lines[0].startswith("test:   0%") and lines[1:] == ["ab", "", "c"], lines
 

@@ -19,6 +19,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import IO, Any
 
 PROGRESS_LINE_INTERVAL_S = 2.0
@@ -101,6 +102,10 @@ class ProgressLines:
             out.append(self._held + "\n")
             self._last_line_at = time.monotonic()
         self._held, self._in_bar = None, False
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         self._stream.flush()
