@@ -70,10 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
         f"its traceback too, not one line (also {ENV_VERBOSE}=1 or LOG_LEVEL=debug)",
     )
     add_cpu_priority_flag(parser)
-    parser.add_argument(
-        "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script"
+    parser.epilog = (
+        "Flags this command does not know go to the script, wherever they stand; everything "
+        "after `--` goes to the script as is."
     )
     return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The launcher's flags wherever they stand, as PERSIA's click command read them
+    (``data-loader data_loader.py --replica-index 1 --replica-size 2``); the flags it
+    does not know, and everything after ``--``, are the script's (``script_args``)."""
+    after = argv.index("--") if "--" in argv else len(argv)
+    args, unknown = build_parser().parse_known_args(argv[:after])
+    args.script_args = unknown + argv[after + 1 :]
+    return args
 
 
 def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | None = None) -> int:
@@ -83,7 +94,7 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
     script runs (``persia-launcher`` passes ``persia.env.reload_env``: the facade may have
     read the environment already in this process).
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.replica_size < 1 or not 0 <= args.replica_index < args.replica_size:
             raise UsageError(
