@@ -19,7 +19,9 @@ values with their ``result()``, which combines all ranks. With ``eval_steps=k``
 (HybridBackend's ``steps``) ``eval_fn`` evaluates one batch per call and is called ``k``
 times per evaluation; ``hb.metrics.auc``/``accuracy`` called in it accumulate over the
 ``k`` batches (see ``hb.metrics.evaluate``). ``history`` lists
-``(step, {name: value})``; rank 0 logs each evaluation.
+``(step, {name: value})``; rank 0 logs each evaluation and, with
+``PERSIA_TENSORBOARD_DIR`` set, adds it to the job's TensorBoard run as ``eval/<name>``
+(the run directory and tags of ``TrainCtx(tensorboard_dir=...)``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from persia.hb import metrics
 from persia.hb._context import context
+from persia.hb._curves import EvalCurves
 from persia.hb._ps import connection
 from pyrsia.shared.errors import InvalidInputError
 
@@ -67,6 +70,7 @@ class EvaluationHook:
         self.steps = _positive(steps, "steps")
         self.history: list[tuple[int, dict[str, float]]] = []
         self._last = -1
+        self.curves = EvalCurves.from_env(context.rank) if context.is_chief else None
 
     def after_step(self, step: int) -> None:
         if self.every_n_iter is not None and step % self.every_n_iter == 0:
@@ -81,7 +85,14 @@ class EvaluationHook:
         self._last = step
         if context.is_chief:
             log.info("step %d: %s", step, ", ".join(f"{k}={v:.6g}" for k, v in values.items()))
+        if self.curves is not None:
+            self.curves.write(step, values)
         return values
+
+    def close(self) -> None:
+        """Close the TensorBoard writer, if any (``train_and_evaluate`` does it at the end)."""
+        if self.curves is not None:
+            self.curves.close()
 
 
 def train_and_evaluate(
@@ -118,7 +129,10 @@ def train_and_evaluate(
     connection.flush()
     if hook is None:
         return []
-    hook.evaluate(step)
+    try:
+        hook.evaluate(step)
+    finally:
+        hook.close()
     return hook.history
 
 
