@@ -62,7 +62,7 @@ async def test_a_silent_peer_is_reported_while_it_lasts_and_named_on_retry(lean,
         finally:
             await client.close()
         took = time.monotonic() - started
-    assert 3.0 <= took < 6.0, took  # two attempts of 1.8 s plus a backoff
+    assert 3.0 <= took < 15.0, took  # two attempts of 1.8 s plus a backoff; a loaded box is late
     assert peer.accepted == 2
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     where = f"127.0.0.1:{peer.port}"
