@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
 from pyrsia.services.nn_worker.ingress import BatchQueue
-from pyrsia.services.nn_worker.runtime import Runtime, get_runtime
+from pyrsia.services.nn_worker.runtime import Runtime, get_runtime, shutdown_runtime
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.config import (
     default_global_config,
@@ -221,8 +221,15 @@ def get_embedded_job() -> EmbeddedJob:
     with _job_lock:
         if _job is None:
             _job = EmbeddedJob.from_env()
-            atexit.register(_job.close)
+            atexit.register(_close_at_exit, _job)
         return _job
+
+
+def _close_at_exit(job: EmbeddedJob) -> None:
+    """The runtime first (its lookups and gradient sends use the engines), then the engines
+    (atexit runs this before the runtime's own hook, registered earlier)."""
+    shutdown_runtime()
+    job.close()
 
 
 def reset_embedded_job() -> None:
