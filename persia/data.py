@@ -29,7 +29,7 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
 from pyrsia.services.nn_worker.lookups import DirectLookups, StreamedLookups
 from pyrsia.services.nn_worker.prefetch import Prefetcher
-from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 from pyrsia.shared.validate import positive_int
 
 __all__ = [
@@ -66,7 +66,11 @@ class StreamingDataset(IterableDatasetBase):
     """Batches pushed to this NN-worker rank by the data loaders; ends when all are done."""
 
     def __iter__(self):
-        raise TypeError("a StreamingDataset is read through persia.data.DataLoader(dataset)")
+        raise InvalidTypeError(
+            "StreamingDataset",
+            "persia.data.DataLoader(dataset) to read it",
+            message="a StreamingDataset is read through persia.data.DataLoader(dataset)",
+        )
 
     def consume_dataset(self) -> Iterator[int]:
         """0, 1, 2, ... without end: the batches come from the data loaders, read by DataLoader."""
@@ -93,8 +97,11 @@ class IterableDataset(IterableDatasetBase):
 
 def _check_batch(item) -> PersiaBatch:
     if not isinstance(item, PersiaBatch):
-        raise TypeError(
-            f"the dataset yielded {type(item).__name__}: expected persia.embedding.data.PersiaBatch"
+        raise InvalidTypeError(
+            "dataset item",
+            "persia.embedding.data.PersiaBatch",
+            message=f"the dataset yielded {type(item).__name__}: "
+            "expected persia.embedding.data.PersiaBatch",
         )
     return item
 
@@ -120,8 +127,8 @@ class DataLoader:
                  timeout_ms: int = 1000 * 60 * 10, num_workers: int = 10, reproducible: bool = False,
                  embedding_staleness: int | None = None):  # fmt: skip
         if not isinstance(dataset, IterableDatasetBase):
-            raise TypeError(
-                f"dataset: expected persia.data.StreamingDataset or IterableDataset, got {type(dataset).__name__}"
+            raise InvalidTypeError(
+                "dataset", "persia.data.StreamingDataset or IterableDataset", type(dataset).__name__
             )
         self.dataset = dataset
         self.forward_buffer_size = positive_int(forward_buffer_size, "forward_buffer_size")
@@ -144,7 +151,7 @@ class DataLoader:
         if not isinstance(ctx, BaseCtx) or (
             not isinstance(ctx, EmbeddingCtx) and not isinstance(self.dataset, StreamingDataset)
         ):
-            raise RuntimeError(
+            raise MisuseError(
                 "iterate a persia DataLoader inside a context: `with TrainCtx(...)`, `eval_ctx(...)` or `InferCtx(...)`"
                 " (a StreamingDataset may also be read inside a plain BaseCtx)"
             )
