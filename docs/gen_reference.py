@@ -308,10 +308,13 @@ def environment_reference() -> str:
 
 METRIC_SOURCES = ("pyrsia", "persia")
 _METRIC_KINDS = ("Counter", "Gauge", "Histogram", "Summary")
+_METRIC_FAMILIES = {"CounterMetricFamily": "Counter", "GaugeMetricFamily": "Gauge"}
+"""prometheus_client.core families a custom collector yields (``CounterMetricFamily("pyrsia_..", help)``)."""
 
 
 def metric_definitions() -> list[tuple[str, str, str, str, str]]:
-    """(name, kind, labels, help, file) for every ``prom.<Kind>("pyrsia_...", help)`` call."""
+    """(name, kind, labels, help, file) for every ``prom.<Kind>("pyrsia_...", help)`` call
+    and every ``CounterMetricFamily``/``GaugeMetricFamily("pyrsia_...", help)`` a collector yields."""
     import ast
 
     found = []
@@ -319,9 +322,13 @@ def metric_definitions() -> list[tuple[str, str, str, str, str]]:
         for path in sorted((ROOT / top).rglob("*.py")):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                if not isinstance(node, ast.Call) or len(node.args) < 2:
                     continue
-                if node.func.attr not in _METRIC_KINDS or len(node.args) < 2:
+                func = node.func
+                kind = func.attr if isinstance(func, ast.Attribute) else ""
+                if isinstance(func, ast.Name) and func.id in _METRIC_FAMILIES:
+                    kind = _METRIC_FAMILIES[func.id]  # a custom collector's family
+                if kind not in _METRIC_KINDS:
                     continue
                 name, help_ = node.args[0], node.args[1]
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
@@ -338,9 +345,9 @@ def metric_definitions() -> list[tuple[str, str, str, str, str]]:
                     labels = ", ".join(
                         str(e.value) for e in label_arg.elts if isinstance(e, ast.Constant)
                     )
-                exposed = name.value + ("_total" if node.func.attr == "Counter" else "")
+                exposed = name.value + ("_total" if kind == "Counter" else "")
                 rel = path.relative_to(ROOT).as_posix()
-                found.append((exposed, node.func.attr.lower(), labels, str(text), rel))
+                found.append((exposed, kind.lower(), labels, str(text), rel))
     return found
 
 

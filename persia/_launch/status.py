@@ -33,13 +33,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import redis.asyncio as aioredis
-from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import RedisError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
 from pyrsia.shared.constants import (
     ENV_AUTH_TOKEN,
     REDIS_SOCKET_TIMEOUT_S,
@@ -51,6 +49,7 @@ from pyrsia.shared.constants import (
     lease_key,
 )
 from pyrsia.shared.errors import PersiaError
+from pyrsia.shared.metrics_text import Samples, auth_headers, fetch_samples, sample_sum
 from pyrsia.shared.registry import Registry, RegistrySettings
 
 SERVER_ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
@@ -58,8 +57,6 @@ SERVER_ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
 LAUNCHER_ROLES = (ROLE_NN_WORKER_NODE, ROLE_DATA_LOADER)
 """Roles that only hold a slot of the job lease (no address)."""
 SCRAPE_TIMEOUT_S = 3.0
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 @dataclass
@@ -85,8 +82,7 @@ class Process:
 
     def value(self, metric: str, **labels: str) -> float | None:
         """Sum of ``metric``'s samples whose labels include ``labels``; None if absent."""
-        found = [v for lab, v in self.samples.get(metric, []) if labels.items() <= lab.items()]
-        return sum(found) if found else None
+        return sample_sum(self.samples, metric, **labels)
 
 
 @dataclass
@@ -100,14 +96,6 @@ class Snapshot:
 # --------------------------------------------------------------------------- collecting
 
 
-def _parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return samples
-
-
 async def _scrape(session: aiohttp.ClientSession, proc: Process) -> None:
     url = f"http://{proc.address}"
     try:
@@ -119,10 +107,9 @@ async def _scrape(session: aiohttp.ClientSession, proc: Process) -> None:
             body = await resp.json(content_type=None)
             proc.health = "ready" if resp.status == 200 and body.get("ready") else "not ready"
             proc.reason = "" if proc.health == "ready" else str(body.get("reason", resp.status))
-        async with session.get(f"{url}/metrics") as resp:
-            if resp.status == 200:
-                proc.samples = _parse(await resp.text())
-                proc.scraped_at = time.monotonic()
+        samples = await fetch_samples(session, proc.address)
+        if samples is not None:
+            proc.samples, proc.scraped_at = samples, time.monotonic()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         proc.health, proc.reason = "unreachable", str(exc) or type(exc).__name__
         return
@@ -178,10 +165,8 @@ async def snapshot(settings: RegistrySettings, timeout_s: float = SCRAPE_TIMEOUT
             pass  # the servers are the view; the launcher slots are a bonus
     finally:
         await registry.close()
-    token = auth_token_from_env()
-    headers = {AUTH_HEADER: auth_header_value(token)} if token else {}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers()) as session:
         await asyncio.gather(*(_scrape(session, p) for p in processes if p.address))
     return Snapshot(settings.job_id, settings.display_url, processes, time.time())
 

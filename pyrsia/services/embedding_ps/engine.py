@@ -102,6 +102,8 @@ class EmbeddingStore(BulkAccess):
         self._skipped_unknown = 0
         self._skipped_nonfinite = 0
         self._updates_applied = 0  # id rows this process applied a gradient to (acknowledged)
+        self._lookup_hits = 0  # training-lookup ids found stored (lookup_counters)
+        self._admitted = 0  # training-lookup ids given a new entry
         self._pool = (
             ThreadPoolExecutor(min(self.num_shards, os.cpu_count() or 1), "ps-shard")
             if self.num_shards > 1
@@ -240,16 +242,29 @@ class EmbeddingStore(BulkAccess):
                 with shard.lock:
                     arena = shard.arena(aid, dim, width)
                     shard.reserve(pos.shape[0], arena)
-                    before = int(shard.meta[K.M_REINIT])
+                    meta = shard.meta
+                    before = (int(meta[K.M_REINIT]), int(meta[K.M_N]) + int(meta[K.M_EVICT]),
+                              int(meta[K.M_REFUSED]))  # fmt: skip
                     orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
                     n_orph = K.lookup_train(
                         ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
                         shard.pool, shard.pstamp, shard.meta, hyper, opt, salt, orphans,
                     )  # fmt: skip
                     shard.free_orphans(orphans, n_orph)
-                    return int(shard.meta[K.M_REINIT]) - before
+                    # every new entry is placed (M_N grows) or replaces an evicted one
+                    placed = int(meta[K.M_N]) + int(meta[K.M_EVICT]) - before[1]
+                    refused = int(meta[K.M_REFUSED]) - before[2]
+                    return (
+                        int(meta[K.M_REINIT]) - before[0],
+                        placed,
+                        pos.shape[0] - placed - refused,
+                    )
 
-            reinit = sum(self._run(one, self._split(ids)))
+            counts = self._run(one, self._split(ids))
+            reinit = sum(c[0] for c in counts)
+            with self._state_lock:
+                self._admitted += sum(c[1] for c in counts)
+                self._lookup_hits += sum(c[2] for c in counts)
             if reinit:
                 log.info("re-initialized %d ids stored at another dim at dim %d", reinit, dim)
         else:
@@ -369,6 +384,20 @@ class EmbeddingStore(BulkAccess):
             if self._optimizer is not None
             else None,
             "hyperparams": self._hyperparams.to_dict(),
+        }
+
+    def lookup_counters(self) -> dict[str, int]:
+        """Cumulative training-lookup counts, cheap enough for every ``/metrics`` scrape:
+        ``hits`` (ids found stored), ``admitted`` (ids given a new entry), ``refused`` (ids
+        refused by ``admit_probability``) and ``evicted`` (entries dropped for capacity).
+        A training lookup of n ids adds n to hits + admitted + refused."""
+        with self._state_lock:
+            hits, admitted = self._lookup_hits, self._admitted
+        return {
+            "hits": hits,
+            "admitted": admitted,
+            "refused": sum(int(s.meta[K.M_REFUSED]) for s in self._shards),
+            "evicted": sum(int(s.meta[K.M_EVICT]) for s in self._shards),
         }
 
     def close(self) -> None:

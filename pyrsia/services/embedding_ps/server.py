@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import prometheus_client as prom
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from pyrsia.services.embedding_ps.checkpoint_root import confine
 from pyrsia.services.embedding_ps.checksum import store_checksum
@@ -267,12 +269,28 @@ async def checksum(request: web.Request, body: Any) -> dict:
     return await _in_thread(request, store_checksum, request.app[STORE])
 
 
+class _LookupCounters(Collector):
+    """``pyrsia_ps_lookup_{hits,admitted,refused,evicted}_total``: the store's training-lookup
+    counters (EmbeddingStore.lookup_counters), read at each scrape."""
+
+    def __init__(self, store: EmbeddingStore):
+        self.store = store
+
+    def collect(self):
+        c = self.store.lookup_counters()
+        yield CounterMetricFamily("pyrsia_ps_lookup_hits", "training-lookup ids found stored", value=c["hits"])  # fmt: skip
+        yield CounterMetricFamily("pyrsia_ps_lookup_admitted", "training-lookup ids given a new entry", value=c["admitted"])  # fmt: skip
+        yield CounterMetricFamily("pyrsia_ps_lookup_refused", "training-lookup ids refused by admit_probability (they read zeros)", value=c["refused"])  # fmt: skip
+        yield CounterMetricFamily("pyrsia_ps_lookup_evicted", "entries evicted (least recently used) to make room for admitted ids", value=c["evicted"])  # fmt: skip
+
+
 def _metrics(app: web.Application) -> dict[str, Any]:
     registry = app[METRICS]
     store = app[STORE]
     entries = prom.Gauge("pyrsia_ps_entries", "embedding entries held", registry=registry)
     entries.set_function(lambda: len(store))
     ids = prom.Counter("pyrsia_ps_ids", "ids processed", ["op"], registry=registry)
+    registry.register(_LookupCounters(store))
     latency = prom.Histogram(
         "pyrsia_ps_request_seconds", "time to serve a request", ["op"], registry=registry
     )
