@@ -37,6 +37,7 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.precision import Precision
+from pyrsia.services.nn_worker.ps_curves import PSCurves
 from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.services.nn_worker.step import HookHandle, StepEvent, TrainingStep
 from pyrsia.services.nn_worker.step_clock import StepClock
@@ -238,9 +239,11 @@ class TrainCtx(EmbeddingCtx):
         root = self.tensorboard_dir or os.environ.get(ENV_TENSORBOARD_DIR) or None
         if root is not None:
             job_id = os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
+            settings = self.session.settings  # None: addresses or embedded mode, no registry
+            ps = PSCurves(settings) if self.rank_id == 0 and settings is not None else None
             self._tensorboard = TensorBoardLog(
                 run_dir(root, job_id, self.rank_id), stats,
-                has_scaler=self.grad_scaler is not None,
+                has_scaler=self.grad_scaler is not None, ps=ps,
             )  # fmt: skip
             self._tensorboard.start()
         # after the checkpoint's hook: /metrics shows a step once it is complete

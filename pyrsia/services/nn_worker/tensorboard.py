@@ -19,6 +19,19 @@ previous point::
     train/skipped_embedding_updates   steps skipped so far for non-finite gradients
     train/loss_scale             the AMP loss scale (only when a GradScaler runs)
 
+and, on rank 0 only, the PS side of the job, read from the ``/metrics`` of the PS replicas
+registered for the job (pyrsia/services/nn_worker/ps_curves.py) as the writer starts, every
+``PS_POLL_INTERVAL_S`` (10 s) and once at close, at the last step taken::
+
+    ps/entries                   embedding entries held, summed over the PS replicas
+    ps/hit_rate                  training-lookup ids found stored / ids looked up, since the
+                                 previous point (0 to 1)
+    ps/admit_rate                ids given a new entry per second, since the previous point
+    ps/evict_rate                entries evicted for capacity per second, since the previous point
+
+A replica that does not answer within 2 s is left out of that point (one debug log line);
+the poll runs on the writer thread, so it never holds up the training loop.
+
 The training thread only appends a tuple to a deque for each sampled loss (and each
 ``log_scalar``); the writer thread turns them into events (a ``SummaryWriter.add_scalar``
 costs about 0.1 ms of CPU) and reads the loss as a
@@ -35,6 +48,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from pyrsia.services.nn_worker import ps_curves
 from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.shared.errors import ConfigError
 
@@ -56,8 +70,18 @@ def run_dir(root: str | os.PathLike, job_id: str, rank: int) -> Path:
 class TensorBoardLog:
     """Records a rank's scalars on the training thread; a thread writes them as events."""
 
-    def __init__(self, directory: str | os.PathLike, stats: RankStats, *, has_scaler: bool):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        stats: RankStats,
+        *,
+        has_scaler: bool,
+        ps: ps_curves.PSCurves | None = None,
+    ):
+        """``ps``: where to read the PS curves from (rank 0 of a job with a registry), else
+        None (no ``ps/*`` tags)."""
         self.directory = Path(directory)
+        self.ps = ps
         self.stats = stats
         self.has_scaler = has_scaler
         self._pending: deque[tuple] = deque(maxlen=MAX_PENDING)
@@ -113,15 +137,25 @@ class TensorBoardLog:
     def _run(self) -> None:
         writer = None
         try:
+            first = self._poll_ps()  # the PS counters as the job starts, before a 2 s import
             from torch.utils.tensorboard import SummaryWriter  # ~2 s import: off the loop
 
             writer = SummaryWriter(log_dir=str(self.directory))
+            self._write_ps(writer, first)
+            polled = time.monotonic()
             while not self._stop.is_set():
-                self._wake.wait(FLUSH_INTERVAL_S)
+                self._wake.wait(self._wait_s(polled))
                 self._wake.clear()
                 self._drain(writer)
+                if (
+                    self.ps is not None
+                    and time.monotonic() - polled >= ps_curves.PS_POLL_INTERVAL_S
+                ):
+                    self._write_ps(writer, self._poll_ps())
+                    polled = time.monotonic()
                 writer.flush()
             self._drain(writer)
+            self._write_ps(writer, self._poll_ps())
         except Exception as exc:  # reported once; training goes on without curves
             self.failed = exc
             self._pending.clear()
@@ -129,6 +163,25 @@ class TensorBoardLog:
         finally:
             if writer is not None:
                 writer.close()
+
+    def _wait_s(self, polled: float) -> float:
+        """Until the next flush or the next PS point, whichever comes first."""
+        if self.ps is None:
+            return FLUSH_INTERVAL_S
+        due = polled + ps_curves.PS_POLL_INTERVAL_S - time.monotonic()
+        return max(min(FLUSH_INTERVAL_S, due), 0.0)
+
+    def _poll_ps(self) -> tuple[int, float, dict[str, float]]:
+        """The ``ps/*`` values of this moment, at the last step taken (none without ``ps``)."""
+        if self.ps is None:
+            return 0, 0.0, {}
+        return self.stats.steps, time.time(), self.ps.poll()
+
+    @staticmethod
+    def _write_ps(writer, point: tuple[int, float, dict[str, float]]) -> None:
+        step, wall, values = point
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step, walltime=wall)
 
     def _drain(self, writer) -> None:
         """Write the recorded points, then the rates since the last drain at the last step."""
