@@ -73,7 +73,7 @@ def _rows(ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("bad", ["avg", "MEAN ", 1])
 def test_a_bad_emb_grad_reduction_is_refused_naming_the_choices(bad):
     reset_hb()
-    with pytest.raises(InvalidInputError, match="emb_grad_reduction.*one of \"mean\" or \"sum\""):
+    with pytest.raises(InvalidInputError, match='emb_grad_reduction.*one of "mean" or "sum"'):
         hb.context.options.emb_grad_reduction = bad
     reset_hb()
 
