@@ -22,7 +22,6 @@ already trained, so the resumed job trains every batch of the epoch exactly once
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections import Counter
@@ -32,6 +31,7 @@ from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
 from pyrsia.shared.wire.batch import DensePart, IDPart
 from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
@@ -77,7 +77,7 @@ class BatchSender:
         """Batches :meth:`send` dropped because the resumed checkpoint trained them."""
         self._registry: Registry | None = None
         self._sent_to_rank: Counter[int] = Counter()
-        self._inflight: list[concurrent.futures.Future] = []
+        self._window = SendWindow(max_inflight)
         self._skip: frozenset[int] = frozenset()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -102,14 +102,12 @@ class BatchSender:
 
     def finish(self) -> None:
         """Wait for every send, then tell every NN-worker rank how many batches it got."""
-        self._drain()
+        self._window.drain()
         get_runtime().run(self._announce_done())
 
     def abort(self) -> None:
         """Cancel the sends under way (failing or stopped: no back-pressure retries)."""
-        for future in self._inflight:
-            future.cancel()
-        self._inflight = []
+        self._window.cancel()
 
     def close(self) -> None:
         """Close the registry connection (after :meth:`finish` or :meth:`abort`)."""
@@ -179,12 +177,12 @@ class BatchSender:
         if batch_id in self._skip:  # trained before the checkpoint this job resumed from
             self.skipped += 1
             return
-        self._reap(block=len(self._inflight) >= self.max_inflight)
+        self._window.make_room()
         worker = self.workers[k % len(self.workers)]
         rank = self.ranks[batch_id % len(self.ranks)]
         self._sent_to_rank[rank.replica_index] += 1
         coro = self._send(batch, batch_id, worker, rank)
-        self._inflight.append(get_runtime().submit(coro))
+        self._window.add(get_runtime().submit(coro))
 
     async def _send(
         self, batch: SplittableBatch, batch_id: int, worker: ServiceRecord, rank: ServiceRecord
@@ -200,19 +198,3 @@ class BatchSender:
         )
         dense = IngressBatch(loader, batch_id, worker.replica_index, batch.dense_part())
         await client.call(f"{rank.url}/ingress", dense.to_wire(), until=until, idempotent=True)
-
-    def _reap(self, *, block: bool) -> None:
-        """Collect finished sends (waiting for one when ``block``); re-raise the first error."""
-        if block and self._inflight:
-            concurrent.futures.wait(self._inflight, return_when=concurrent.futures.FIRST_COMPLETED)
-        still = []
-        for future in self._inflight:
-            if future.done():
-                future.result()
-            else:
-                still.append(future)
-        self._inflight = still
-
-    def _drain(self) -> None:
-        while self._inflight:
-            self._reap(block=True)

@@ -15,7 +15,6 @@ loop's queue (``StreamingDataset(buffer_size)``: a full one makes the send wait)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from typing import Protocol
@@ -29,6 +28,7 @@ from pyrsia.shared.constants import (
     ENV_EMBEDDED,
 )
 from pyrsia.shared.errors import BackPressureError, ConfigError
+from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
 from pyrsia.shared.wire.batch import DensePart, IDPart
 from pyrsia.shared.wire.ingress import IngressBatch
@@ -72,7 +72,7 @@ class EmbeddedSender:
         self.skipped = 0
         """Batches :meth:`send` dropped because the resumed checkpoint trained them."""
         self._sent = 0
-        self._inflight: list[concurrent.futures.Future] = []
+        self._window = SendWindow(max_inflight)
         self._skip: frozenset[int] = frozenset()
         self._queue: FailableBatchQueue | None = None
         self._order: asyncio.Lock | None = None  # made on the loop
@@ -88,7 +88,7 @@ class EmbeddedSender:
 
     def finish(self) -> None:
         """Wait for every send, then tell the training loop how many batches it got."""
-        self._drain()
+        self._window.drain()
         queue = self._queue
         assert queue is not None
         get_runtime().run(queue.done(self.replica_index, self.replica_size, self._sent))
@@ -100,9 +100,7 @@ class EmbeddedSender:
 
     def abort(self) -> None:
         """Cancel the sends under way."""
-        for future in self._inflight:
-            future.cancel()
-        self._inflight = []
+        self._window.cancel()
 
     def close(self) -> None:
         self._queue = None
@@ -129,12 +127,12 @@ class EmbeddedSender:
         if batch_id in self._skip:
             self.skipped += 1
             return
-        self._reap(block=len(self._inflight) >= self.max_inflight)
+        self._window.make_room()
         worker = self._job.client.worker
         pending = worker.prepare(batch.id_part())  # on this thread; kernels release the GIL
         item = IngressBatch(self.replica_index, batch_id, 0, batch.dense_part())
         self._sent += 1
-        self._inflight.append(get_runtime().submit(self._hand_over(batch_id, pending, item)))
+        self._window.add(get_runtime().submit(self._hand_over(batch_id, pending, item)))
 
     async def _hand_over(self, batch_id: int, pending, item: IngressBatch) -> None:
         """Buffer the id half (backing off while the loader's forward buffer is full), then
@@ -164,19 +162,3 @@ class EmbeddedSender:
         queue = self._queue
         assert queue is not None
         await queue.put(item)
-
-    def _reap(self, *, block: bool) -> None:
-        """Collect finished sends (waiting for one when ``block``); re-raise the first error."""
-        if block and self._inflight:
-            concurrent.futures.wait(self._inflight, return_when=concurrent.futures.FIRST_COMPLETED)
-        still = []
-        for future in self._inflight:
-            if future.done():
-                future.result()
-            else:
-                still.append(future)
-        self._inflight = still
-
-    def _drain(self) -> None:
-        while self._inflight:
-            self._reap(block=True)
