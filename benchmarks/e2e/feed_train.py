@@ -33,7 +33,8 @@ import time
 import torch
 from data import load
 from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
-from train import difference, threads_cpu
+from procs import threads_cpu
+from train import difference
 
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset

@@ -20,6 +20,41 @@ from pathlib import Path
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def _task_cpu_s(task: str) -> tuple[str, float] | None:
+    """(kernel name, CPU seconds) of thread ``task`` of this process, or None once it ended.
+
+    ``schedstat``'s first field counts nanoseconds on the CPU; ``stat``'s utime+stime count
+    10 ms ticks, too coarse for a window of a few steps, and serve only where the kernel
+    lacks schedstat.
+    """
+    base = f"/proc/self/task/{task}"
+    try:
+        with open(f"{base}/stat") as fh:
+            text = fh.read()
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        try:
+            with open(f"{base}/schedstat") as fh:
+                return name, int(fh.read().split()[0]) / 1e9
+        except FileNotFoundError:
+            fields = text.rsplit(")", 1)[1].split()
+            return name, (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+        return None
+
+
+def threads_cpu() -> dict[str, float]:
+    """CPU seconds used so far by each thread of this process, summed per thread name
+    (Python's name for its threads, e.g. ``pyrsia-runtime``; the OS name for the others)."""
+    python_names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in os.listdir("/proc/self/task"):
+        read = _task_cpu_s(task)
+        if read is not None:
+            name = python_names.get(int(task)) or read[0]
+            out[name] = out.get(name, 0.0) + read[1]
+    return out
+
+
 def minor_faults() -> int:
     """Page faults this process has taken so far (minor: no disk read, e.g. a fresh page
     the kernel zeroes for a heap that grew back), all threads together."""

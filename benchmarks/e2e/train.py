@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 import numpy as np
@@ -44,7 +43,7 @@ from model import (
     SEED,
     build_model,
 )
-from procs import minor_faults
+from procs import minor_faults, threads_cpu
 
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
@@ -55,24 +54,6 @@ from persia.env import get_rank, get_world_size
 from pyrsia.services.nn_worker.step_clock import StepClock
 
 TEST_BATCH = 4096
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def threads_cpu() -> dict[str, float]:
-    """CPU seconds used so far by each thread of this process, summed per thread name
-    (Python's name for its threads, e.g. ``pyrsia-runtime``; the OS name for the others)."""
-    python_names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, float] = {}
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/stat") as fh:
-                text = fh.read()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        name = python_names.get(int(task)) or text[text.index("(") + 1 : text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    return out
 
 
 def difference(after: dict, before: dict) -> dict:

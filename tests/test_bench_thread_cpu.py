@@ -1,0 +1,51 @@
+"""The benchmarks' per-thread CPU clock resolves a few milliseconds.
+
+The feed-rate benchmark divides each NN-worker thread's CPU time over a steady window of a
+handful of steps; a clock with the kernel's 10 ms tick read 0.0 for a short window
+(``nn_cpu_ms_per_batch: 0.0`` in CI), so it must count nanoseconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "e2e"))
+from procs import threads_cpu  # noqa: E402
+
+SPIN_S = 0.003
+
+
+def _spin() -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < SPIN_S:
+        pass
+    done.set()
+    release.wait()
+
+
+done, release = threading.Event(), threading.Event()
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_that_spun_3_ms_reads_3_ms_not_a_tick():
+    thread = threading.Thread(target=_spin, name="spin-3ms")
+    thread.start()
+    try:
+        assert done.wait(20)
+        spent = threads_cpu()["spin-3ms"]
+    finally:
+        release.set()
+        thread.join()
+    # the 10 ms tick reads 0.0 or 0.01 here; nanosecond accounting reads ~3 ms
+    assert SPIN_S <= spent < SPIN_S + 0.004, spent
+
+
+def test_every_thread_of_the_process_is_counted_under_its_name():
+    names = threads_cpu()
+    assert "MainThread" in names
+    assert all(v >= 0.0 for v in names.values())
