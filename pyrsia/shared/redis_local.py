@@ -83,6 +83,15 @@ def _pass_lines(pipe: IO[bytes], out: IO[str]) -> None:
     pipe.close()
 
 
+def _start_line_filter(child: subprocess.Popen, out: IO[str]) -> threading.Thread:
+    """Start the thread that passes ``child``'s piped output to ``out`` without the noise."""
+    reader = threading.Thread(
+        target=_pass_lines, args=(child.stdout, out), name="redis-lines", daemon=True
+    )
+    reader.start()
+    return reader
+
+
 def find_redis_server() -> str:
     """Path of a redis-server binary, or RuntimeError saying how to get one."""
     found = shutil.which("redis-server")
@@ -143,11 +152,7 @@ def supervise(
         piped = subprocess.PIPE if quiet else None
         child = subprocess.Popen(argv, preexec_fn=die_with_parent_sigkill, stdout=piped,
                                  stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
-        reader = None
-        if quiet:
-            reader = threading.Thread(target=_pass_lines, args=(child.stdout, lines_to or sys.stdout),
-                                      name="redis-lines", daemon=True)  # fmt: skip
-            reader.start()
+        reader = _start_line_filter(child, lines_to or sys.stdout) if quiet else None
         code = child.wait()
         if reader is not None:
             reader.join(timeout=2.0)  # its last lines out before ours

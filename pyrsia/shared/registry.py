@@ -6,6 +6,10 @@ registry by itself. Because every heartbeat rewrites the record, a replica
 re-registers on its own after Redis restarts. Lookups remember the last answer for
 each role and fall back to it while Redis is down, so a Redis outage does not stop
 a running job.
+
+Where the registry lives and how its errors read: ``pyrsia.shared.registry_settings``
+(``RegistrySettings`` and ``wait_timeout_s`` are imported from here too); a launcher whose
+main thread runs the user's code holds its lease slot with ``pyrsia.shared.slot_keeper``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import asyncio
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 
@@ -22,20 +25,15 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from pyrsia.shared.constants import (
-    DEFAULT_JOB_ID,
-    DEFAULT_REDIS_URL,
     DEFAULT_WAIT_TIMEOUT_S,
     DEREGISTER_TIMEOUT_S,
     DISCOVERY_POLL_INTERVAL_S,
     ENV_JOB_ID,
-    ENV_NATS_URLS,
     ENV_REDIS_URL,
     ENV_WAIT_TIMEOUT_S,
     HEARTBEAT_INTERVAL_S,
-    LEASE_KEEPER_TICK_S,
     MASTER_ADDR_TTL_S,
     REDIS_SOCKET_TIMEOUT_S,
-    REDIS_STARTUP_WAIT_S,
     REGISTRATION_TTL_S,
     WAIT_REPORT_INTERVAL_S,
     master_addr_key,
@@ -45,73 +43,14 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import ConfigError, RegistryError
 from pyrsia.shared.job_lease import JobLease
 from pyrsia.shared.redaction import redact_url
+from pyrsia.shared.registry_settings import (
+    RegistrySettings,
+    redis_fix,
+    unreachable_error,
+    wait_timeout_s,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RegistrySettings:
-    """Where the registry lives and which job's keys to use.
-
-    ``redis_url`` may hold Redis's password; every message and ``repr`` shows
-    :attr:`display_url` instead (the password as ``***``, ``pyrsia.shared.redaction``).
-    """
-
-    redis_url: str = DEFAULT_REDIS_URL
-    job_id: str = DEFAULT_JOB_ID
-
-    @property
-    def display_url(self) -> str:
-        """``redis_url`` with its password replaced by ``***``: the form messages show."""
-        return redact_url(self.redis_url)
-
-    def __repr__(self) -> str:
-        return f"RegistrySettings(redis_url={self.display_url!r}, job_id={self.job_id!r})"
-
-    @classmethod
-    def from_env(cls) -> RegistrySettings:
-        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` (read now, not at import).
-
-        A PERSIA deployment sets ``PERSIA_NATS_URL`` (or ``PERSIA_NATS_IP``) instead; without
-        ``PERSIA_REDIS_URL`` that is a RegistryError saying, in one line, what to set.
-        """
-        check_no_nats_without_redis()
-        return cls(
-            redis_url=os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL,
-            job_id=os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID,
-        )
-
-
-def check_no_nats_without_redis() -> None:
-    """Raise RegistryError when a PERSIA NATS variable is set and ``PERSIA_REDIS_URL`` is not."""
-    if os.environ.get(ENV_REDIS_URL):
-        return
-    for name in ENV_NATS_URLS:
-        if os.environ.get(name):
-            raise RegistryError(
-                f"{name} is set but Pyrsia finds its services through Redis, not NATS: "
-                f"set {ENV_REDIS_URL}=redis://<host>:6379/0 (a Redis every process can reach; "
-                f"default {DEFAULT_REDIS_URL}) and unset {name}"
-            )
-
-
-_REDIS_FIX = f"; start a Redis there or point {ENV_REDIS_URL} at one every process can reach"
-
-
-def wait_timeout_s(default_s: float) -> float:
-    """``$PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else ``default_s``."""
-    raw = os.environ.get(ENV_WAIT_TIMEOUT_S, "").strip()
-    if not raw:
-        return default_s
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(
-            f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
-        )
-    return value
 
 
 class _WaitReport:
@@ -221,9 +160,9 @@ class Registry:
             if os.environ.get(ENV_REDIS_URL)
             else f"the default; set {ENV_REDIS_URL}"
         )
-        fix = "" if isinstance(error, (AuthenticationError, ResponseError)) else _REDIS_FIX
         raise RegistryError(
-            f"cannot reach Redis at {self.settings.display_url} ({source}): {error}{fix}"
+            f"cannot reach Redis at {self.settings.display_url} ({source}): {error}"
+            f"{redis_fix(error)}"
         ) from error
 
     # --- registration -----------------------------------------------------------------
@@ -239,7 +178,7 @@ class Registry:
             await self.lease.claim(record.role, record.replica_index, record.replica_size)
             await self._write(record)
         except (RedisError, OSError) as exc:
-            raise self._unreachable(exc) from exc
+            raise unreachable_error(self.settings, exc) from exc
         self._records.append(record)
         self._stopping = False
         self._heartbeats.append(asyncio.create_task(self._heartbeat(record)))
@@ -310,13 +249,6 @@ class Registry:
         except (RedisError, OSError) as exc:
             log.warning("closing the Redis connection failed: %s", exc)
 
-    def _unreachable(self, exc: BaseException, doing: str = "") -> RegistryError:
-        """The RegistryError for a failed Redis call (every RedisError is translated)."""
-        fix = "" if isinstance(exc, (AuthenticationError, ResponseError)) else _REDIS_FIX
-        return RegistryError(
-            f"cannot reach Redis at {self.settings.display_url}{doing}: {exc}{fix}"
-        )
-
     # --- discovery --------------------------------------------------------------------
     async def discover(self, role: str) -> dict[int, ServiceRecord]:
         """Registered replicas of ``role`` by index; the last known ones if Redis is down."""
@@ -332,7 +264,7 @@ class Registry:
             if role in self._known:
                 log.warning("Redis unreachable (%s); using last known %s addresses", exc, role)
                 return dict(self._known[role])
-            raise self._unreachable(exc, f" to find {role}") from exc
+            raise unreachable_error(self.settings, exc, f" to find {role}") from exc
         found: dict[int, ServiceRecord] = {}
         for raw in values:
             if raw is None:
@@ -425,90 +357,11 @@ class Registry:
                 master_addr_key(self.settings.job_id), address, px=int(ttl_s * 1000)
             )
         except (RedisError, OSError) as exc:
-            raise self._unreachable(exc, " to publish the master address") from exc
+            raise unreachable_error(self.settings, exc, " to publish the master address") from exc
 
     async def get_master_addr(self) -> str | None:
         """The address rank 0 published, or None when it has not (yet)."""
         try:
             return await self._redis.get(master_addr_key(self.settings.job_id))
         except (RedisError, OSError) as exc:
-            raise self._unreachable(exc) from exc
-
-
-class SlotKeeper:
-    """Holds one slot of the job lease from a background thread, for a launcher process
-    whose main thread runs the user's code (``persia-launcher nn-worker`` and
-    ``data-loader``): :meth:`start` takes the slot or raises, :meth:`stop` gives it back.
-
-    The thread runs its own event loop and Redis connection, refreshes the slot every
-    heartbeat, and only logs when Redis is away (the lease is made again when it is back).
-    """
-
-    def __init__(
-        self,
-        role: str,
-        replica_index: int,
-        replica_size: int,
-        settings: RegistrySettings | None = None,
-    ):
-        self.role, self.replica_index, self.replica_size = role, replica_index, replica_size
-        self.settings = settings or RegistrySettings.from_env()
-        self._ready = threading.Event()
-        self._stopping = threading.Event()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, wait_s: float = REDIS_STARTUP_WAIT_S) -> None:
-        """Take the slot (waiting up to ``wait_s`` for Redis). Raises JobConflictError when
-        another live job holds it, RegistryError when Redis cannot be reached."""
-        self._thread = threading.Thread(
-            target=asyncio.run, args=(self._run(wait_s),), name="pyrsia-job-lease", daemon=True
-        )
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
-
-    async def _run(self, wait_s: float) -> None:
-        registry = Registry(self.settings)
-        lease = registry.lease
-        try:
-            try:
-                await registry.ping(wait_s=wait_s)
-                await lease.claim(self.role, self.replica_index, self.replica_size)
-            except (RedisError, OSError) as exc:
-                raise registry._unreachable(exc, " to take this job's lease") from exc
-        except RegistryError as exc:
-            self._error = exc
-            self._ready.set()
-            await registry.close()
-            return
-        self._ready.set()
-        healthy = True
-        next_refresh = time.monotonic() + registry.heartbeat_s
-        while not self._stopping.is_set():
-            await asyncio.sleep(LEASE_KEEPER_TICK_S)
-            if time.monotonic() < next_refresh:
-                continue
-            next_refresh = time.monotonic() + registry.heartbeat_s
-            try:
-                await lease.refresh(self.role, self.replica_index)
-                healthy = True
-            except (RedisError, OSError) as exc:
-                if healthy:
-                    log.warning("Redis unreachable, job lease not refreshed: %s", exc)
-                healthy = False
-        try:
-            await asyncio.wait_for(
-                lease.release(self.role, self.replica_index), DEREGISTER_TIMEOUT_S
-            )
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            log.warning("could not give back the job lease (its TTL ends it): %s", exc or "timeout")
-        await registry.close()
-
-    def stop(self) -> None:
-        """Give the slot back and end the thread (bounded; idempotent)."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + 1.0)
+            raise unreachable_error(self.settings, exc) from exc

@@ -30,7 +30,7 @@ from pyrsia.shared.cpu_priority import (
 )
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
-from pyrsia.shared.registry import SlotKeeper
+from pyrsia.shared.slot_keeper import SlotKeeper
 
 
 def build_parser() -> argparse.ArgumentParser:

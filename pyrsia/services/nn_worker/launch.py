@@ -46,7 +46,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
 from pyrsia.shared.job_lease import JobConflictError
-from pyrsia.shared.registry import SlotKeeper
+from pyrsia.shared.slot_keeper import SlotKeeper
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,102 @@
+"""A job-lease slot held from a background thread, for a launcher whose main thread is busy.
+
+``persia-launcher nn-worker`` and ``data-loader`` run the user's code on their main thread,
+so they cannot heartbeat from an event loop there as the services do
+(``pyrsia.shared.registry.Registry.register``); :class:`SlotKeeper` takes their slot of the
+job lease (``pyrsia.shared.job_lease``) and keeps it from a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+from redis.exceptions import RedisError
+
+from pyrsia.shared.constants import DEREGISTER_TIMEOUT_S, LEASE_KEEPER_TICK_S, REDIS_STARTUP_WAIT_S
+from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.registry import Registry
+from pyrsia.shared.registry_settings import RegistrySettings, unreachable_error
+
+log = logging.getLogger(__name__)
+
+
+class SlotKeeper:
+    """Holds one slot of the job lease from a background thread, for a launcher process
+    whose main thread runs the user's code (``persia-launcher nn-worker`` and
+    ``data-loader``): :meth:`start` takes the slot or raises, :meth:`stop` gives it back.
+
+    The thread runs its own event loop and Redis connection, refreshes the slot every
+    heartbeat, and only logs when Redis is away (the lease is made again when it is back).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        replica_index: int,
+        replica_size: int,
+        settings: RegistrySettings | None = None,
+    ):
+        self.role, self.replica_index, self.replica_size = role, replica_index, replica_size
+        self.settings = settings or RegistrySettings.from_env()
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, wait_s: float = REDIS_STARTUP_WAIT_S) -> None:
+        """Take the slot (waiting up to ``wait_s`` for Redis). Raises JobConflictError when
+        another live job holds it, RegistryError when Redis cannot be reached."""
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self._run(wait_s),), name="pyrsia-job-lease", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    async def _run(self, wait_s: float) -> None:
+        registry = Registry(self.settings)
+        lease = registry.lease
+        try:
+            try:
+                await registry.ping(wait_s=wait_s)
+                await lease.claim(self.role, self.replica_index, self.replica_size)
+            except (RedisError, OSError) as exc:
+                raise unreachable_error(self.settings, exc, " to take this job's lease") from exc
+        except RegistryError as exc:
+            self._error = exc
+            self._ready.set()
+            await registry.close()
+            return
+        self._ready.set()
+        healthy = True
+        next_refresh = time.monotonic() + registry.heartbeat_s
+        while not self._stopping.is_set():
+            await asyncio.sleep(LEASE_KEEPER_TICK_S)
+            if time.monotonic() < next_refresh:
+                continue
+            next_refresh = time.monotonic() + registry.heartbeat_s
+            try:
+                await lease.refresh(self.role, self.replica_index)
+                healthy = True
+            except (RedisError, OSError) as exc:
+                if healthy:
+                    log.warning("Redis unreachable, job lease not refreshed: %s", exc)
+                healthy = False
+        try:
+            await asyncio.wait_for(
+                lease.release(self.role, self.replica_index), DEREGISTER_TIMEOUT_S
+            )
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("could not give back the job lease (its TTL ends it): %s", exc or "timeout")
+        await registry.close()
+
+    def stop(self) -> None:
+        """Give the slot back and end the thread (bounded; idempotent)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + 1.0)
