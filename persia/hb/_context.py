@@ -19,6 +19,7 @@ the backend of ``options.comm_default`` (``auto``: nccl with CUDA, gloo without)
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
 import os
 import threading
@@ -106,13 +107,27 @@ class Context:
         # Left at interpreter exit too: a script that ends (or exits on an error) with the group
         # still alive can abort in gloo's teardown ("terminate called without an active
         # exception", exit -6) instead of exiting with its own code.
-        atexit.register(self.destroy_process_group)
+        atexit.register(self._leave, meet_peers=False)
         log.info("rank %d/%d joined the %s process group", self.rank, self.world_size, backend)
         return True
 
     def destroy_process_group(self) -> None:
-        """Leave the process group this context created (no-op otherwise)."""
+        """Leave the process group this context created (no-op otherwise).
+
+        With gloo and more than one rank, the ranks first meet at a barrier, so none closes
+        its connections (and rank 0 the rendezvous store it hosts) while a peer still tears
+        down its own: a rank whose peer vanished mid-teardown can abort in gloo ("terminate
+        called without an active exception", exit -6) after its work is done. A peer that
+        never comes is named after ``LEAVE_BARRIER_S`` and the group is left all the same.
+        """
+        self._leave(meet_peers=True)
+
+    def _leave(self, *, meet_peers: bool) -> None:
+        """Destroy the owned group; at interpreter exit (``meet_peers=False``) the peers may
+        have failed, so nobody waits for them there."""
         if self._owns_group and torch.distributed.is_initialized():
+            if meet_peers:
+                _meet_peers_before_leaving()
             torch.distributed.destroy_process_group()
         self._owns_group = False
 
@@ -120,6 +135,21 @@ class Context:
         return (
             f"Context(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank})"
         )
+
+
+LEAVE_BARRIER_S = 60.0
+
+
+def _meet_peers_before_leaving() -> None:
+    """A bounded gloo barrier of every rank; a missing one is logged, never waited on forever."""
+    if torch.distributed.get_world_size() < 2 or torch.distributed.get_backend() != "gloo":
+        return
+    try:
+        torch.distributed.monitored_barrier(
+            timeout=datetime.timedelta(seconds=LEAVE_BARRIER_S), wait_all_ranks=True
+        )
+    except RuntimeError as exc:
+        log.warning("leaving the process group without every peer: %s", exc)
 
 
 context = Context()
