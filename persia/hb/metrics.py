@@ -45,108 +45,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from persia.hb._context import context
+from persia.hb._metric_inputs import aligned, binary, check_class_ids
+from persia.hb._metric_ranks import all_gather_1d, device, distributed
 from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["AUC", "Accuracy", "Evaluation", "accuracy", "auc", "evaluate", "roc_auc"]
-
-_NUMBERS = "numbers (a tensor, a numpy array or a list of numbers)"
-
-
-def _array(values: Any, field: str) -> np.ndarray:
-    """``values`` as a numpy array of its own shape: booleans and integers kept, floats as
-    float64 (bf16/fp16/fp32 widen exactly, so no two distinct scores become a tie)."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach()
-        if values.is_floating_point():  # bf16 has no numpy dtype; float64 holds it exactly
-            values = values.to(torch.float64)
-        values = values.cpu().numpy()
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as exc:  # ragged nested lists
-        raise InvalidInputError(field, _NUMBERS, type(values).__name__) from exc
-    if array.dtype.kind == "b":
-        return array.astype(np.int64)
-    if array.dtype.kind in "iu":
-        return array
-    if array.dtype.kind != "f":
-        raise InvalidInputError(field, _NUMBERS, f"dtype {array.dtype}")
-    array = array.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(array)):
-        raise InvalidInputError(field, "finite numbers", "NaN or infinity")
-    return array
-
-
-def _aligned(labels: Any, predictions: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and predictions flattened, after TF's ``remove_squeezable_dimensions``.
-
-    A trailing dimension of 1 is dropped from the side with one more dimension; then
-    both must have one shape (TF's ``assert_is_compatible_with``), as HybridBackend's
-    metrics require (hybridbackend/tensorflow/metrics/accuracy.py, auc.py).
-    """
-    p, y = _array(predictions, "predictions"), _array(labels, "labels")
-    if p.ndim == y.ndim + 1 and p.shape[-1] == 1:
-        p = p[..., 0]
-    elif y.ndim == p.ndim + 1 and y.shape[-1] == 1:
-        y = y[..., 0]
-    if y.shape != p.shape:
-        hint = ""
-        if p.ndim == y.ndim + 1:
-            hint = (
-                "; predictions has one dimension more than labels: pass class ids "
-                "(predictions.argmax(-1)) to accuracy, or the positive class's scores to auc"
-            )
-        raise InvalidInputError(
-            "labels",
-            f"as many values as predictions, in the same shape (a trailing dimension of 1 is "
-            f"dropped){hint}",
-            f"labels of shape {tuple(y.shape)}, predictions of shape {tuple(p.shape)}",
-        )
-    return y.reshape(-1), p.reshape(-1)
-
-
-def _binary(labels: np.ndarray) -> np.ndarray:
-    """The positives of 0/1 labels; any other label is refused (TF would call it true)."""
-    positive = labels == 1
-    wrong = ~(positive | (labels == 0))
-    if wrong.any():
-        raise InvalidInputError(
-            "labels", "0 or 1 (binary labels: the positive class is 1)", labels[wrong][0].item()
-        )
-    return positive
-
-
-def _class_ids(values: np.ndarray, field: str) -> None:
-    """Refuse values that are not whole numbers (probabilities, logits, soft labels)."""
-    if values.dtype.kind != "f":
-        return
-    wrong = values != np.floor(values)
-    if wrong.any():
-        how = (
-            "; for probabilities of the positive class use Accuracy(threshold=0.5), for "
-            "logits pass predictions.argmax(-1)"
-            if field == "predictions"
-            else ""
-        )
-        raise InvalidInputError(
-            field,
-            f"class ids (whole numbers: accuracy compares predictions and labels for "
-            f"equality, as HybridBackend's does){how}",
-            values[wrong][0].item(),
-        )
-
-
-def _distributed() -> bool:
-    """True when the ranks must be combined (joins the process group when there is none)."""
-    if context.world_size > 1:
-        context.init_process_group()
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _device() -> torch.device:
-    if _distributed() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -160,23 +63,6 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
     ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
     return float((ranks[y].sum() - positives * (positives + 1) / 2.0) / (positives * negatives))
-
-
-def _all_gather_1d(array: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """Concatenation of every rank's 1-D array (sizes exchanged first, then padded)."""
-    device = _device()
-    local = torch.as_tensor(array, dtype=dtype, device=device)
-    size = torch.tensor([local.numel()], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
-    longest = max(int(s.item()) for s in sizes)
-    padded = torch.zeros(longest, dtype=dtype, device=device)
-    padded[: local.numel()] = local
-    gathered = [torch.zeros_like(padded) for _ in sizes]
-    dist.all_gather(gathered, padded)
-    return torch.cat(
-        [g[: int(s.item())].cpu() for g, s in zip(gathered, sizes, strict=True)]
-    ).numpy()
 
 
 class AUC:
@@ -208,8 +94,8 @@ class AUC:
 
     def update(self, labels: Any, predictions: Any) -> None:
         """Add one batch: labels 0 or 1, predictions (scores; in [0, 1] when bucketed)."""
-        y, p = _aligned(labels, predictions)
-        positive = _binary(y)
+        y, p = aligned(labels, predictions)
+        positive = binary(y)
         p = p.astype(np.float64, copy=False)
         if self.num_thresholds is None:
             self._scores.append(p)
@@ -227,13 +113,13 @@ class AUC:
         if self.num_thresholds is None:
             scores = np.concatenate(self._scores) if self._scores else np.zeros(0, np.float64)
             labels = np.concatenate(self._labels) if self._labels else np.zeros(0, bool)
-            if _distributed():
-                scores = _all_gather_1d(scores, torch.float64)
-                labels = _all_gather_1d(labels.astype(np.uint8), torch.uint8).astype(bool)
+            if distributed():
+                scores = all_gather_1d(scores, torch.float64)
+                labels = all_gather_1d(labels.astype(np.uint8), torch.uint8).astype(bool)
             return roc_auc(labels, scores)
         hist = self._hist
-        if _distributed():
-            tensor = torch.as_tensor(hist, device=_device())
+        if distributed():
+            tensor = torch.as_tensor(hist, device=device())
             dist.all_reduce(tensor)
             hist = tensor.cpu().numpy()
         negatives, positives = hist[0][::-1], hist[1][::-1]  # descending score buckets
@@ -279,20 +165,20 @@ class Accuracy:
 
     def update(self, labels: Any, predictions: Any) -> None:
         """Add one batch (see the class docstring for what each mode accepts)."""
-        y, p = _aligned(labels, predictions)
+        y, p = aligned(labels, predictions)
         if self.threshold is None:
-            _class_ids(p, "predictions")
-            _class_ids(y, "labels")
+            check_class_ids(p, "predictions")
+            check_class_ids(y, "labels")
             correct = y == p
         else:
-            correct = (p > self.threshold) == _binary(y)
+            correct = (p > self.threshold) == binary(y)
         self._counts += correct.sum(), y.size
 
     def result(self) -> float:
         """Correct / total over every rank's batches (collective); NaN before any batch."""
         counts = self._counts
-        if _distributed():
-            tensor = torch.as_tensor(counts, device=_device())
+        if distributed():
+            tensor = torch.as_tensor(counts, device=device())
             dist.all_reduce(tensor)
             counts = tensor.cpu().numpy()
         return float(counts[0] / counts[1]) if counts[1] else float("nan")
