@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from persia._launch.run import _parse_metrics, progress_text
+from persia._launch.console import _parse_metrics, progress_text
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT = REPO / "examples" / "adult_income"
@@ -227,7 +227,7 @@ def test_progress_text():
 def test_the_live_line_stays_below_the_lines_and_within_the_terminal(monkeypatch):
     import io
 
-    from persia._launch.run import Output
+    from persia._launch.console import Output
 
     monkeypatch.setenv("COLUMNS", "40")
     stream = io.StringIO()

@@ -35,10 +35,7 @@ the embedding PS and worker engines inside it and ``data_loader.py`` in one of i
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -49,8 +46,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
+from persia._launch.console import NAMES, Output, Progress, pump_lines
 from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
 from pyrsia.shared.constants import (
@@ -62,7 +59,6 @@ from pyrsia.shared.constants import (
     ENV_NN_WORKER_ENTRY,
     ENV_REDIS_URL,
     ENV_VERBOSE,
-    ROLE_NN_WORKER,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.parent_death import die_with_parent
@@ -70,13 +66,7 @@ from pyrsia.shared.parent_death import die_with_parent
 STOP_TIMEOUT_S = 20.0
 """Seconds a child gets between SIGTERM and SIGKILL."""
 REDIS_START_TIMEOUT_S = 10.0
-PROGRESS_INTERVAL_S = 1.0
 POLL_S = 0.1
-
-NAMES = ("redis", "embedding_parameter_server", "embedding_worker", "nn_worker", "data_loader")
-_WIDTH = max(map(len, NAMES))
-_COLORS = {"redis": 31, "embedding_parameter_server": 32, "embedding_worker": 33,
-           "nn_worker": 36, "data_loader": 35, "run": 1}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,58 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# --- output ---------------------------------------------------------------------------
-
-
-class Output:
-    """Prefixed lines from every child, and (on a terminal) one live progress line below them."""
-
-    def __init__(self, stream: IO[str], *, live: bool, color: bool):
-        self.stream, self.live, self.color = stream, live, color
-        self._lock = threading.Lock()
-        self._status = ""
-
-    def _prefix(self, name: str) -> str:
-        tag = f"{name:<{_WIDTH}} |"
-        return f"\x1b[{_COLORS.get(name, 0)}m{tag}\x1b[0m" if self.color else tag
-
-    def line(self, name: str, text: str) -> None:
-        with self._lock:
-            clear = "\r\x1b[K" if self.live and self._status else ""
-            redraw = self._status if self.live else ""
-            self.stream.write(f"{clear}{self._prefix(name)} {text}\n{redraw}")
-            self.stream.flush()
-
-    def status(self, text: str) -> None:
-        if not self.live:
-            return
-        width = shutil.get_terminal_size().columns - 1  # a wrapped line would not redraw in place
-        text = text[:width] if width > 0 else text
-        with self._lock:
-            self._status = text
-            self.stream.write(f"\r\x1b[K{text}")
-            self.stream.flush()
-
-    def end_status(self) -> None:
-        """Leave the last progress line on screen, followed by a newline."""
-        with self._lock:
-            if self.live and self._status:
-                self.stream.write("\n")
-                self.stream.flush()
-            self._status = ""
-
-
-def _pump(name: str, pipe: IO[bytes], out: Output) -> None:
-    """Copy a child's lines out, prefixed. A line redrawn with carriage returns (a tqdm bar)
-    comes out as a terminal would leave it: its last state."""
-    for raw in iter(pipe.readline, b""):
-        text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if "\r" in text:
-            text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
-        out.line(name, text)
-    pipe.close()
-
-
 # --- children -------------------------------------------------------------------------
 
 
@@ -180,7 +118,7 @@ class Job:
             argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
-        reader = threading.Thread(target=_pump, args=(name, proc.stdout, self.out),
+        reader = threading.Thread(target=pump_lines, args=(name, proc.stdout, self.out),
                                   name=f"run-{name}", daemon=True)  # fmt: skip
         reader.start()
         child = Child(name, proc, reader)
@@ -240,96 +178,6 @@ def _start_redis(job: Job) -> str:
     raise UsageError("could not start a local redis-server (see its lines above)")
 
 
-# --- progress -------------------------------------------------------------------------
-
-
-def _parse_metrics(text: str) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("pyrsia_nn_worker_") and "{" not in line:
-            name, _, value = line.partition(" ")
-            try:
-                values[name] = float(value)
-            except ValueError:
-                pass
-    return values
-
-
-def progress_text(ranks: list[dict[str, float]], elapsed_s: float) -> str:
-    """The live line: steps (the slowest rank's), samples/s (all ranks), loss (their mean)."""
-    clock = f"{int(elapsed_s) // 60}:{int(elapsed_s) % 60:02d}"
-    steps = [r["pyrsia_nn_worker_steps"] for r in ranks if "pyrsia_nn_worker_steps" in r]
-    if not steps:
-        return f"[{clock}] waiting for the NN worker's first step"
-    parts = [f"[{clock}] step {min(steps):.0f}"]
-    rates = [r.get("pyrsia_nn_worker_samples_per_second") for r in ranks]
-    if all(x is not None and math.isfinite(x) for x in rates):
-        parts.append(f"{sum(rates):,.0f} samples/s")  # type: ignore[arg-type]
-    losses = [r.get("pyrsia_nn_worker_loss") for r in ranks]
-    losses = [x for x in losses if x is not None and math.isfinite(x)]
-    if losses:
-        parts.append(f"loss {sum(losses) / len(losses):.4f}")
-    return "  ".join(parts)
-
-
-class Progress(threading.Thread):
-    """Reads the NN-worker ranks' /metrics every second: updates the live line, and says once
-    how long after the start the first training step came."""
-
-    def __init__(self, out: Output, started: float):
-        super().__init__(name="run-progress", daemon=True)
-        self.out, self.started = out, started
-        self._done = threading.Event()
-        self.first_step_s: float | None = None
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(timeout=5.0)
-
-    def run(self) -> None:
-        asyncio.run(self._loop())
-
-    def _first_step(self, ranks: list[dict[str, float]], elapsed: float) -> None:
-        if self.first_step_s is None and any(r.get("pyrsia_nn_worker_steps", 0) > 0 for r in ranks):
-            self.first_step_s = elapsed
-            self.out.line("run", f"first training step within {elapsed:.1f}s of the start")
-
-    async def _loop(self) -> None:
-        import aiohttp
-
-        from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
-        from pyrsia.shared.errors import RegistryError
-        from pyrsia.shared.registry import Registry
-
-        token = auth_token_from_env()
-        headers = {AUTH_HEADER: auth_header_value(token)} if token else {}
-        registry = Registry()
-        timeout = aiohttp.ClientTimeout(total=PROGRESS_INTERVAL_S * 2)
-        last: list[dict[str, float]] | None = None
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
-            while not self._done.is_set():
-                ranks: list[dict[str, float]] = []
-                try:
-                    records = await registry.discover(ROLE_NN_WORKER)
-                except RegistryError:
-                    records = {}
-                for record in records.values():
-                    try:
-                        async with session.get(f"{record.url}/metrics") as resp:
-                            ranks.append(_parse_metrics(await resp.text()))
-                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                        pass
-                elapsed = time.monotonic() - self.started
-                if ranks:  # else (the ranks have left) the last figures stay
-                    self._first_step(ranks, elapsed)
-                    self.out.status(progress_text(ranks, elapsed))
-                elif last is None:
-                    self.out.status(progress_text([], elapsed))
-                last = ranks or last
-                await asyncio.sleep(PROGRESS_INTERVAL_S)
-        await registry.close()
-
-
 # --- the job --------------------------------------------------------------------------
 
 
@@ -357,14 +205,10 @@ def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
     return train, loader, emb, glob  # type: ignore[return-value]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        train, loader, emb, glob = _check(args)
-    except (UsageError, ConfigError) as exc:
-        return fail(str(exc))
-    tty = sys.stdout.isatty()
-    out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
+def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str, str]:
+    """The children's environment: this process's, plus the job id (a fresh ``run-<8 hex>``
+    unless set), a free port for torch's rendezvous, ``--verbose`` and the configs' absolute
+    paths (the children may run in another directory)."""
     env = dict(os.environ)
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
     env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
@@ -373,6 +217,35 @@ def main(argv: list[str] | None = None) -> int:
     env[ENV_EMBEDDING_CONFIG] = str(emb.resolve())
     if glob is not None:
         env[ENV_GLOBAL_CONFIG] = str(glob.resolve())
+    return env
+
+
+def _start_children(job: Job, args: argparse.Namespace, train: Path, loader: Path) -> Child:
+    """Start the embedding PS, the embedding worker, the NN worker and the data loader, in
+    that order, as ``persia-launcher`` subcommands; the NN worker's child, whose exit ends
+    the job."""
+    launcher = [sys.executable, "-m", "persia.launcher"]
+    strict = {None: [], True: ["--strict-config"], False: ["--allow-unknown-config-keys"]}[
+        args.strict_config
+    ]
+    for name, sub in (("embedding_parameter_server", "embedding-parameter-server"),
+                      ("embedding_worker", "embedding-worker")):  # fmt: skip
+        job.start(name, [*launcher, sub, "--port", "0", *strict])
+    nn = job.start("nn_worker", [*launcher, "nn-worker", str(train), "--nproc-per-node",
+                                 str(args.nproc_per_node)])  # fmt: skip
+    job.start("data_loader", [*launcher, "data-loader", str(loader)])
+    return nn
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        train, loader, emb, glob = _check(args)
+    except (UsageError, ConfigError) as exc:
+        return fail(str(exc))
+    tty = sys.stdout.isatty()
+    out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
+    env = _job_env(args, emb, glob)
     job = Job(out, env)
     signals = _StopSignals()
     started = time.monotonic()
@@ -384,16 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             env[ENV_REDIS_URL] = _start_redis(job)
         os.environ.update({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
-        launcher = [sys.executable, "-m", "persia.launcher"]
-        strict = {None: [], True: ["--strict-config"], False: ["--allow-unknown-config-keys"]}[
-            args.strict_config
-        ]
-        for name, sub in (("embedding_parameter_server", "embedding-parameter-server"),
-                          ("embedding_worker", "embedding-worker")):  # fmt: skip
-            job.start(name, [*launcher, sub, "--port", "0", *strict])
-        nn = job.start("nn_worker", [*launcher, "nn-worker", str(train), "--nproc-per-node",
-                                     str(args.nproc_per_node)])  # fmt: skip
-        job.start("data_loader", [*launcher, "data-loader", str(loader)])
+        nn = _start_children(job, args, train, loader)
         progress = Progress(out, started)
         progress.start()
         failed = _watch(job, nn, signals.received)
