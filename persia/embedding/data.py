@@ -100,52 +100,12 @@ class PersiaBatch:
         label_list = tuple(labels or ())
         if not id_features:
             raise InvalidInputError("id_type_features", "at least one id-type feature", [])
-        for field, items, kinds in (
-            ("id_type_features", id_features, (IDTypeFeature, IDTypeFeatureWithSingleID)),
-            ("non_id_type_features", dense, (NonIDTypeFeature,)),
-            ("labels", label_list, (Label,)),
-        ):
-            for i, item in enumerate(items):
-                if not isinstance(item, kinds):
-                    names = " or ".join(k.__name__ for k in kinds)
-                    raise InvalidTypeError(
-                        f"{field}[{i}]", names, type(item).__name__,
-                        message=f"{field}[{i}]: expected {names}, got {type(item).__name__}",
-                    )  # fmt: skip
+        _check_types(id_features, dense, label_list)
         size = check_batch_size(
             id_features[0].batch_size if batch_size is None else batch_size, "batch_size"
         )
-        for field, items in (
-            ("id_type_features", id_features),
-            ("non_id_type_features", dense),
-            ("labels", label_list),
-        ):
-            for i, item in enumerate(items):
-                if item.batch_size != size:
-                    raise InvalidInputError(
-                        f"{field}[{i}] ({item.name})", f"batch size {size}", item.batch_size
-                    )
-        for field, items in (("non_id_type_features", dense), ("labels", label_list)):
-            for i, item in enumerate(items):  # one vectorized pass per feature
-                check_finite(item.data, f"{field}[{i}] ({item.name!r})")
-        check_unique([f.name for f in id_features], "id_type_features")
-        check_unique([f._name for f in dense], "non_id_type_features")
-        check_unique([f._name for f in label_list], "labels")
-        if not isinstance(requires_grad, bool):
-            raise InvalidTypeError(
-                "requires_grad", "a bool", message=f"requires_grad: expected a bool, got "
-                f"{type(requires_grad).__name__}",
-            )  # fmt: skip
-        if meta is not None and not isinstance(meta, bytes):
-            raise InvalidTypeError(
-                "meta", "bytes or None",
-                message=f"meta: expected bytes or None, got {type(meta).__name__}",
-            )  # fmt: skip
-        if requires_grad and not label_list:
-            raise MisuseError(
-                "PersiaBatch: requires_grad=True needs labels; pass labels=[Label(...)] "
-                "or requires_grad=False for evaluation/inference batches"
-            )
+        _check_contents(id_features, dense, label_list, size)
+        _check_flags(requires_grad, meta, label_list)
         self.id_type_features = id_features
         self.non_id_type_features = dense
         self.labels = label_list
@@ -210,4 +170,70 @@ class PersiaBatch:
             f"{[f.name for f in self.id_type_features]}, non_id_type_features="
             f"{len(self.non_id_type_features)}, labels={len(self.labels)}, "
             f"requires_grad={self.requires_grad})"
+        )
+
+
+# --------------------------------------------------------------------------- its checks
+
+
+def _parts(id_features: tuple, dense: tuple, labels: tuple) -> tuple[tuple[str, tuple], ...]:
+    """The three parts of a batch under their argument names, in the order they are checked."""
+    return (
+        ("id_type_features", id_features),
+        ("non_id_type_features", dense),
+        ("labels", labels),
+    )
+
+
+def _check_types(id_features: tuple, dense: tuple, labels: tuple) -> None:
+    """Refuse an item of the wrong feature type, naming the argument and its index."""
+    kinds_of = {
+        "id_type_features": (IDTypeFeature, IDTypeFeatureWithSingleID),
+        "non_id_type_features": (NonIDTypeFeature,),
+        "labels": (Label,),
+    }
+    for field, items in _parts(id_features, dense, labels):
+        kinds = kinds_of[field]
+        for i, item in enumerate(items):
+            if not isinstance(item, kinds):
+                names = " or ".join(k.__name__ for k in kinds)
+                raise InvalidTypeError(
+                    f"{field}[{i}]", names, type(item).__name__,
+                    message=f"{field}[{i}]: expected {names}, got {type(item).__name__}",
+                )  # fmt: skip
+
+
+def _check_contents(id_features: tuple, dense: tuple, labels: tuple, size: int) -> None:
+    """Every part has ``size`` rows; dense features and labels are finite (one vectorized
+    pass per feature: a NaN would make every dense parameter NaN); names are distinct."""
+    for field, items in _parts(id_features, dense, labels):
+        for i, item in enumerate(items):
+            if item.batch_size != size:
+                raise InvalidInputError(
+                    f"{field}[{i}] ({item.name})", f"batch size {size}", item.batch_size
+                )
+    for field, items in (("non_id_type_features", dense), ("labels", labels)):
+        for i, item in enumerate(items):
+            check_finite(item.data, f"{field}[{i}] ({item.name!r})")
+    check_unique([f.name for f in id_features], "id_type_features")
+    check_unique([f._name for f in dense], "non_id_type_features")
+    check_unique([f._name for f in labels], "labels")
+
+
+def _check_flags(requires_grad: object, meta: object, labels: tuple) -> None:
+    """``requires_grad`` a bool, ``meta`` bytes or None, and labels when gradients are asked."""
+    if not isinstance(requires_grad, bool):
+        raise InvalidTypeError(
+            "requires_grad", "a bool", message=f"requires_grad: expected a bool, got "
+            f"{type(requires_grad).__name__}",
+        )  # fmt: skip
+    if meta is not None and not isinstance(meta, bytes):
+        raise InvalidTypeError(
+            "meta", "bytes or None",
+            message=f"meta: expected bytes or None, got {type(meta).__name__}",
+        )  # fmt: skip
+    if requires_grad and not labels:
+        raise MisuseError(
+            "PersiaBatch: requires_grad=True needs labels; pass labels=[Label(...)] "
+            "or requires_grad=False for evaluation/inference batches"
         )
