@@ -26,7 +26,7 @@ import secrets
 import shutil
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,16 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 def _spec(name: str, t: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, _dtype_name(t), (None, *t.shape[1:]))
+
+
+def _check_sources(model: object, checkpoint_dir: object, ctx: object) -> None:
+    """A torch module to export, and exactly one source of embeddings (a checkpoint or a ctx)."""
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidInputError("model", "a torch.nn.Module", type(model).__name__)
+    if (checkpoint_dir is None) == (ctx is None):
+        raise InvalidInputError(
+            "embedding_checkpoint_dir", "exactly one of embedding_checkpoint_dir= or ctx=", None
+        )
 
 
 def _check_examples(example_inputs: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -177,6 +187,82 @@ def _save_dense(model: torch.nn.Module, non_id: list, emb: list, kind: str, dst:
     return "torchscript"
 
 
+def _non_id_names(non_id_names: Sequence[str] | None, count: int) -> list[str]:
+    """One non-empty name per non-ID input (default ``non_id_<i>``)."""
+    names = [f"non_id_{i}" for i in range(count)] if non_id_names is None else list(non_id_names)
+    if isinstance(non_id_names, str) or len(names) != count or not all(isinstance(n, str) and n for n in names):  # fmt: skip
+        raise InvalidInputError("non_id_names", f"{count} non-empty names", non_id_names)
+    return names
+
+
+def _staging_dir(export_dir: str | Path, overwrite: bool) -> tuple[Path, Path]:
+    """The artifact's absolute path, and a fresh hidden directory beside it to write into
+    (renamed to the artifact at the end, so a crashed export never looks like a model)."""
+    export_dir = Path(export_dir).absolute()
+    if export_dir.exists() and not overwrite:
+        raise InvalidInputError("export_dir", "a path that does not exist yet (or overwrite=True)", str(export_dir))  # fmt: skip
+    export_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = export_dir.with_name(f".{export_dir.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    return export_dir, tmp
+
+
+def _eval_copy(
+    model: torch.nn.Module, non_id: list[torch.Tensor], emb: list[torch.Tensor]
+) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """A CPU copy of the dense model (a DDP wrapper unwrapped) in eval mode, and its outputs
+    on the example batch (which fix the outputs' dtypes and shapes in the signature)."""
+    dense = copy.deepcopy(getattr(model, "module", model)).cpu().eval()
+    with torch.no_grad():
+        outputs = dense(non_id, emb)
+    return dense, [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+
+
+def _save_embeddings(dst: Path, ctx: Any, checkpoint_dir: str | Path | None) -> list[dict]:
+    """The embedding checkpoint at ``dst``: dumped by the context's PS replicas (gradients in
+    flight land first) or copied from ``checkpoint_dir``; one manifest per replica."""
+    if ctx is not None:
+        if hasattr(ctx, "wait_for_gradients"):
+            ctx.wait_for_gradients()
+        ctx.dump_embedding(str(dst))
+        return checkpoint_manifests(dst)
+    return copy_checkpoint(Path(checkpoint_dir), dst)
+
+
+def _signature(
+    kind: str,
+    non_id: Iterable[tuple[str, torch.Tensor]],
+    schema: EmbeddingSchema,
+    slots: tuple[str, ...],
+    outputs: list[torch.Tensor],
+    manifests: list[dict],
+) -> Signature:
+    """What the artifact takes and returns: the (name, example tensor) non-ID inputs' and the
+    outputs' dtypes and non-batch shapes, each slot's embedding input, the checkpoint's size."""
+    return Signature(
+        dense_file=DENSE_KINDS[kind],
+        dense_kind=kind,
+        non_id_inputs=tuple(_spec(n, t) for n, t in non_id),
+        id_slots=slots,
+        embedding_inputs=tuple(
+            TensorSpec(s, "float32", embedding_input_shape(schema, s)) for s in slots
+        ),
+        outputs=tuple(_spec(f"output_{i}", t) for i, t in enumerate(outputs)),
+        embedding_schema=schema,
+        embedding_entries=sum(int(m.get("entries", 0)) for m in manifests),
+        embedding_replica_count=len(manifests),
+        created_unix_ms=int(time.time() * 1000),
+        torch_version=torch.__version__,
+    )
+
+
+def _publish(tmp: Path, export_dir: Path) -> None:
+    """Rename the finished ``tmp`` to ``export_dir``, replacing an older artifact there."""
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    os.replace(tmp, export_dir)
+
+
 def export_model(
     export_dir: str | Path,
     model: torch.nn.Module,
@@ -212,61 +298,22 @@ def export_model(
 
     Returns the artifact's path.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidInputError("model", "a torch.nn.Module", type(model).__name__)
-    if (embedding_checkpoint_dir is None) == (ctx is None):
-        raise InvalidInputError(
-            "embedding_checkpoint_dir", "exactly one of embedding_checkpoint_dir= or ctx=", None
-        )
+    _check_sources(model, embedding_checkpoint_dir, ctx)
     non_id, emb = _check_examples(example_inputs)
     schema, embedding_yaml = _schema(embedding_config)
     global_yaml = _global(global_config)
     slots = _slots(schema, id_slots, emb)
-    names = (
-        [f"non_id_{i}" for i in range(len(non_id))] if non_id_names is None else list(non_id_names)
-    )
-    if isinstance(non_id_names, str) or len(names) != len(non_id) or not all(isinstance(n, str) and n for n in names):  # fmt: skip
-        raise InvalidInputError("non_id_names", f"{len(non_id)} non-empty names", non_id_names)
-    export_dir = Path(export_dir).absolute()
-    if export_dir.exists() and not overwrite:
-        raise InvalidInputError("export_dir", "a path that does not exist yet (or overwrite=True)", str(export_dir))  # fmt: skip
-    export_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = export_dir.with_name(f".{export_dir.name}.tmp-{secrets.token_hex(4)}")
-    tmp.mkdir()
+    names = _non_id_names(non_id_names, len(non_id))
+    export_dir, tmp = _staging_dir(export_dir, overwrite)
     try:
-        dense = copy.deepcopy(getattr(model, "module", model)).cpu().eval()
-        with torch.no_grad():
-            outputs = dense(non_id, emb)
-        outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+        dense, outputs = _eval_copy(model, non_id, emb)
         kind = _save_dense(dense, non_id, emb, dense_format, tmp)
-        if ctx is not None:
-            if hasattr(ctx, "wait_for_gradients"):
-                ctx.wait_for_gradients()
-            ctx.dump_embedding(str(tmp / EMBEDDING_DIR))
-            manifests = checkpoint_manifests(tmp / EMBEDDING_DIR)
-        else:
-            manifests = copy_checkpoint(Path(embedding_checkpoint_dir), tmp / EMBEDDING_DIR)
+        manifests = _save_embeddings(tmp / EMBEDDING_DIR, ctx, embedding_checkpoint_dir)
         (tmp / EMBEDDING_CONFIG_FILE).write_text(embedding_yaml, "utf-8")
         (tmp / GLOBAL_CONFIG_FILE).write_text(global_yaml, "utf-8")
-        signature = Signature(
-            dense_file=DENSE_KINDS[kind],
-            dense_kind=kind,
-            non_id_inputs=tuple(_spec(n, t) for n, t in zip(names, non_id, strict=True)),
-            id_slots=slots,
-            embedding_inputs=tuple(
-                TensorSpec(s, "float32", embedding_input_shape(schema, s)) for s in slots
-            ),
-            outputs=tuple(_spec(f"output_{i}", t) for i, t in enumerate(outputs)),
-            embedding_schema=schema,
-            embedding_entries=sum(int(m.get("entries", 0)) for m in manifests),
-            embedding_replica_count=len(manifests),
-            created_unix_ms=int(time.time() * 1000),
-            torch_version=torch.__version__,
-        )
+        signature = _signature(kind, zip(names, non_id, strict=True), schema, slots, outputs, manifests)  # fmt: skip
         signature.write(tmp / SIGNATURE_FILE)
-        if export_dir.exists():
-            shutil.rmtree(export_dir)
-        os.replace(tmp, export_dir)
+        _publish(tmp, export_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -158,57 +158,18 @@ class Signature:
 
     @classmethod
     def from_dict(cls, data: object) -> Signature:
+        """Validate a parsed ``signature.json``; every error names the field."""
         if not isinstance(data, dict):
             raise _fail("", "a JSON object", type(data).__name__)
-        if data.get("format") != FORMAT:
-            raise _fail("format", repr(FORMAT), data.get("format"))
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise _fail(
-                "format_version",
-                f"{FORMAT_VERSION} (this Pyrsia reads version {FORMAT_VERSION} artifacts; "
-                "export the model again with this version)",
-                version,
-            )
-        dense = data.get("dense")
-        if not isinstance(dense, dict) or dense.get("kind") not in DENSE_KINDS:
-            raise _fail("dense.kind", f"one of {sorted(DENSE_KINDS)}", dense)
-        if dense.get("file") != DENSE_KINDS[dense["kind"]]:
-            raise _fail("dense.file", repr(DENSE_KINDS[dense["kind"]]), dense.get("file"))
+        _check_format(data)
+        dense = _dense_entry(data)
         try:
             schema = EmbeddingSchema.from_dict(data.get("embedding_schema"), source="signature.json: embedding_schema")  # fmt: skip
         except ConfigError as exc:
             raise _fail("embedding_schema", "a valid embedding schema", str(exc)) from exc
-        specs = {}
-        for key in ("non_id_inputs", "embedding_inputs", "outputs"):
-            raw = data.get(key)
-            if not isinstance(raw, list):
-                raise _fail(key, "a list of tensor specs", raw)
-            specs[key] = tuple(TensorSpec.from_dict(t, f"{key}[{i}]") for i, t in enumerate(raw))
-        if not specs["outputs"]:
-            raise _fail("outputs", "at least one output", [])
-        slots = data.get("id_slots")
-        if not isinstance(slots, list) or not all(isinstance(s, str) for s in slots):
-            raise _fail("id_slots", "a list of slot names", slots)
-        if len(set(slots)) != len(slots):
-            raise _fail("id_slots", "distinct slot names", slots)
-        for i, slot in enumerate(slots):
-            if slot not in schema.slot_names:
-                raise _fail(f"id_slots[{i}]", f"a slot of embedding_schema {list(schema.slot_names)}", slot)  # fmt: skip
-        embedding_inputs = specs["embedding_inputs"]
-        if [t.name for t in embedding_inputs] != slots:
-            raise _fail("embedding_inputs", f"one spec per id slot, named {slots}", [t.name for t in embedding_inputs])  # fmt: skip
-        for i, spec in enumerate(embedding_inputs):
-            want = embedding_input_shape(schema, spec.name)
-            if spec.shape != want:
-                raise _fail(f"embedding_inputs[{i}].shape", str(list(want)), list(spec.shape))
-        emb = data.get("embedding")
-        if not isinstance(emb, dict) or emb.get("dir") != "embedding":
-            raise _fail("embedding.dir", "'embedding'", emb)
-        entries, count = emb.get("entries"), emb.get("replica_count")
-        for field, value, low in (("entries", entries, 0), ("replica_count", count, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise _fail(f"embedding.{field}", f"an integer >= {low}", value)
+        specs = _tensor_specs(data)
+        slots = _id_slots(data, schema, specs["embedding_inputs"])
+        entries, count = _embedding_counts(data)
         created = data.get("created_unix_ms", 0)
         torch_version = data.get("torch_version", "")
         return cls(
@@ -216,7 +177,7 @@ class Signature:
             dense_kind=dense["kind"],
             non_id_inputs=specs["non_id_inputs"],
             id_slots=tuple(slots),
-            embedding_inputs=embedding_inputs,
+            embedding_inputs=specs["embedding_inputs"],
             outputs=specs["outputs"],
             embedding_schema=schema,
             embedding_entries=entries,
@@ -227,3 +188,77 @@ class Signature:
 
     def replace(self, **changes: Any) -> Signature:
         return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- reading its parts
+
+
+def _check_format(data: dict) -> None:
+    """The file is a Pyrsia serving artifact's, of the version this Pyrsia reads."""
+    if data.get("format") != FORMAT:
+        raise _fail("format", repr(FORMAT), data.get("format"))
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise _fail(
+            "format_version",
+            f"{FORMAT_VERSION} (this Pyrsia reads version {FORMAT_VERSION} artifacts; "
+            "export the model again with this version)",
+            version,
+        )
+
+
+def _dense_entry(data: dict) -> dict:
+    """The ``dense`` entry: a known kind, and the file name that kind is written to."""
+    dense = data.get("dense")
+    if not isinstance(dense, dict) or dense.get("kind") not in DENSE_KINDS:
+        raise _fail("dense.kind", f"one of {sorted(DENSE_KINDS)}", dense)
+    if dense.get("file") != DENSE_KINDS[dense["kind"]]:
+        raise _fail("dense.file", repr(DENSE_KINDS[dense["kind"]]), dense.get("file"))
+    return dense
+
+
+def _tensor_specs(data: dict) -> dict[str, tuple[TensorSpec, ...]]:
+    """The non-ID inputs, embedding inputs and outputs (at least one output)."""
+    specs = {}
+    for key in ("non_id_inputs", "embedding_inputs", "outputs"):
+        raw = data.get(key)
+        if not isinstance(raw, list):
+            raise _fail(key, "a list of tensor specs", raw)
+        specs[key] = tuple(TensorSpec.from_dict(t, f"{key}[{i}]") for i, t in enumerate(raw))
+    if not specs["outputs"]:
+        raise _fail("outputs", "at least one output", [])
+    return specs
+
+
+def _id_slots(
+    data: dict, schema: EmbeddingSchema, embedding_inputs: tuple[TensorSpec, ...]
+) -> list[str]:
+    """The id slots: distinct slots of ``schema``, one embedding input each, in order and of
+    the shape the embedding worker answers for it."""
+    slots = data.get("id_slots")
+    if not isinstance(slots, list) or not all(isinstance(s, str) for s in slots):
+        raise _fail("id_slots", "a list of slot names", slots)
+    if len(set(slots)) != len(slots):
+        raise _fail("id_slots", "distinct slot names", slots)
+    for i, slot in enumerate(slots):
+        if slot not in schema.slot_names:
+            raise _fail(f"id_slots[{i}]", f"a slot of embedding_schema {list(schema.slot_names)}", slot)  # fmt: skip
+    if [t.name for t in embedding_inputs] != slots:
+        raise _fail("embedding_inputs", f"one spec per id slot, named {slots}", [t.name for t in embedding_inputs])  # fmt: skip
+    for i, spec in enumerate(embedding_inputs):
+        want = embedding_input_shape(schema, spec.name)
+        if spec.shape != want:
+            raise _fail(f"embedding_inputs[{i}].shape", str(list(want)), list(spec.shape))
+    return slots
+
+
+def _embedding_counts(data: dict) -> tuple[int, int]:
+    """The ``embedding`` entry's (entries, replica_count); its dir is always ``embedding``."""
+    emb = data.get("embedding")
+    if not isinstance(emb, dict) or emb.get("dir") != "embedding":
+        raise _fail("embedding.dir", "'embedding'", emb)
+    entries, count = emb.get("entries"), emb.get("replica_count")
+    for field, value, low in (("entries", entries, 0), ("replica_count", count, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise _fail(f"embedding.{field}", f"an integer >= {low}", value)
+    return entries, count
