@@ -1,18 +1,17 @@
-"""Prometheus and Grafana as shipped in ``monitoring/``: the targets file
-``persia-launcher prometheus-targets`` writes from a real registry (persia/_launch/prometheus.py),
-the dashboard's PromQL against the metrics the code defines, the compose ``monitoring`` profile,
+"""Prometheus and Grafana as shipped in ``monitoring/``: the dashboard's PromQL against the
+metrics the code defines, the compose ``monitoring`` profile,
 and a real Prometheus (Debian's ``prometheus`` package) scraping a real job (PS, embedding
 worker, and an NN-worker rank training from a stream) through that file, every dashboard
-expression evaluated over its HTTP API."""
+expression evaluated over its HTTP API. The targets file itself, ``persia-launcher
+prometheus-targets`` (persia/_launch/prometheus.py) against a real registry:
+test_prometheus_targets.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -27,14 +26,14 @@ import torch
 import yaml
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.registry import Registry, RegistrySettings
+from tests.prometheus_helpers import check_file_sd, run_prometheus_targets
 from tests.redis_server import free_port
 from tests.service_procs import REPO
 
 MONITORING = REPO / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "pyrsia.json"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
-LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
 PROCESS_METRICS = {  # prometheus_client's ProcessCollector, on every server (pyrsia/shared/http_server.py)
     "process_resident_memory_bytes", "process_virtual_memory_bytes", "process_cpu_seconds_total",
@@ -70,26 +69,6 @@ def defined_metric_names() -> set[str]:
 def concrete(expr: str, job: str, rate_interval: str = "10s") -> str:
     """The expression as Grafana sends it for one job."""
     return expr.replace("$__rate_interval", rate_interval).replace("$job", re.escape(job))
-
-
-def _launcher(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "prometheus-targets", *args], cwd=REPO,
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
-def check_file_sd(groups: object) -> None:
-    """Prometheus's file_sd format: a list of {"targets": ["host:port", ...], "labels": {...}}."""
-    assert isinstance(groups, list), groups
-    for group in groups:
-        assert set(group) <= {"targets", "labels"}, group
-        assert group["targets"] and all(
-            isinstance(t, str) and re.fullmatch(r"[^\s/:]+:\d+", t) for t in group["targets"]
-        ), group
-        labels = group.get("labels", {})
-        assert all(LABEL_NAME.match(k) and not k.startswith("__") for k in labels), labels
-        assert all(isinstance(v, str) for v in labels.values()), labels
 
 
 # --------------------------------------------------------------------------- fast checks
@@ -162,95 +141,6 @@ def test_grafana_and_prometheus_files_fit_together():
         assert check.returncode == 0, check.stdout + check.stderr
 
 
-async def test_targets_of_a_real_registry(services, job_env, registry_settings, tmp_path):
-    """A PS and an embedding worker (processes) and an NN rank's record: one file_sd group
-    each, labelled job, role, replica_index; stdout and --output give the same JSON."""
-    (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
-                  wait_ready=False)  # fmt: skip
-    ew = services("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config",
-                  str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
-    registry = Registry(registry_settings)
-    rank = f"127.0.0.1:{free_port()}"
-    try:
-        await registry.register(ServiceRecord(role=ROLE_NN_WORKER, replica_index=1,
-                                              replica_size=2, address=rank, pid=1))  # fmt: skip
-        out = await asyncio.to_thread(_launcher, job_env)
-        written = await asyncio.to_thread(
-            _launcher, job_env, "--output", str(tmp_path / "sd" / "pyrsia.json")
-        )
-    finally:
-        await registry.close()
-    assert out.returncode == 0 and written.returncode == 0, (out.stderr, written.stderr)
-    groups = json.loads(out.stdout)
-    check_file_sd(groups)
-    assert json.loads((tmp_path / "sd" / "pyrsia.json").read_text()) == groups
-    job = job_env["PERSIA_JOB_ID"]
-    assert groups == [
-        {"targets": [ps.address], "labels": {"job": job, "role": ROLE_EMBEDDING_PS,
-                                             "replica_index": "0"}},
-        {"targets": [ew.address], "labels": {"job": job, "role": ROLE_EMBEDDING_WORKER,
-                                             "replica_index": "0"}},
-        {"targets": [rank], "labels": {"job": job, "role": ROLE_NN_WORKER, "replica_index": "1"}},
-    ]  # fmt: skip
-
-
-async def test_watch_rewrites_the_file_atomically_and_stops_on_sigterm(job_env, registry_settings,
-                                                                      tmp_path):  # fmt: skip
-    """--watch follows the registry (a replica that registers, one that leaves), never leaves
-    a temporary file behind, and SIGTERM ends it with exit 0."""
-    out = tmp_path / "targets" / "pyrsia.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "persia.launcher", "prometheus-targets", "--watch",
-         "--interval", "0.2", "--output", str(out)],
-        cwd=REPO, env={**os.environ, **job_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-
-    async def file_becomes(expected: list, timeout_s: float = 20) -> None:
-        deadline = time.monotonic() + timeout_s
-        seen = None
-        while time.monotonic() < deadline:
-            if out.exists():
-                seen = json.loads(out.read_text())  # never half a file: it is renamed in
-                if seen == expected:
-                    return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"targets file {seen} never became {expected}")
-
-    registry = Registry(registry_settings)
-    try:
-        await file_becomes([])
-        address = f"127.0.0.1:{free_port()}"
-        await registry.register(ServiceRecord(role=ROLE_EMBEDDING_PS, replica_index=0,
-                                              replica_size=1, address=address))  # fmt: skip
-        labels = {"job": job_env["PERSIA_JOB_ID"], "role": ROLE_EMBEDDING_PS,
-                  "replica_index": "0"}  # fmt: skip
-        await file_becomes([{"targets": [address], "labels": labels}])
-        await registry.deregister()
-        await file_becomes([])
-    finally:
-        await registry.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    assert sorted(p.name for p in out.parent.iterdir()) == ["pyrsia.json"]
-
-
-def test_refusals_are_one_line_with_exit_2(tmp_path):
-    env = {"PERSIA_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PERSIA_JOB_ID": "x"}
-    down = _launcher(env)
-    assert down.returncode == 2 and "cannot reach Redis" in down.stderr, down.stderr
-    assert "Traceback" not in down.stderr
-    watch = _launcher(env, "--watch")
-    assert watch.returncode == 2 and "--output" in watch.stderr, watch.stderr
-    bad = _launcher(env, "--interval", "0", "--output", str(tmp_path / "t.json"))
-    assert bad.returncode == 2 and "--interval" in bad.stderr, bad.stderr
-
-
 # --------------------------------------------------------------------------- a real Prometheus
 
 
@@ -321,57 +211,27 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
     Prometheus scraping through it, and every dashboard expression returning a finite value
     for the job while batches flow."""
     from persia import env as persia_env
-    from persia.ctx import TrainCtx
-    from persia.data import DataLoader, StreamingDataset
-    from persia.embedding.optim import SGD
-    from pyrsia.shared.http_client import HttpClient
-    from tests.nn_helpers import SmallModel, environ, job_services, make_batch
+    from tests.nn_helpers import environ, job_services
 
     job = f"prom_{uuid.uuid4().hex[:6]}"
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": job}
     targets = tmp_path / "targets"
     stop_feeding = threading.Event()
     errors: list[BaseException] = []
-
-    async def feed() -> None:
-        registry, client = Registry(RegistrySettings(**_settings(env))), HttpClient()
-        sent = 0
-        try:
-            worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
-            rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
-            while not stop_feeding.is_set() and sent < 2000:
-                batch = make_batch([3 * sent + 1, 3 * sent + 2, 3 * sent + 3], seed=sent)
-                await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": sent,
-                                                          "batch": batch.id_part().to_wire()})  # fmt: skip
-                await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": sent, "worker": 0,
-                                                           "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
-                sent += 1
-                await asyncio.sleep(0.05)
-            await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": sent})
-        finally:
-            await client.close()
-            await registry.close()
-
-    def train() -> None:
-        model = SmallModel()
-        with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                      mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
-            for batch in DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000):
-                output, labels = ctx.forward(batch)
-                ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
-
     prometheus = None
     with environ(**env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", PERSIA_TENSORBOARD_DIR=None,
                  PERSIA_METRICS_GATEWAY_ADDR=None), \
             job_services(env, tmp_path / "svc"):  # fmt: skip
         persia_env.reload_env()
-        trainer = threading.Thread(target=_catching(train, errors))
-        feeder = threading.Thread(target=_catching(lambda: asyncio.run(feed()), errors))
+        trainer = threading.Thread(target=_catching(_train_from_the_stream, errors))
+        feeder = threading.Thread(
+            target=_catching(lambda: asyncio.run(_feed_the_job(env, stop_feeding)), errors)
+        )
         trainer.start()
         feeder.start()
         try:
             asyncio.run(_wait_registered(env, ROLE_NN_WORKER))
-            made = _launcher(env, "--output", str(targets / "pyrsia.json"))
+            made = run_prometheus_targets(env, "--output", str(targets / "pyrsia.json"))
             assert made.returncode == 0, made.stderr
             groups = json.loads((targets / "pyrsia.json").read_text())
             check_file_sd(groups)
@@ -394,6 +254,46 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
                   for r in up) == sorted([(ROLE_EMBEDDING_PS, "0", "1"),
                                           (ROLE_EMBEDDING_WORKER, "0", "1"),
                                           (ROLE_NN_WORKER, "0", "1")])  # fmt: skip
+
+
+async def _feed_the_job(env: dict[str, str], stop_feeding: threading.Event) -> None:
+    """Send batches (ids to the embedding worker, dense parts to rank 0's ingress) every
+    50 ms until ``stop_feeding`` is set or 2000 are sent, then tell rank 0 the stream is done."""
+    from pyrsia.shared.http_client import HttpClient
+    from tests.nn_helpers import make_batch
+
+    registry, client = Registry(RegistrySettings(**_settings(env))), HttpClient()
+    sent = 0
+    try:
+        worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
+        rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
+        while not stop_feeding.is_set() and sent < 2000:
+            batch = make_batch([3 * sent + 1, 3 * sent + 2, 3 * sent + 3], seed=sent)
+            await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": sent,
+                                                      "batch": batch.id_part().to_wire()})  # fmt: skip
+            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": sent, "worker": 0,
+                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+            sent += 1
+            await asyncio.sleep(0.05)
+        await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": sent})
+    finally:
+        await client.close()
+        await registry.close()
+
+
+def _train_from_the_stream() -> None:
+    """Rank 0 (this process) trains a SmallModel on what its ingress receives, one log a step."""
+    from persia.ctx import TrainCtx
+    from persia.data import DataLoader, StreamingDataset
+    from persia.embedding.optim import SGD
+    from tests.nn_helpers import SmallModel
+
+    model = SmallModel()
+    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                  mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
+        for batch in DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000):
+            output, labels = ctx.forward(batch)
+            ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
 
 
 def _settings(env: dict[str, str]) -> dict[str, str]:
