@@ -156,14 +156,12 @@ async def read_payload(
     or trickles (see the module docstring; the message says how far the body got), and
     ``ProtocolError`` on a malformed chunked encoding.
     """
-    if length is not None and length > cap:
-        raise PayloadTooLargeError(_over_cap(cap), limit=cap)
+    _refuse_over_cap(length, cap)
     got = 0
     try:
         if payload.is_eof():  # all of it arrived with the headers: no timer, no copy
             data = payload.read_nowait()
-            if len(data) > cap:
-                raise PayloadTooLargeError(_over_cap(cap), limit=cap)
+            _refuse_over_cap(len(data), cap)
             return data
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -194,24 +192,39 @@ async def read_payload(
             if got != length:
                 raise ProtocolError(f"body has {got} bytes, its Content-Length says {length}")
         return buf
-    except TimeoutError:
-        announced = "?" if length is None else length
-        raise TimeoutError(
-            f"body timed out after {got} of {announced} bytes (a gap over {timeout_s:g} s, or "
-            f"under {BODY_MIN_RATE >> 20} MiB/s after the first {timeout_s:g} s; "
-            f"{ENV_BODY_TIMEOUT_S})"
-        ) from None
-    except ConnectionError:
-        announced = "?" if length is None else length
-        raise ConnectionResetError(
-            f"client disconnected after {got} of {announced} body bytes"
-        ) from None
-    except HttpProcessingError as exc:
-        raise ProtocolError(f"malformed request body: {exc.message}") from None
+    except (TimeoutError, ConnectionError, HttpProcessingError) as exc:
+        raise _read_error(exc, got, length, timeout_s) from None
 
 
 def _over_cap(cap: int) -> str:
     return f"request body is over the {cap}-byte cap ({ENV_MAX_MESSAGE_BYTES})"
+
+
+def _refuse_over_cap(size: int | None, cap: int) -> None:
+    """Raise ``PayloadTooLargeError`` when a known body size is over the per-request cap."""
+    if size is not None and size > cap:
+        raise PayloadTooLargeError(_over_cap(cap), limit=cap)
+
+
+def _read_error(
+    exc: TimeoutError | ConnectionError | HttpProcessingError,
+    got: int,
+    length: int | None,
+    timeout_s: float,
+) -> TimeoutError | ConnectionResetError | ProtocolError:
+    """What ``read_payload`` raises for a failed read: a stall or trickle (``TimeoutError``),
+    a client that hung up (``ConnectionResetError``), each saying how far the body got, or a
+    malformed chunked encoding (``ProtocolError``)."""
+    announced = "?" if length is None else length
+    if isinstance(exc, TimeoutError):
+        return TimeoutError(
+            f"body timed out after {got} of {announced} bytes (a gap over {timeout_s:g} s, or "
+            f"under {BODY_MIN_RATE >> 20} MiB/s after the first {timeout_s:g} s; "
+            f"{ENV_BODY_TIMEOUT_S})"
+        )
+    if isinstance(exc, ConnectionError):
+        return ConnectionResetError(f"client disconnected after {got} of {announced} body bytes")
+    return ProtocolError(f"malformed request body: {exc.message}")
 
 
 def _positive_env(name: str, kind: type) -> int | float | None:

@@ -11,6 +11,10 @@ with one INFO line (``PYRSIA_BODY_TIMEOUT_S``); ``serve``
 runs an app on uvloop until SIGTERM/SIGINT and then drains it: stop taking work
 (new requests get 503), wait for in-flight requests up to a bound, run the app's
 cleanup (which deregisters from Redis), exit.
+
+The middlewares and the error answers are ``pyrsia.shared.http_middleware``'s; the app's
+state (``ServiceState`` under ``STATE``, the registry under ``METRICS``) is
+``pyrsia.shared.service_state``'s, imported here for the services.
 """
 
 from __future__ import annotations
@@ -21,17 +25,15 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import prometheus_client as prom
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 
-from pyrsia.shared.auth import AUTH_HEADER, AUTH_SCHEME, auth_token_from_env, is_authorized
+from pyrsia.shared.auth import auth_token_from_env
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.constants import (
-    BODY_TIMEOUT_S,
     ENV_MAX_MESSAGE_BYTES,
     INFLIGHT_BYTES_WAIT_S,
     MAX_MESSAGE_BYTES,
@@ -39,201 +41,25 @@ from pyrsia.shared.constants import (
     SHUTDOWN_CANCEL_S,
     SHUTDOWN_GRACE_S,
 )
-from pyrsia.shared.errors import (
-    ConfigError,
-    InvalidInputError,
-    PayloadTooLargeError,
-    PersiaError,
-    ServiceUnavailableError,
-)
+from pyrsia.shared.errors import ConfigError, ServiceUnavailableError
 from pyrsia.shared.http_body import (
     InflightBytes,
     body_timeout_s,
     max_inflight_request_bytes,
     read_payload,
 )
+from pyrsia.shared.http_middleware import (
+    BODY_DROPPED,
+    CHUNKED_HOLD,
+    auth_middleware,
+    error_middleware,
+)
 from pyrsia.shared.redaction import redact_value
+from pyrsia.shared.service_state import METRICS, STATE, ServiceState
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request, Any], Awaitable[Any]]
-
-_REFUSALS = ("too_large", "inflight_bytes")
-_ABORTS = ("disconnect", "timeout")
-_CHUNKED_HOLD = "pyrsia_chunked_hold"
-"""Request key of a chunked body's ``[bytes reserved]``, given back by the middleware."""
-_BODY_DROPPED = "pyrsia_body_dropped"
-"""Request key set by ``read_body`` once it has logged a body that never arrived in full."""
-
-
-@dataclass
-class ServiceState:
-    """Readiness, drain state and in-flight accounting of one service."""
-
-    name: str
-    ready: bool = False
-    reason: str = "starting"
-    draining: bool = False
-    inflight: int = 0
-    max_body_bytes: int = MAX_MESSAGE_BYTES
-    inflight_bytes: InflightBytes = field(default_factory=lambda: InflightBytes(MAX_MESSAGE_BYTES))
-    """Request-body bytes held now, bounded (``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES``)."""
-    body_timeout_s: float = BODY_TIMEOUT_S
-    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_REFUSALS, 0))
-    """Requests refused before their body was read, by reason (too_large, inflight_bytes)."""
-    aborted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_ABORTS, 0))
-    """Bodies that never arrived in full, by reason (disconnect, timeout)."""
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    handlers: set[asyncio.Task] = field(default_factory=set)  # cancelled after the grace period
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def set_ready(self) -> None:
-        self.ready, self.reason = True, "ready"
-
-    def set_not_ready(self, reason: str) -> None:
-        self.ready, self.reason = False, reason
-
-
-STATE = web.AppKey("pyrsia_state", ServiceState)
-METRICS = web.AppKey("pyrsia_metrics", prom.CollectorRegistry)
-
-_UNGUARDED = frozenset({"/health", "/metrics"})
-
-
-def error_body(error: str, message: str, **extra: Any) -> bytes:
-    """The msgpack body of an error answer: ``{"error", "message", ...}``."""
-    return packb({"error": error, "message": message, **extra})
-
-
-def _error_response(status: int, error: str, message: str, **extra: Any) -> web.Response:
-    return web.Response(
-        status=status, body=error_body(error, message, **extra), content_type=MSGPACK_CONTENT_TYPE
-    )
-
-
-def _error_fields(exc: PersiaError) -> dict[str, Any]:
-    """The extra fields of an error body: what the sender needs to fix its request."""
-    if isinstance(exc, InvalidInputError):
-        return {"field": exc.field, "expected": exc.expected}
-    if isinstance(exc, PayloadTooLargeError) and exc.limit is not None:
-        return {"limit": exc.limit}
-    return {}
-
-
-def _persia_error_response(exc: PersiaError) -> web.Response:
-    response = _error_response(exc.status, exc.kind, str(exc), **_error_fields(exc))
-    retry_after = getattr(exc, "retry_after_s", None)
-    if retry_after is not None:
-        response.headers["Retry-After"] = str(retry_after)
-    return response
-
-
-def _too_large(state: ServiceState) -> web.Response:
-    limit = state.max_body_bytes
-    message = f"request body is over the {limit}-byte cap ({ENV_MAX_MESSAGE_BYTES})"
-    return _error_response(PayloadTooLargeError.status, "too_large", message, limit=limit)
-
-
-def _refuse_unread(response: web.Response) -> web.Response:
-    """Close the connection after ``response``, whose request body was not (all) read.
-
-    aiohttp still reads and drops what the client sends for a while (its lingering time)
-    before closing, so the client gets this answer rather than a reset."""
-    response.force_close()
-    return response
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-    """Map every failure to a status and a msgpack body; never leak a traceback.
-
-    Before the handler runs, a body's ``Content-Length`` is checked against the cap (413)
-    and reserved under the in-flight bound (503 + ``Retry-After`` when no room comes within
-    ``INFLIGHT_BYTES_WAIT_S``); the reservation is given back once the answer is made.
-    """
-    state = request.app[STATE]
-    guarded = request.path not in _UNGUARDED
-    if guarded and state.draining:
-        return _error_response(503, "unavailable", f"{state.name} is shutting down")
-    task = asyncio.current_task()
-    held = 0
-    chunked: list[int] | None = None
-    if guarded:
-        state.inflight += 1
-        state.idle.clear()
-        if task is not None:
-            state.handlers.add(task)
-    try:
-        if guarded:
-            length = request.content_length
-            if length:
-                if length > state.max_body_bytes:
-                    state.refused["too_large"] += 1
-                    return _refuse_unread(_too_large(state))
-                if not state.inflight_bytes.take_now(length):
-                    try:
-                        await state.inflight_bytes.take(length, INFLIGHT_BYTES_WAIT_S)
-                    except ServiceUnavailableError as exc:
-                        state.refused["inflight_bytes"] += 1
-                        return _refuse_unread(_persia_error_response(exc))
-                held = length
-            elif length is None and request.body_exists:  # chunked: reserved as it arrives
-                chunked = request[_CHUNKED_HOLD] = [0]
-        return await handler(request)
-    except ConnectionResetError as exc:
-        if not request.get(_BODY_DROPPED):
-            log.exception("internal error on %s %s", request.method, request.path)
-            return _error_response(500, "internal_error", "internal error; see the service log")
-        # logged once by read_body; the connection is closed, so this answer goes nowhere
-        return _refuse_unread(_error_response(408, "request_timeout", str(exc)))
-    except web.HTTPRequestEntityTooLarge:
-        return _refuse_unread(_too_large(state))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
-        raise
-    except PersiaError as exc:
-        if exc.status >= 500:
-            log.warning("%s %s failed: %s", request.method, request.path, exc)
-        response = _persia_error_response(exc)
-        return _refuse_unread(response) if not request.content.is_eof() else response
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
-        return _error_response(500, "internal_error", "internal error; see the service log")
-    finally:
-        if guarded:
-            state.inflight -= 1
-            state.handlers.discard(task)
-            if state.inflight == 0:
-                state.idle.set()
-            if held:
-                state.inflight_bytes.give(held)
-            elif chunked is not None and chunked[0]:
-                state.inflight_bytes.give(chunked[0])
-
-
-def auth_middleware(token: str) -> Callable:
-    """Answer 401 to any request whose ``Authorization`` header does not carry ``token``.
-
-    It runs before anything else (before the body is read), on every route.
-    """
-
-    @web.middleware
-    async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
-        if not is_authorized(request.headers.get(AUTH_HEADER), token):
-            response = _error_response(
-                401,
-                "unauthorized",
-                f"missing or wrong '{AUTH_HEADER}: {AUTH_SCHEME} <token>' header: every "
-                "process of the job needs the same PERSIA_AUTH_TOKEN",
-            )
-            response.headers["WWW-Authenticate"] = AUTH_SCHEME
-            return response
-        return await handler(request)
-
-    return check
 
 
 def msgpack_handler(func: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -262,7 +88,7 @@ async def read_body(request: web.Request) -> bytes | bytearray:
     up or stalls raises ``BodyAborted``, which the middleware logs as one INFO line.
     """
     state = request.app[STATE]
-    chunked = request.get(_CHUNKED_HOLD)
+    chunked = request.get(CHUNKED_HOLD)
     try:
         return await read_payload(
             request.content,
@@ -278,7 +104,7 @@ async def read_body(request: web.Request) -> bytes | bytearray:
         # dropped (a timed-out client is disconnected; no answer could reach either)
         reason = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
         state.aborted[reason] += 1
-        request[_BODY_DROPPED] = True
+        request[BODY_DROPPED] = True
         log.info("%s %s from %s: %s; request dropped", request.method, request.path,
                  request.remote, exc)  # fmt: skip
         if request.transport is not None:
