@@ -33,7 +33,7 @@ import prometheus_client as prom
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
-from pyrsia.services.embedding_worker.server import Worker, worker_metrics
+from pyrsia.services.embedding_worker.replica import Worker, worker_metrics
 from pyrsia.shared.config import EmbeddingSchema, GlobalConfig
 from pyrsia.shared.constants import GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.embedding_spec import (
