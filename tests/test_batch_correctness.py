@@ -73,28 +73,7 @@ def test_reused_buffers_send_each_batch_its_own_ids_dense_and_labels(job):
     runtime = get_runtime()
     runtime.run(ingress.start())
     try:
-        ids_buf = np.empty(rows, np.uint64)
-        dense_buf = np.empty((rows, 2), np.float32)
-        label_buf = np.empty((rows, 1), np.float32)
-
-        def expected_ids(k: int) -> np.ndarray:
-            return np.arange(rows, dtype=np.uint64) + np.uint64(1000 * (k + 1))
-
-        with DataCtx(max_inflight=4) as ctx:
-            for k in range(n_batches):
-                ids_buf[:] = expected_ids(k)
-                dense_buf[:] = k
-                label_buf[:] = k
-                batch = PersiaBatch(
-                    [IDTypeFeatureWithSingleID("a", ids_buf)],
-                    non_id_type_features=[NonIDTypeFeature(dense_buf, name="dense")],
-                    labels=[Label(label_buf, name="y")],
-                )
-                # mutated between construction and send_data: must not leak either
-                ids_buf[:] = 0
-                dense_buf[:] = -1
-                label_buf[:] = -1
-                ctx.send_data(batch)
+        _send_from_reused_buffers(n_batches, rows)
 
         async def drain() -> list:
             return [await queue.get() for _ in range(n_batches)]
@@ -109,36 +88,67 @@ def test_reused_buffers_send_each_batch_its_own_ids_dense_and_labels(job):
             or not (item.dense.non_id_type_features[0].data == k).all()
         ]
         assert wrong_dense == []
-
-        async def lookups() -> list[int]:
-            registry = Registry(settings)
-            client = EmbeddingWorkerClient(runtime.client, registry=registry)
-            try:
-                await client.connect()
-                await client.configure(EmbeddingConfig().to_dict())
-                await client.register_optimizer(SGD(lr=0.1).to_dict())
-                wrong = []
-                for k in range(n_batches):
-                    by_ref, _ = await client.lookup(0, k, train=True, batch_size=rows)
-                    direct, _ = await client.lookup_direct(
-                        IDPart(
-                            rows,
-                            False,
-                            (IDTypeFeatureWithSingleID("a", expected_ids(k)).to_wire(),),
-                        ),
-                        train=False,
-                        worker=0,
-                    )
-                    got, want = by_ref.embeddings[0][1], direct.embeddings[0][1]
-                    if not np.array_equal(got, want) or not np.abs(want).sum() > 0:
-                        wrong.append(k)
-                return wrong
-            finally:
-                await registry.close()
-
-        assert runtime.run(lookups()) == []
+        assert runtime.run(_batches_whose_lookups_differ(runtime, settings, n_batches, rows)) == []
     finally:
         runtime.run(ingress.stop())
+
+
+def _expected_ids(k: int, rows: int) -> np.ndarray:
+    """Batch ``k``'s ids: ``rows`` consecutive ids from 1000 * (k + 1)."""
+    return np.arange(rows, dtype=np.uint64) + np.uint64(1000 * (k + 1))
+
+
+def _send_from_reused_buffers(n_batches: int, rows: int) -> None:
+    """Send ``n_batches`` through a DataCtx from one id, one dense and one label buffer,
+    refilled per batch (ids ``_expected_ids(k)``, dense and labels ``k``) and overwritten
+    again between building each PersiaBatch and sending it."""
+    ids_buf = np.empty(rows, np.uint64)
+    dense_buf = np.empty((rows, 2), np.float32)
+    label_buf = np.empty((rows, 1), np.float32)
+    with DataCtx(max_inflight=4) as ctx:
+        for k in range(n_batches):
+            ids_buf[:] = _expected_ids(k, rows)
+            dense_buf[:] = k
+            label_buf[:] = k
+            batch = PersiaBatch(
+                [IDTypeFeatureWithSingleID("a", ids_buf)],
+                non_id_type_features=[NonIDTypeFeature(dense_buf, name="dense")],
+                labels=[Label(label_buf, name="y")],
+            )
+            # mutated between construction and send_data: must not leak either
+            ids_buf[:] = 0
+            dense_buf[:] = -1
+            label_buf[:] = -1
+            ctx.send_data(batch)
+
+
+async def _batches_whose_lookups_differ(runtime, settings, n_batches: int, rows: int) -> list[int]:
+    """The batches whose by-reference lookup (the ids the embedding worker buffered) differs
+    from a direct lookup of their expected ids, or comes back all zero."""
+    registry = Registry(settings)
+    client = EmbeddingWorkerClient(runtime.client, registry=registry)
+    try:
+        await client.connect()
+        await client.configure(EmbeddingConfig().to_dict())
+        await client.register_optimizer(SGD(lr=0.1).to_dict())
+        wrong = []
+        for k in range(n_batches):
+            by_ref, _ = await client.lookup(0, k, train=True, batch_size=rows)
+            direct, _ = await client.lookup_direct(
+                IDPart(
+                    rows,
+                    False,
+                    (IDTypeFeatureWithSingleID("a", _expected_ids(k, rows)).to_wire(),),
+                ),
+                train=False,
+                worker=0,
+            )
+            got, want = by_ref.embeddings[0][1], direct.embeddings[0][1]
+            if not np.array_equal(got, want) or not np.abs(want).sum() > 0:
+                wrong.append(k)
+        return wrong
+    finally:
+        await registry.close()
 
 
 def test_features_own_their_arrays():
