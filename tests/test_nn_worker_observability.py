@@ -181,31 +181,8 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": job}
     batch_rows = 3
     batches = [make_batch([900 + 3 * k, 901 + 3 * k, 902 + 3 * k], seed=k) for k in range(STEPS)]
-
-    async def feed() -> None:
-        registry, client = Registry(), HttpClient()
-        try:
-            worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
-            rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
-            for k, batch in enumerate(batches):
-                await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": k,
-                                                          "batch": batch.id_part().to_wire()})  # fmt: skip
-                await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
-                                                           "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
-            await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": STEPS})
-        finally:
-            await client.close()
-            await registry.close()
-
-    async def rank_url() -> str:
-        registry = Registry()
-        try:
-            return (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0].url
-        finally:
-            await registry.close()
-
     errors: list[BaseException] = []
-    feeder = threading.Thread(target=lambda: _run(feed(), errors))
+    feeder = threading.Thread(target=lambda: _run(_feed_rank0(batches), errors))
     with recording_gateway() as gateway:
         with environ(**env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", PERSIA_TENSORBOARD_DIR=None,
                      PERSIA_METRICS_GATEWAY_ADDR=gateway.address,
@@ -214,21 +191,7 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
             from persia import env as persia_env
 
             persia_env.reload_env()
-            model = SmallModel()
-            losses = []
-            with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                          mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
-                feeder.start()
-                loader = DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000)
-                for batch in loader:
-                    output, labels = ctx.forward(batch)
-                    loss = torch.nn.functional.binary_cross_entropy(output, labels[0])
-                    ctx.backward(loss)
-                    losses.append(float(loss.detach()))
-                    if len(losses) == STEPS:
-                        url = asyncio.run(rank_url())
-                        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-                            scraped = _parse(resp.read().decode())
+            losses, scraped = _train_and_scrape_at_the_last_step(feeder)
             feeder.join()
             persia_env.reload_env()
         path = f"/metrics/job/{job}/replica_index/0/role/{ROLE_NN_WORKER}"
@@ -247,6 +210,55 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
         assert scraped[f'pyrsia_nn_worker_step_phase_seconds{{phase="{phase}"}}'] > 0, phase
     assert method == "PUT"
     assert _parse(pushed)["pyrsia_nn_worker_steps"] == STEPS  # the final push: every step
+
+
+async def _feed_rank0(batches) -> None:
+    """Send each batch's ids to the embedding worker and its dense part to rank 0's ingress,
+    then tell rank 0 the stream is done."""
+    registry, client = Registry(), HttpClient()
+    try:
+        worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
+        rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
+        for k, batch in enumerate(batches):
+            await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": k,
+                                                      "batch": batch.id_part().to_wire()})  # fmt: skip
+            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
+                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+        await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": STEPS})
+    finally:
+        await client.close()
+        await registry.close()
+
+
+async def _rank_url() -> str:
+    registry = Registry()
+    try:
+        return (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0].url
+    finally:
+        await registry.close()
+
+
+def _train_and_scrape_at_the_last_step(feeder: threading.Thread):
+    """Train rank 0 from the stream (``feeder`` started once the TrainCtx is entered) and
+    scrape its /metrics right after step STEPS. Returns (every step's loss, the scrape;
+    None if step STEPS never came)."""
+    model = SmallModel()
+    losses = []
+    scraped = None
+    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                  mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
+        feeder.start()
+        loader = DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000)
+        for batch in loader:
+            output, labels = ctx.forward(batch)
+            loss = torch.nn.functional.binary_cross_entropy(output, labels[0])
+            ctx.backward(loss)
+            losses.append(float(loss.detach()))
+            if len(losses) == STEPS:
+                url = asyncio.run(_rank_url())
+                with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+                    scraped = _parse(resp.read().decode())
+    return losses, scraped
 
 
 def _run(coro, errors: list[BaseException]) -> None:
