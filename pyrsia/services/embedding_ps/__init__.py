@@ -20,8 +20,9 @@ Threads of one PS process::
                                            └──> "ps-checkpoint" pool: shard files
     metrics push thread (when configured)
 
-Modules: ``main`` (command line), ``server`` (routes), ``engine`` / ``shard`` / ``table``
-(storage), ``kernels``, ``optimizers``, ``checkpoint*`` and ``bulk`` (dumps and loads),
-``incremental`` / ``packets`` (online updates for serving), ``persia_convert`` /
-``persia_format`` (PERSIA's checkpoints).
+Modules: ``main`` (command line), ``server`` (routes), ``ps_metrics`` (its Prometheus
+metrics), ``engine`` / ``shard`` / ``table`` (storage), ``store_stats`` (the store's
+counters for /stats and /metrics), ``kernels``, ``optimizers``, ``checkpoint*`` and ``bulk``
+(dumps and loads), ``incremental`` / ``packets`` (online updates for serving),
+``persia_convert`` / ``persia_format`` (PERSIA's checkpoints).
 """

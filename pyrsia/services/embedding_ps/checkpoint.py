@@ -32,7 +32,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pyrsia.services.embedding_ps.checkpoint_files import (
     export_parallel,
@@ -202,51 +202,10 @@ def read_manifests(directory: str | Path) -> list[dict]:
     for path in directory.iterdir():
         m = _MANIFEST.match(path.name)
         if m:
-            try:
-                manifest = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise InvalidInputError(
-                    "directory", f"a readable manifest {path.name}", str(exc)
-                ) from exc
-            if (
-                not isinstance(manifest, dict)
-                or manifest.get("format") != FORMAT
-                or manifest.get("format_version") != FORMAT_VERSION
-            ):
-                raise InvalidInputError(
-                    "directory",
-                    f"{FORMAT} version {FORMAT_VERSION} in {path.name}",
-                    manifest.get("format_version") if isinstance(manifest, dict) else None,
-                )
             index = int(m.group(1))
-            count = manifest.get("replica_count")
-            if (
-                manifest.get("replica_index") != index
-                or isinstance(count, bool)
-                or not isinstance(count, int)
-                or not 0 <= index < count
-            ):
-                raise InvalidInputError(
-                    "directory",
-                    f"{path.name}: replica_index {index} of an integer replica_count > {index}",
-                    {k: manifest.get(k) for k in ("replica_index", "replica_count")},
-                )
-            check_dims(manifest.get("dims"), path.name)
-            manifests[index] = manifest
+            manifests[index] = _read_manifest(path, index)
     if not manifests:
-        if any(directory.glob("s*/replica_*_shard_*.emb")):  # PERSIA's layout (persia_format)
-            raise InvalidInputError(
-                "directory",
-                "a Pyrsia checkpoint (replica_<i>.manifest.json files)",
-                str(directory),
-                message=f"directory: {directory} holds a checkpoint written by PERSIA "
-                "(s<r>/replica_<r>_shard_<i>.emb); convert it first with "
-                "`persia-launcher convert-checkpoint --persia-dir DIR --output OUT "
-                "--optimizer JSON` and load OUT",
-            )
-        raise InvalidInputError(
-            "directory", "a checkpoint (replica_<i>.manifest.json files)", str(directory)
-        )
+        _refuse_no_manifest(directory)
     counts = {m["replica_count"] for m in manifests.values()}
     if len(counts) != 1:
         raise InvalidInputError(
@@ -259,6 +218,57 @@ def read_manifests(directory: str | Path) -> list[dict]:
             "directory", f"parts of all {count} replicas", f"missing replica(s) {missing}"
         )
     return [manifests[i] for i in range(count)]
+
+
+def _read_manifest(path: Path, index: int) -> dict:
+    """Replica ``index``'s manifest at ``path``, checked: readable JSON of this format and
+    version, naming itself replica ``index`` of a replica_count above it, with valid dims."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError("directory", f"a readable manifest {path.name}", str(exc)) from exc
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or manifest.get("format_version") != FORMAT_VERSION
+    ):
+        raise InvalidInputError(
+            "directory",
+            f"{FORMAT} version {FORMAT_VERSION} in {path.name}",
+            manifest.get("format_version") if isinstance(manifest, dict) else None,
+        )
+    count = manifest.get("replica_count")
+    if (
+        manifest.get("replica_index") != index
+        or isinstance(count, bool)
+        or not isinstance(count, int)
+        or not 0 <= index < count
+    ):
+        raise InvalidInputError(
+            "directory",
+            f"{path.name}: replica_index {index} of an integer replica_count > {index}",
+            {k: manifest.get(k) for k in ("replica_index", "replica_count")},
+        )
+    check_dims(manifest.get("dims"), path.name)
+    return manifest
+
+
+def _refuse_no_manifest(directory: Path) -> NoReturn:
+    """Refuse a directory holding no manifest, pointing at the converter when it holds a
+    checkpoint PERSIA wrote (``persia_format.py``)."""
+    if any(directory.glob("s*/replica_*_shard_*.emb")):
+        raise InvalidInputError(
+            "directory",
+            "a Pyrsia checkpoint (replica_<i>.manifest.json files)",
+            str(directory),
+            message=f"directory: {directory} holds a checkpoint written by PERSIA "
+            "(s<r>/replica_<r>_shard_<i>.emb); convert it first with "
+            "`persia-launcher convert-checkpoint --persia-dir DIR --output OUT "
+            "--optimizer JSON` and load OUT",
+        )
+    raise InvalidInputError(
+        "directory", "a checkpoint (replica_<i>.manifest.json files)", str(directory)
+    )
 
 
 def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> OptimizerSpec | None:
@@ -278,6 +288,17 @@ def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> Optim
             "(or clear and register nothing) before loading",
         )
     return store.optimizer
+
+
+def _check_widths(manifests: list[dict], optimizer: OptimizerSpec | None) -> None:
+    """Refuse (ConflictError) parts whose rows are not ``dim`` + ``optimizer``'s state wide."""
+    for m in manifests:
+        for dim, info in m["dims"].items():
+            expect = int(dim) + state_width(optimizer, int(dim))
+            if info["width"] != expect:
+                raise ConflictError(
+                    f"checkpoint dim {dim} rows are {info['width']} wide, the store expects {expect}",
+                )
 
 
 def load_store(
@@ -306,13 +327,7 @@ def load_store(
     directory = Path(directory)
     manifests = read_manifests(directory)
     optimizer = _checkpoint_optimizer(store, manifests)
-    for m in manifests:  # widths before reading any file
-        for dim, info in m["dims"].items():
-            expect = int(dim) + state_width(optimizer, int(dim))
-            if info["width"] != expect:
-                raise ConflictError(
-                    f"checkpoint dim {dim} rows are {info['width']} wide, the store expects {expect}",
-                )
+    _check_widths(manifests, optimizer)  # before reading any file
     loaded = 0
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ps-checkpoint") as pool:
         parts, checksummed = verify_parts(directory, manifests, pool)

@@ -41,6 +41,7 @@ from pyrsia.services.embedding_ps.optimizers import (
     state_width,
 )
 from pyrsia.services.embedding_ps.shard import Shard
+from pyrsia.services.embedding_ps.store_stats import StoreStats
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, OptimizerSpec, optimizer_to_dict
 from pyrsia.shared.errors import ConflictError, InvalidInputError
 
@@ -59,8 +60,11 @@ class UpdateResult:
     skipped_nonfinite: int
 
 
-class EmbeddingStore(BulkAccess):
-    """A replica's embedding table: id -> embedding + optimizer state, LRU-bounded to ``capacity``."""
+class EmbeddingStore(BulkAccess, StoreStats):
+    """A replica's embedding table: id -> embedding + optimizer state, LRU-bounded to ``capacity``.
+
+    Whole-row export/import and checkpoints come from ``bulk.BulkAccess``; ``stats()`` and
+    ``lookup_counters()`` from ``store_stats.StoreStats``."""
 
     def __init__(
         self,
@@ -232,63 +236,66 @@ class EmbeddingStore(BulkAccess):
         if aid is None:
             out[:] = 0.0
             return out
-        width = self._width(dim)
         if train:
-            salt = K.mix64_py(self._seed + next(self._calls))
-            hyper, opt = self._hyper, self._opt
-
-            def one(i: int, pos: np.ndarray) -> int:
-                shard = self._shards[i]
-                with shard.lock:
-                    arena = shard.arena(aid, dim, width)
-                    shard.reserve(pos.shape[0], arena)
-                    meta = shard.meta
-                    before = (int(meta[K.M_REINIT]), int(meta[K.M_N]) + int(meta[K.M_EVICT]),
-                              int(meta[K.M_REFUSED]))  # fmt: skip
-                    orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
-                    n_orph = K.lookup_train(
-                        ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
-                        shard.pool, shard.pstamp, shard.meta, hyper, opt, salt, orphans,
-                    )  # fmt: skip
-                    shard.free_orphans(orphans, n_orph)
-                    # every new entry is placed (M_N grows) or replaces an evicted one
-                    placed = int(meta[K.M_N]) + int(meta[K.M_EVICT]) - before[1]
-                    refused = int(meta[K.M_REFUSED]) - before[2]
-                    return (
-                        int(meta[K.M_REINIT]) - before[0],
-                        placed,
-                        pos.shape[0] - placed - refused,
-                    )
-
-            counts = self._run(one, self._split(ids))
-            reinit = sum(c[0] for c in counts)
-            with self._state_lock:
-                self._admitted += sum(c[1] for c in counts)
-                self._lookup_hits += sum(c[2] for c in counts)
-            if reinit:
-                log.info("re-initialized %d ids stored at another dim at dim %d", reinit, dim)
+            self._lookup_train(ids, dim, aid, out)
         else:
-
-            def one(i: int, pos: np.ndarray) -> None:
-                shard = self._shards[i]
-                with shard.lock:
-                    arena = shard.arenas[aid] if aid < len(shard.arenas) else None
-                    if arena is None:
-                        out[pos] = 0.0
-                        return
-                    K.lookup_eval(
-                        ids,
-                        pos,
-                        out,
-                        arena.data,
-                        np.int64(aid),
-                        shard.slots,
-                        shard.ent,
-                        shard.meta,
-                    )
-
-            self._run(one, self._split(ids))
+            self._lookup_eval(ids, aid, out)
         return out
+
+    def _lookup_train(self, ids: np.ndarray, dim: int, aid: int, out: np.ndarray) -> None:
+        """Fill ``out`` for a training lookup: refresh, admit or refuse each id (the kernel),
+        then add the shards' hits and admissions to the store's counters."""
+        width = self._width(dim)
+        salt = K.mix64_py(self._seed + next(self._calls))
+        hyper, opt = self._hyper, self._opt
+
+        def one(i: int, pos: np.ndarray) -> tuple[int, int, int]:
+            shard = self._shards[i]
+            with shard.lock:
+                arena = shard.arena(aid, dim, width)
+                shard.reserve(pos.shape[0], arena)
+                meta = shard.meta
+                before = (int(meta[K.M_REINIT]), int(meta[K.M_N]) + int(meta[K.M_EVICT]),
+                          int(meta[K.M_REFUSED]))  # fmt: skip
+                orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
+                n_orph = K.lookup_train(
+                    ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
+                    shard.pool, shard.pstamp, shard.meta, hyper, opt, salt, orphans,
+                )  # fmt: skip
+                shard.free_orphans(orphans, n_orph)
+                # every new entry is placed (M_N grows) or replaces an evicted one
+                placed = int(meta[K.M_N]) + int(meta[K.M_EVICT]) - before[1]
+                refused = int(meta[K.M_REFUSED]) - before[2]
+                return (
+                    int(meta[K.M_REINIT]) - before[0],
+                    placed,
+                    pos.shape[0] - placed - refused,
+                )
+
+        counts = self._run(one, self._split(ids))
+        reinit = sum(c[0] for c in counts)
+        with self._state_lock:
+            self._admitted += sum(c[1] for c in counts)
+            self._lookup_hits += sum(c[2] for c in counts)
+        if reinit:
+            log.info("re-initialized %d ids stored at another dim at dim %d", reinit, dim)
+
+    def _lookup_eval(self, ids: np.ndarray, aid: int, out: np.ndarray) -> None:
+        """Fill ``out`` for an eval lookup: stored ids read their rows, others zeros; nothing
+        is inserted or refreshed."""
+
+        def one(i: int, pos: np.ndarray) -> None:
+            shard = self._shards[i]
+            with shard.lock:
+                arena = shard.arenas[aid] if aid < len(shard.arenas) else None
+                if arena is None:
+                    out[pos] = 0.0
+                    return
+                K.lookup_eval(
+                    ids, pos, out, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta
+                )
+
+        self._run(one, self._split(ids))
 
     def update(self, ids: np.ndarray, grads: np.ndarray) -> UpdateResult:
         """Apply one optimizer step per (id, gradient row); see the module docstring.
@@ -349,56 +356,6 @@ class EmbeddingStore(BulkAccess):
         """Drop every entry (the optimizer, hyper-parameters and counters stay)."""
         with self._all_locks():
             self._reset_unlocked()
-
-    def raw_bytes_per_entry(self, dim: int) -> int:
-        """8-byte key + embedding + optimizer state: the reference for memory overhead."""
-        return 8 + 4 * self._width(dim)
-
-    def stats(self) -> dict:
-        """Counters and memory use (see the module docstring for what each counts)."""
-        entries = len(self)
-        per_dim: dict[int, int] = {}
-        for dim, aid in self._dims.items():
-            per_dim[dim] = sum(
-                s.arenas[aid].live
-                for s in self._shards
-                if aid < len(s.arenas) and s.arenas[aid] is not None
-            )
-        nbytes = sum(s.nbytes() for s in self._shards)
-        raw = sum(n * self.raw_bytes_per_entry(d) for d, n in per_dim.items())
-        return {
-            "entries": entries,
-            "capacity": self.capacity,
-            "num_shards": self.num_shards,
-            "evictions": sum(int(s.meta[K.M_EVICT]) for s in self._shards),
-            "admission_refusals": sum(int(s.meta[K.M_REFUSED]) for s in self._shards),
-            "updates_applied": self._updates_applied,
-            "skipped_unknown": self._skipped_unknown,
-            "skipped_nonfinite": self._skipped_nonfinite,
-            "reinitialized_dim": sum(int(s.meta[K.M_REINIT]) for s in self._shards),
-            "bytes_allocated": nbytes,
-            "bytes_per_entry": nbytes / entries if entries else 0.0,
-            "raw_bytes_per_entry": raw / entries if entries else 0.0,
-            "entries_per_dim": {str(d): n for d, n in sorted(per_dim.items())},
-            "optimizer": optimizer_to_dict(self._optimizer)
-            if self._optimizer is not None
-            else None,
-            "hyperparams": self._hyperparams.to_dict(),
-        }
-
-    def lookup_counters(self) -> dict[str, int]:
-        """Cumulative training-lookup counts, cheap enough for every ``/metrics`` scrape:
-        ``hits`` (ids found stored), ``admitted`` (ids given a new entry), ``refused`` (ids
-        refused by ``admit_probability``) and ``evicted`` (entries dropped for capacity).
-        A training lookup of n ids adds n to hits + admitted + refused."""
-        with self._state_lock:
-            hits, admitted = self._lookup_hits, self._admitted
-        return {
-            "hits": hits,
-            "admitted": admitted,
-            "refused": sum(int(s.meta[K.M_REFUSED]) for s in self._shards),
-            "evicted": sum(int(s.meta[K.M_EVICT]) for s in self._shards),
-        }
 
     def close(self) -> None:
         """Stop the shard thread pool (the store stays usable single-threaded)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyrsia.services.embedding_ps.checkpoint import read_manifests
 from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots
@@ -22,7 +23,7 @@ from pyrsia.shared.cli import (
     global_config_from_flags,
     resolve_file,
 )
-from pyrsia.shared.config import JobType
+from pyrsia.shared.config import EmbeddingParameterServerConfig, GlobalConfig, JobType
 from pyrsia.shared.constants import (
     DEFAULT_PS_PORT,
     ENV_CHECKPOINT_ROOT,
@@ -39,6 +40,9 @@ from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import install_metrics_push, push_settings
 from pyrsia.shared.service_runner import run, run_service
 from pyrsia.shared.warming import warm_in_background
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +86,81 @@ def _check_infer_address(servers: tuple[str, ...], args: argparse.Namespace) -> 
     return None
 
 
+def _read_flags(args: argparse.Namespace) -> tuple[str, GlobalConfig, tuple[Path, ...]]:
+    """(cpu priority, global config, checkpoint roots) from the flags and the files they
+    name; UsageError or ConfigError says which one is wrong."""
+    check_replica_flags(args)
+    cpu_priority = resolve_cpu_priority(args.cpu_priority)
+    # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
+    resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False)
+    config = global_config_from_flags(args)
+    roots = checkpoint_roots(
+        args.checkpoint_root, config.common_config.checkpointing_config.checkpoint_dir
+    )
+    return cpu_priority, config, roots
+
+
+def _make_store(ps: EmbeddingParameterServerConfig) -> EmbeddingStore:
+    """An empty store of ``ps.capacity`` with at most MAX_INTERNAL_SHARDS internal shards."""
+    shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
+    if shards != ps.num_hashmap_internal_shards:  # the default (100) does: no news at INFO
+        log.debug(
+            "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
+            ps.num_hashmap_internal_shards,
+            shards,
+        )
+    return EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+
+
+def _load_infer_checkpoint(
+    store: EmbeddingStore, checkpoint: str, args: argparse.Namespace, workers: int
+) -> int:
+    """Load ``infer_config.embedding_checkpoint`` into ``store``; returns the earliest start
+    (unix ms) of its parts, the packets the loader applies on top being those newer. A
+    checkpoint that cannot be loaded is a ConfigError naming the key."""
+    try:
+        loaded = store.load(checkpoint, args.replica_index, args.replica_size, workers)
+    except PersiaError as exc:
+        raise ConfigError(f"infer_config.embedding_checkpoint {checkpoint}: {exc}") from exc
+    since_ms = min(
+        m.get("started_unix_ms", m["created_unix_ms"]) for m in read_manifests(checkpoint)
+    )
+    log.info("inference: loaded %d entries from %s", loaded, checkpoint)
+    return since_ms
+
+
+def _incremental(
+    store: EmbeddingStore,
+    ps: EmbeddingParameterServerConfig,
+    args: argparse.Namespace,
+    infer: bool,
+    since_ms: int,
+) -> IncrementalLoader | None:
+    """With ``enable_incremental_update``: an Infer replica's loader of packets (returned), or
+    a Train replica's writer of them (set on ``store``). A writer directory that cannot be
+    created is a ConfigError naming ``incremental_dir``."""
+    if ps.enable_incremental_update and infer:
+        loader = IncrementalLoader(store, ps.incremental_dir, args.replica_index, args.replica_size, since_unix_ms=since_ms)  # fmt: skip
+        log.info("incremental updates: applying packets from %s every %ds", ps.incremental_dir, ps.incremental_scan_interval_seconds)  # fmt: skip
+        return loader
+    if ps.enable_incremental_update:
+        replica_dir = Path(ps.incremental_dir) / f"replica_{args.replica_index}"
+        try:
+            store.incremental = IncrementalWriter(replica_dir, ps.incremental_buffer_size)
+        except OSError as exc:
+            raise ConfigError(f"incremental_dir {replica_dir}: cannot be created: {exc}") from exc
+        log.info(
+            "incremental updates: packets of %d ids under %s",
+            ps.incremental_buffer_size,
+            replica_dir,
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        check_replica_flags(args)
-        cpu_priority = resolve_cpu_priority(args.cpu_priority)
-        # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
-        resolve_file(
-            args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
-        )
-        config = global_config_from_flags(args)
-        roots = checkpoint_roots(
-            args.checkpoint_root, config.common_config.checkpointing_config.checkpoint_dir
-        )
+        cpu_priority, config, roots = _read_flags(args)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     infer = config.common_config.job_type == JobType.Infer
@@ -111,45 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config
-    shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
-    if shards != ps.num_hashmap_internal_shards:  # the default (100) does: no news at INFO
-        log.debug(
-            "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
-            ps.num_hashmap_internal_shards,
-            shards,
-        )
-    store = EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+    store = _make_store(ps)
     workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
     log.info(
         "checkpoint roots %s: /dump and /load paths outside them are refused",
         ", ".join(map(str, roots)),
     )
     infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
-    since_ms = 0
-    if infer and infer_checkpoint:
-        try:
-            loaded = store.load(infer_checkpoint, args.replica_index, args.replica_size, workers)
-        except PersiaError as exc:
-            return fail(f"infer_config.embedding_checkpoint {infer_checkpoint}: {exc}")
-        since_ms = min(
-            m.get("started_unix_ms", m["created_unix_ms"]) for m in read_manifests(infer_checkpoint)
-        )
-        log.info("inference: loaded %d entries from %s", loaded, infer_checkpoint)
-    loader = None
-    if ps.enable_incremental_update and infer:
-        loader = IncrementalLoader(store, ps.incremental_dir, args.replica_index, args.replica_size, since_unix_ms=since_ms)  # fmt: skip
-        log.info("incremental updates: applying packets from %s every %ds", ps.incremental_dir, ps.incremental_scan_interval_seconds)  # fmt: skip
-    elif ps.enable_incremental_update:
-        replica_dir = Path(ps.incremental_dir) / f"replica_{args.replica_index}"
-        try:
-            store.incremental = IncrementalWriter(replica_dir, ps.incremental_buffer_size)
-        except OSError as exc:
-            return fail(f"incremental_dir {replica_dir}: cannot be created: {exc}")
-        log.info(
-            "incremental updates: packets of %d ids under %s",
-            ps.incremental_buffer_size,
-            replica_dir,
-        )
+    try:
+        since_ms = 0
+        if infer and infer_checkpoint:
+            since_ms = _load_infer_checkpoint(store, infer_checkpoint, args, workers)
+        loader = _incremental(store, ps, args, infer, since_ms)
+    except ConfigError as exc:
+        return fail(str(exc))
     app = create_app(
         store,
         replica_index=args.replica_index,
@@ -165,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index
     )
     warm_in_background(warm_ps, "PS")  # kernels loaded before the first update needs them
+    return _serve(app, args, use_registry=not (infer and servers))
+
+
+def _serve(app: web.Application, args: argparse.Namespace, *, use_registry: bool) -> int:
+    """Run ``app`` until it is stopped (registered in Redis unless ``use_registry`` is False);
+    0, or the usage exit code when the registry refuses or cannot be reached."""
     try:
         run(
             lambda: run_service(
@@ -174,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 replica_size=args.replica_size,
                 host=args.host,
                 port=args.port,
-                use_registry=not (infer and servers),
+                use_registry=use_registry,
             )
         )
     except RegistryError as exc:

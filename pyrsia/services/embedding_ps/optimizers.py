@@ -93,68 +93,98 @@ def finite(g):
 
 
 @nb.njit(inline="always", cache=True)
+def _sgd_step(row, g, dim, opt):
+    """SGD with optional momentum, PyTorch's form: buf = m*buf + g', w -= lr*buf."""
+    lr = opt[1]
+    wd = opt[2]
+    mom = opt[3]
+    if mom > 0.0:
+        for j in range(dim):
+            w = np.float64(row[j])
+            buf = mom * np.float64(row[dim + j]) + np.float64(g[j]) + wd * w
+            row[dim + j] = np.float32(buf)
+            row[j] = np.float32(w - lr * buf)
+    else:
+        for j in range(dim):
+            w = np.float64(row[j])
+            row[j] = np.float32(w - lr * (np.float64(g[j]) + wd * w))
+
+
+@nb.njit(inline="always", cache=True)
+def _adagrad_step(row, g, dim, opt, tmp):
+    """Adagrad, with one accumulator per element or one per vector (``vectorwise_shared``).
+    ``tmp`` holds the per-element square roots so they run as their own vectorizable loop."""
+    lr = opt[1]
+    wd = opt[2]
+    gsm = opt[4]
+    eps = opt[5]
+    if opt[6] != 0.0:
+        a = np.float64(row[dim])
+        scale = lr / math.sqrt(a + eps)
+        sq = 0.0
+        for j in range(dim):
+            gj = np.float64(g[j])
+            w = np.float64(row[j])
+            row[j] = np.float32(w - scale * (gj + wd * w))
+            sq += gj * gj
+        row[dim] = np.float32(a * gsm + sq / dim)
+    else:
+        for j in range(dim):
+            tmp[j] = math.sqrt(np.float64(row[dim + j]) + eps)
+        for j in range(dim):
+            gj = np.float64(g[j])
+            w = np.float64(row[j])
+            a = np.float64(row[dim + j])
+            row[j] = np.float32(w - lr * (gj + wd * w) / tmp[j])
+            row[dim + j] = np.float32(a * gsm + gj * gj)
+
+
+@nb.njit(inline="always", cache=True)
+def _adam_step(row, g, dim, opt):
+    """Adam with bias correction; the step count is the row's last state value."""
+    lr = opt[1]
+    wd = opt[2]
+    b1 = opt[3]
+    b2 = opt[4]
+    eps = opt[5]
+    step = np.float64(row[3 * dim]) + 1.0
+    row[3 * dim] = np.float32(step)
+    bc1 = 1.0 - b1**step
+    bc2_sqrt = math.sqrt(1.0 - b2**step)
+    step_size = lr / bc1
+    for j in range(dim):
+        w = np.float64(row[j])
+        gj = np.float64(g[j]) + wd * w
+        m = b1 * np.float64(row[dim + j]) + (1.0 - b1) * gj
+        v = b2 * np.float64(row[2 * dim + j]) + (1.0 - b2) * gj * gj
+        row[dim + j] = np.float32(m)
+        row[2 * dim + j] = np.float32(v)
+        row[j] = np.float32(w - step_size * m / (math.sqrt(v) / bc2_sqrt + eps))
+
+
+@nb.njit(inline="always", cache=True)
+def _clip(row, dim, bound):
+    """Clip the embedding (the first ``dim`` values) to [-bound, bound] in float32."""
+    fb = np.float32(bound)
+    for j in range(dim):
+        if row[j] > fb:
+            row[j] = fb
+        elif row[j] < -fb:
+            row[j] = -fb
+
+
+@nb.njit(inline="always", cache=True)
 def apply(row, g, dim, opt, bound, tmp):
     """One optimizer step on ``row`` with gradient ``g``, then clip the embedding to ``bound``.
     ``tmp`` is float64 scratch of at least ``dim`` values (lets the square roots run as their
-    own vectorizable loop; the arithmetic is the same, in the same order)."""
+    own vectorizable loop; the arithmetic is the same, in the same order). Each step helper
+    is inlined here at numba IR level, as this function is into the kernels that call it."""
     kind = np.int64(opt[0])
-    lr = opt[1]
-    wd = opt[2]
     if kind == SGD:
-        mom = opt[3]
-        if mom > 0.0:
-            for j in range(dim):
-                w = np.float64(row[j])
-                buf = mom * np.float64(row[dim + j]) + np.float64(g[j]) + wd * w
-                row[dim + j] = np.float32(buf)
-                row[j] = np.float32(w - lr * buf)
-        else:
-            for j in range(dim):
-                w = np.float64(row[j])
-                row[j] = np.float32(w - lr * (np.float64(g[j]) + wd * w))
+        _sgd_step(row, g, dim, opt)
     elif kind == ADAGRAD:
-        gsm = opt[4]
-        eps = opt[5]
-        if opt[6] != 0.0:
-            a = np.float64(row[dim])
-            scale = lr / math.sqrt(a + eps)
-            sq = 0.0
-            for j in range(dim):
-                gj = np.float64(g[j])
-                w = np.float64(row[j])
-                row[j] = np.float32(w - scale * (gj + wd * w))
-                sq += gj * gj
-            row[dim] = np.float32(a * gsm + sq / dim)
-        else:
-            for j in range(dim):
-                tmp[j] = math.sqrt(np.float64(row[dim + j]) + eps)
-            for j in range(dim):
-                gj = np.float64(g[j])
-                w = np.float64(row[j])
-                a = np.float64(row[dim + j])
-                row[j] = np.float32(w - lr * (gj + wd * w) / tmp[j])
-                row[dim + j] = np.float32(a * gsm + gj * gj)
+        _adagrad_step(row, g, dim, opt, tmp)
     elif kind == ADAM:
-        b1 = opt[3]
-        b2 = opt[4]
-        eps = opt[5]
-        step = np.float64(row[3 * dim]) + 1.0
-        row[3 * dim] = np.float32(step)
-        bc1 = 1.0 - b1**step
-        bc2_sqrt = math.sqrt(1.0 - b2**step)
-        step_size = lr / bc1
-        for j in range(dim):
-            w = np.float64(row[j])
-            gj = np.float64(g[j]) + wd * w
-            m = b1 * np.float64(row[dim + j]) + (1.0 - b1) * gj
-            v = b2 * np.float64(row[2 * dim + j]) + (1.0 - b2) * gj * gj
-            row[dim + j] = np.float32(m)
-            row[2 * dim + j] = np.float32(v)
-            row[j] = np.float32(w - step_size * m / (math.sqrt(v) / bc2_sqrt + eps))
+        _adam_step(row, g, dim, opt)
     if bound > 0.0:
-        fb = np.float32(bound)
-        for j in range(dim):
-            if row[j] > fb:
-                row[j] = fb
-            elif row[j] < -fb:
-                row[j] = -fb
+        _clip(row, dim, bound)

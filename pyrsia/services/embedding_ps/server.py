@@ -34,15 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import prometheus_client as prom
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from pyrsia.services.embedding_ps.checkpoint_root import confine
 from pyrsia.services.embedding_ps.checksum import store_checksum
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+from pyrsia.services.embedding_ps.ps_metrics import loader_gauges, request_metrics
 from pyrsia.shared.embedding_spec import optimizer_to_dict
 from pyrsia.shared.errors import (
     ConflictError,
@@ -269,36 +267,6 @@ async def checksum(request: web.Request, body: Any) -> dict:
     return await _in_thread(request, store_checksum, request.app[STORE])
 
 
-class _LookupCounters(Collector):
-    """``pyrsia_ps_lookup_{hits,admitted,refused,evicted}_total``: the store's training-lookup
-    counters (EmbeddingStore.lookup_counters), read at each scrape."""
-
-    def __init__(self, store: EmbeddingStore):
-        self.store = store
-
-    def collect(self):
-        c = self.store.lookup_counters()
-        yield CounterMetricFamily("pyrsia_ps_lookup_hits", "training-lookup ids found stored", value=c["hits"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_admitted", "training-lookup ids given a new entry", value=c["admitted"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_refused", "training-lookup ids refused by admit_probability (they read zeros)", value=c["refused"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_evicted", "entries evicted (least recently used) to make room for admitted ids", value=c["evicted"])  # fmt: skip
-
-
-def _metrics(app: web.Application) -> dict[str, Any]:
-    registry = app[METRICS]
-    store = app[STORE]
-    entries = prom.Gauge("pyrsia_ps_entries", "embedding entries held", registry=registry)
-    entries.set_function(lambda: len(store))
-    ids = prom.Counter("pyrsia_ps_ids", "ids processed", ["op"], registry=registry)
-    registry.register(_LookupCounters(store))
-    latency = prom.Histogram(
-        "pyrsia_ps_request_seconds", "time to serve a request", ["op"], registry=registry
-    )
-    # op -> its (ids, latency) children, made once: labels() costs a lock and a lookup per call
-    return {op: (ids.labels(op=op), latency.labels(op=op))
-            for op in ("lookup_train", "lookup_eval", "update")}  # fmt: skip
-
-
 async def _scan_loop(app: web.Application, interval_s: float) -> None:
     """Apply new incremental packets now and every ``interval_s`` (in the executor)."""
     loader = app[LOADER]
@@ -339,13 +307,9 @@ def create_app(
     app[STATUS].configured = ready_without_configure
     app[STATUS].infer = ready_without_configure
     if incremental_loader is not None:
-        app[LOADER] = incremental_loader
-        counts = incremental_loader.stats
-        prom.Gauge("pyrsia_ps_incremental_packets_applied", "incremental packets applied", registry=app[METRICS]).set_function(lambda: counts.packets_applied)  # fmt: skip
-        prom.Gauge("pyrsia_ps_incremental_packets_torn", "torn incremental packets skipped", registry=app[METRICS]).set_function(lambda: counts.packets_skipped_torn)  # fmt: skip
-        prom.Gauge("pyrsia_ps_incremental_delay_seconds", "age of the last packet applied when it was applied", registry=app[METRICS]).set_function(lambda: counts.last_delay_s)  # fmt: skip
+        _add_loader(app, incremental_loader)
     app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
-    app[PS_METRICS] = _metrics(app)
+    app[PS_METRICS] = request_metrics(app[METRICS], store)
 
     async def executor_ctx(app: web.Application):
         app[OFFLOAD] = Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"))
@@ -358,18 +322,37 @@ def create_app(
             await asyncio.gather(scanner, return_exceptions=True)
         # queued work whose request is gone is dropped; the running kernel finishes
         app[OFFLOAD].shutdown()
-        final = store.stats()
-        log.info(
-            "final stats: updates_applied=%d entries=%d",
-            final["updates_applied"],
-            final["entries"],
-        )
-        if store.incremental is not None:
-            store.incremental.flush(store)  # the last partial packet is not lost on shutdown
-        store.close()
+        _close_store(store)
 
     app.cleanup_ctx.append(executor_ctx)
     app[STATUS].refresh(app)
+    _add_routes(app)
+    return app
+
+
+def _add_loader(app: web.Application, loader: IncrementalLoader) -> None:
+    """Keep an Infer replica's incremental ``loader`` on ``app`` (``/stats``, the scanner)
+    and export its counts as gauges."""
+    app[LOADER] = loader
+    loader_gauges(app[METRICS], loader.stats)
+
+
+def _close_store(store: EmbeddingStore) -> None:
+    """At shutdown, once no request runs: log the final counts, write the last partial
+    incremental packet (so it is not lost) and stop the store's shard threads."""
+    final = store.stats()
+    log.info(
+        "final stats: updates_applied=%d entries=%d",
+        final["updates_applied"],
+        final["entries"],
+    )
+    if store.incremental is not None:
+        store.incremental.flush(store)  # the last partial packet is not lost on shutdown
+    store.close()
+
+
+def _add_routes(app: web.Application) -> None:
+    """The PS routes (module docstring): every one on POST, /stats and /checksum on GET too."""
     for path, handler in [
         ("/configure", configure),
         ("/register_optimizer", register_optimizer),
@@ -384,4 +367,3 @@ def create_app(
         app.router.add_post(path, handler)
     app.router.add_get("/stats", stats)
     app.router.add_get("/checksum", checksum)
-    return app
