@@ -139,10 +139,55 @@ def train_single_process(
     instead of one per operation; the same update) instead of the issue's default ``Adam``.
     """
 
-    begin = clock.start if clock is not None else lambda: None
-    lap = clock.lap if clock is not None else lambda phase: None
-
     torch.manual_seed(seed)
+    embeddings, model, emb_opt, dense_opt, loss_fn, autocast = _build_training(
+        slot_sizes, dim, model_factory, embedding_factory, emb_initialization,
+        embedding_lr, initial_accumulator_value, dense_lr, fused_adam, autocast_dtype,
+    )  # fmt: skip
+    model.train()
+    iterable = progress(train_batches) if progress is not None else train_batches
+    losses, samples, first_samples, train_seconds = _train_pass(
+        iterable, embeddings, model, emb_opt, dense_opt, loss_fn, autocast, max_steps, clock
+    )
+    auc = _evaluate(test_batches, embeddings, model, autocast)
+    return _summary(losses, samples, first_samples, train_seconds, auc)
+
+
+def _summary(losses: list[float], samples: int, first_samples: int, train_seconds: float,
+             auc: float) -> dict[str, Any]:  # fmt: skip
+    """:func:`train_single_process`'s answer: samples/s over the timed steps, the AUC, the
+    losses and the counts of steps and samples, all and timed."""
+    timed_samples = samples - first_samples
+    return {
+        "samples_per_s": timed_samples / train_seconds if train_seconds > 0 else float("nan"),
+        "auc": auc,
+        "losses": losses,
+        "steps": len(losses),
+        "samples": samples,
+        "timed_steps": max(len(losses) - 1, 0),
+        "timed_samples": timed_samples,
+        "train_seconds": train_seconds,
+    }
+
+
+def _build_training(
+    slot_sizes: Sequence[int],
+    dim: int,
+    model_factory: Callable[[], nn.Module],
+    embedding_factory: Callable[[], nn.Module] | None,
+    emb_initialization: tuple[float, float],
+    embedding_lr: float,
+    initial_accumulator_value: float,
+    dense_lr: float,
+    fused_adam: bool,
+    autocast_dtype: torch.dtype | None,
+) -> tuple[
+    nn.Module, nn.Module, torch.optim.Optimizer | None, torch.optim.Optimizer, nn.Module, Any
+]:
+    """The embeddings, the dense model, their optimizers, the loss and the forward's autocast
+    context, built in this order after the caller seeds torch (so the initial weights are the
+    same on every run); the embedding optimizer is None for an embedding module with a
+    ``fused_optimizer`` of its own."""
     if embedding_factory is None:
         embeddings: nn.Module = FlatEmbeddings(slot_sizes, dim, emb_initialization)
     else:
@@ -164,11 +209,27 @@ def train_single_process(
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
+    return embeddings, model, emb_opt, dense_opt, loss_fn, autocast
 
+
+def _train_pass(
+    iterable: Iterable[Batch],
+    embeddings: nn.Module,
+    model: nn.Module,
+    emb_opt: torch.optim.Optimizer | None,
+    dense_opt: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    autocast: Any,
+    max_steps: int | None,
+    clock: Any,
+) -> tuple[list[float], int, int, float]:
+    """The training loop: one pass over ``iterable`` (at most ``max_steps`` batches); the
+    losses, the samples, the samples of the untimed first step and the timed seconds (from
+    the end of the first step to the end of the last)."""
+    begin = clock.start if clock is not None else lambda: None
+    lap = clock.lap if clock is not None else lambda phase: None
     losses: list[float] = []
     samples = 0
-    model.train()
-    iterable = progress(train_batches) if progress is not None else train_batches
     start, first_samples = None, 0
     # Opting out explicitly: torch otherwise warns on every sparse Adagrad step.
     with torch.sparse.check_sparse_tensor_invariants(enable=False):
@@ -199,8 +260,13 @@ def train_single_process(
                 if clock is not None:  # its phases count the timed steps only
                     clock.clear()
     train_seconds = time.perf_counter() - start if start is not None else 0.0
-    timed_samples = samples - first_samples
+    return losses, samples, first_samples, train_seconds
 
+
+def _evaluate(
+    test_batches: Iterable[Batch], embeddings: nn.Module, model: nn.Module, autocast: Any
+) -> float:
+    """The test AUC of the trained model over ``test_batches`` (NaN when there are none)."""
     model.eval()
     scores, labels = [], []
     with torch.no_grad():
@@ -210,14 +276,4 @@ def train_single_process(
                 logits = model([torch.from_numpy(dense)], [emb])
             scores.append(logits.float().numpy().reshape(-1))
             labels.append(np.asarray(label).reshape(-1))
-    auc = roc_auc(np.concatenate(labels), np.concatenate(scores)) if scores else float("nan")
-    return {
-        "samples_per_s": timed_samples / train_seconds if train_seconds > 0 else float("nan"),
-        "auc": auc,
-        "losses": losses,
-        "steps": len(losses),
-        "samples": samples,
-        "timed_steps": max(len(losses) - 1, 0),
-        "timed_samples": timed_samples,
-        "train_seconds": train_seconds,
-    }
+    return roc_auc(np.concatenate(labels), np.concatenate(scores)) if scores else float("nan")

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import REPO, write_json
 
@@ -253,7 +254,8 @@ def save_plots(json_path: Path, rows: list[dict]) -> list[Path]:
     return [p for p in written if p is not None]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser (for its ``error``) and the parsed command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rtt-ms", default="0,0.5,2,5", help="round-trip times (ms)")
     parser.add_argument("--rates", default="10gbit,1gbit", help="link rates (tc syntax)")
@@ -274,17 +276,56 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="only draw the PNGs of a saved run (beside that JSON)",
     )
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+def plot_from(parser: argparse.ArgumentParser, saved_json: Path) -> None:
+    """``--plot-from``: the saved run's table and its PNGs, drawn beside ``saved_json``."""
+    try:
+        doc = json.loads(saved_json.read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"--plot-from: cannot read {saved_json} as JSON: {exc}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        parser.error(f"--plot-from: {saved_json} is not a cluster_bench JSON (no rows)")
+    print_table(doc["rows"])
+    for path in save_plots(saved_json, doc["rows"]):
+        print(f"wrote {path}")
+
+
+def run_plan(work: Path, configs: tuple[Path, Path], data_path: Path, rtts: list[float],
+             rates: list[str], staleness: int, staleness_low: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Every run of the plan in the namespaced hosts, with the echo and sink servers up: per
+    rate, direct and relayed at RTT 0, relayed at each RTT > 0; then ``staleness_low`` (when
+    not 0) at each RTT on the first rate. Each row is printed as JSON as it comes."""
+    rows = []
+    with Network(LAYOUT.hosts()) as net:
+        for host in LAYOUT.hosts():
+            net.add_address(host)
+        echo = net.popen("ps0", [sys.executable, "-c", ECHO, net.hosts["ps0"].address,
+                                 str(ECHO_PORT)], stdout=-3, stderr=-3)  # fmt: skip
+        sink = net.popen("ps0", [sys.executable, "-c", SINK, net.hosts["ps0"].address,
+                                 str(SINK_PORT)], stdout=-3, stderr=-3)  # fmt: skip
+        plan = []
+        for rate in rates:
+            plan.append((0.0, rate, staleness, False))
+            plan.append((0.0, rate, staleness, True))
+            plan += [(rtt, rate, staleness, True) for rtt in rtts if rtt > 0]
+        if staleness_low:
+            plan += [(rtt, rates[0], staleness_low, True) for rtt in rtts]
+        for rtt, rate, stale, via_proxy in plan:
+            row = run_one(net, work, configs, data_path, rtt_ms=rtt, rate=rate,
+                          staleness=stale, via_proxy=via_proxy)  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        echo.terminate()
+        sink.terminate()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse_args(argv)
     if args.plot_from is not None:
-        try:
-            doc = json.loads(args.plot_from.read_text())
-        except (OSError, ValueError) as exc:
-            parser.error(f"--plot-from: cannot read {args.plot_from} as JSON: {exc}")
-        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-            parser.error(f"--plot-from: {args.plot_from} is not a cluster_bench JSON (no rows)")
-        print_table(doc["rows"])
-        for path in save_plots(args.plot_from, doc["rows"]):
-            print(f"wrote {path}")
+        plot_from(parser, args.plot_from)
         return 0
     reason = unavailable_reason()
     if reason is not None:
@@ -301,28 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         max_test_rows=20_000 if args.quick else None,
     )  # fmt: skip
     configs = e2e_data.write_configs(e2e_data.load(data_path), work)
-    rows = []
-    with Network(LAYOUT.hosts()) as net:
-        for host in LAYOUT.hosts():
-            net.add_address(host)
-        echo = net.popen("ps0", [sys.executable, "-c", ECHO, net.hosts["ps0"].address,
-                                 str(ECHO_PORT)], stdout=-3, stderr=-3)  # fmt: skip
-        sink = net.popen("ps0", [sys.executable, "-c", SINK, net.hosts["ps0"].address,
-                                 str(SINK_PORT)], stdout=-3, stderr=-3)  # fmt: skip
-        plan = []
-        for rate in rates:
-            plan.append((0.0, rate, args.staleness, False))
-            plan.append((0.0, rate, args.staleness, True))
-            plan += [(rtt, rate, args.staleness, True) for rtt in rtts if rtt > 0]
-        if args.staleness_low:
-            plan += [(rtt, rates[0], args.staleness_low, True) for rtt in rtts]
-        for rtt, rate, staleness, via_proxy in plan:
-            row = run_one(net, work, configs, data_path, rtt_ms=rtt, rate=rate,
-                          staleness=staleness, via_proxy=via_proxy)  # fmt: skip
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-        echo.terminate()
-        sink.terminate()
+    rows = run_plan(work, configs, data_path, rtts, rates, args.staleness, args.staleness_low)
     print()
     print_table(rows)
     doc = {"benchmark": "cluster_bench", "layout": LAYOUT.hosts(), "rows": rows,

@@ -280,40 +280,25 @@ def start_cluster(cluster: Cluster, tmp: Path, capacity: int) -> tuple[str, dict
     return worker.url, pids
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--batch", type=int, help="samples per batch (default 4096)")
-    parser.add_argument("--batches", type=int, help="batches per timed round")
-    parser.add_argument("--repeats", type=int, help="timed rounds (median reported)")
-    parser.add_argument("--inflight", type=int, default=4, help="batches in flight")
-    parser.add_argument("--baseline-rows", type=int, help="EmbeddingBag rows per slot (default 1M)")
-    parser.add_argument("--json", type=Path, help="write the JSON here instead of bench_results/")
-    args = parser.parse_args()
-    batch = args.batch or (256 if args.quick else 4096)
-    n_batches = args.batches or (4 if args.quick else 30)
-    repeats = args.repeats or (1 if args.quick else 3)
-    rows = args.baseline_rows or (10_000 if args.quick else 1_000_000)
-    t0 = time.perf_counter()
-
-    print(
-        f"embedding worker: {n_batches} batches x {batch} samples x {SLOTS} slots, {args.inflight} in flight",
-        flush=True,
-    )
-    with tempfile.TemporaryDirectory(prefix="ew-bench-") as tmp, Cluster() as cluster:
-        url, pids = start_cluster(cluster, Path(tmp), capacity=batch * SLOTS * n_batches)
-        ew = asyncio.run(run_pipeline(url, pids, batch, n_batches, repeats, args.inflight))
+def best_baseline(
+    batch: int, n_batches: int, repeats: int, rows: int, quick: bool
+) -> dict[str, Any]:
+    """The PyTorch step at 1 and at torch's default thread count (1 only with ``quick``);
+    the faster one is the yardstick, with every count's samples/s under ``by_threads``."""
     print("pytorch single-process step:", flush=True)
     default_threads = torch.get_num_threads()
     candidates = []
-    for threads in sorted({1, default_threads} if not args.quick else {1}):
+    for threads in sorted({1, default_threads} if not quick else {1}):
         torch.set_num_threads(threads)
         candidates.append(run_baseline(batch, n_batches, repeats, rows))
     torch.set_num_threads(default_threads)
     base = max(candidates, key=lambda b: b["samples_per_s"])  # the faster one is the yardstick
     base["by_threads"] = {c["torch_threads"]: c["samples_per_s"] for c in candidates}
+    return base
 
-    ratio = ew["samples_per_s"] / base["samples_per_s"]
+
+def print_summary(ew: dict[str, Any], base: dict[str, Any]) -> None:
+    """The two sides' table, then the worker's route latency, internal time, CPU and cores."""
     lo, hi = ew["samples_per_s_minmax"]
     print_table(
         [
@@ -339,6 +324,35 @@ def main() -> None:
         "cpu share (cores) during timed rounds: "
         + ", ".join(f"{k} {v:.2f}" for k, v in ew["cpu_share"].items())
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--batch", type=int, help="samples per batch (default 4096)")
+    parser.add_argument("--batches", type=int, help="batches per timed round")
+    parser.add_argument("--repeats", type=int, help="timed rounds (median reported)")
+    parser.add_argument("--inflight", type=int, default=4, help="batches in flight")
+    parser.add_argument("--baseline-rows", type=int, help="EmbeddingBag rows per slot (default 1M)")
+    parser.add_argument("--json", type=Path, help="write the JSON here instead of bench_results/")
+    args = parser.parse_args()
+    batch = args.batch or (256 if args.quick else 4096)
+    n_batches = args.batches or (4 if args.quick else 30)
+    repeats = args.repeats or (1 if args.quick else 3)
+    rows = args.baseline_rows or (10_000 if args.quick else 1_000_000)
+    t0 = time.perf_counter()
+
+    print(
+        f"embedding worker: {n_batches} batches x {batch} samples x {SLOTS} slots, {args.inflight} in flight",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="ew-bench-") as tmp, Cluster() as cluster:
+        url, pids = start_cluster(cluster, Path(tmp), capacity=batch * SLOTS * n_batches)
+        ew = asyncio.run(run_pipeline(url, pids, batch, n_batches, repeats, args.inflight))
+    base = best_baseline(batch, n_batches, repeats, rows, args.quick)
+
+    ratio = ew["samples_per_s"] / base["samples_per_s"]
+    print_summary(ew, base)
     path = write_json(
         "ew_bench",
         {"batch": batch, "batches": n_batches, "repeats": repeats, "inflight": args.inflight,

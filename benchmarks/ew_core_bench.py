@@ -21,6 +21,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -129,16 +130,9 @@ def scatter_variants(prepared, grads, repeats: int) -> dict[str, dict[str, float
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--json", default="", help="also write the JSON report to this file")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-
-    schema = EmbeddingSchema(slots_config=tuple(SlotConfig(f"slot_{s}", DIM) for s in range(SLOTS)))
-    batches = make_batches(8)
-    nb = len(batches)
+def stage_inputs(schema: EmbeddingSchema, batches: list[dict]) -> dict[str, Any]:
+    """The prepared batches and what each later stage eats (looked-up vectors, the replicas'
+    answers, the slots' gradients and their per-dim sums), made once, outside the timings."""
     prepared = [prepare(schema, b) for b in batches]
     rng = np.random.default_rng(1)
     vectors = [
@@ -151,8 +145,18 @@ def main() -> None:
     ]
     grads = [[rng.standard_normal((BATCH, DIM)).astype(np.float32)] * SLOTS for _ in prepared]
     grads_by_dim = [pool_backward(p, g, 1.0)[0] for p, g in zip(prepared, grads, strict=True)]
+    return {"prepared": prepared, "vectors": vectors, "answers": answers, "grads": grads,
+            "grads_by_dim": grads_by_dim}  # fmt: skip
 
-    stages = {
+
+def core_stages(
+    schema: EmbeddingSchema, batches: list[dict], inputs: dict[str, Any]
+) -> dict[str, Callable[[int], object]]:
+    """The worker core's stages, each a callable of the round number (batch ``i % 8``)."""
+    nb = len(batches)
+    prepared, vectors, answers = inputs["prepared"], inputs["vectors"], inputs["answers"]
+    grads, grads_by_dim = inputs["grads"], inputs["grads_by_dim"]
+    return {
         "prepare_batch": lambda i: prepare(schema, batches[i % nb]),
         "replica_lookups": lambda i: replica_lookups(prepared[i % nb]),
         "scatter_responses": lambda i: scatter_responses(prepared[i % nb], answers[i % nb]),
@@ -160,29 +164,26 @@ def main() -> None:
         "pool_backward": lambda i: pool_backward(prepared[i % nb], grads[i % nb], 1024.0),
         "replica_updates": lambda i: replica_updates(prepared[i % nb], grads_by_dim[i % nb]),
     }
-    results = {name: timeit(fn, args.repeats) for name, fn in stages.items()}
-    total_ms = sum(r["median_ms"] for r in results.values())
-    total_min_ms = sum(r["min_ms"] for r in results.values())
-    ids_per_batch = BATCH * SLOTS
-    unique = float(np.mean([p.num_unique_ids for p in prepared]))
 
-    x = np.random.default_rng(2).integers(0, 2**63, size=ids_per_batch, dtype=np.uint64)
-    hashes = {
-        "farmhash64 numba": timeit(lambda _: farmhash64(x), args.repeats),
-        "farmhash64 numpy": timeit(lambda _: farmhash64_numpy(x), args.repeats),
-    }
-    scatter = scatter_variants(prepared[0], grads[0], args.repeats)
 
+def print_timings(timings: dict[str, dict[str, float]], unique: float, ids_per_batch: int,
+                  total_min_ms: float, total_ms: float) -> None:  # fmt: skip
+    """The table of every timing (stages, hashes, scatter variants) and the core's total."""
     print(
         f"embedding worker core: {BATCH} samples x {SLOTS} slots, dim {DIM}, Zipf({ZIPF_A}) "
         f"over {ID_SPACE:,}, {REPLICAS} replicas; {unique:,.0f} unique ids / {ids_per_batch:,}"
     )
     print(f"{'stage':<34}{'min ms':>9}{'median ms':>11}{'p90 ms':>9}")
-    for name, r in {**results, **hashes, **scatter}.items():
+    for name, r in timings.items():
         print(f"{name:<34}{r['min_ms']:>9.3f}{r['median_ms']:>11.3f}{r['p90_ms']:>9.3f}")
     print(f"{'core total (sum)':<34}{total_min_ms:>9.3f}{total_ms:>11.3f}")
     print(f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    report = {
+
+
+def build_report(results: dict, hashes: dict, scatter: dict, unique: float,
+                 ids_per_batch: int, total_ms: float, total_min_ms: float) -> dict[str, Any]:  # fmt: skip
+    """The JSON report: the machine, the batch's shape, every timing and the core's rates."""
+    return {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "shape": {
             "batch": BATCH,
@@ -202,6 +203,35 @@ def main() -> None:
         "core_min_samples_per_s": BATCH / (total_min_ms / 1e3),
         "load_average": os.getloadavg()[0],
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", default="", help="also write the JSON report to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    schema = EmbeddingSchema(slots_config=tuple(SlotConfig(f"slot_{s}", DIM) for s in range(SLOTS)))
+    batches = make_batches(8)
+    inputs = stage_inputs(schema, batches)
+    prepared, grads = inputs["prepared"], inputs["grads"]
+    stages = core_stages(schema, batches, inputs)
+    results = {name: timeit(fn, args.repeats) for name, fn in stages.items()}
+    total_ms = sum(r["median_ms"] for r in results.values())
+    total_min_ms = sum(r["min_ms"] for r in results.values())
+    ids_per_batch = BATCH * SLOTS
+    unique = float(np.mean([p.num_unique_ids for p in prepared]))
+
+    x = np.random.default_rng(2).integers(0, 2**63, size=ids_per_batch, dtype=np.uint64)
+    hashes = {
+        "farmhash64 numba": timeit(lambda _: farmhash64(x), args.repeats),
+        "farmhash64 numpy": timeit(lambda _: farmhash64_numpy(x), args.repeats),
+    }
+    scatter = scatter_variants(prepared[0], grads[0], args.repeats)
+
+    print_timings({**results, **hashes, **scatter}, unique, ids_per_batch, total_min_ms, total_ms)
+    report = build_report(results, hashes, scatter, unique, ids_per_batch, total_ms, total_min_ms)
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as fh:

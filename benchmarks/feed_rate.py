@@ -53,7 +53,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import REPO, Cluster, fmt_rate, machine_info, print_table, write_json
+from _common import REPO, Cluster, machine_info, write_json
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
@@ -78,13 +77,14 @@ from e2e.model import (  # noqa: E402  # noqa: E402
     build_model,
 )
 from e2e.procs import CpuSampler  # noqa: E402
+from feed_cli import parse_args  # noqa: E402
+from feed_report import compare_trees, plot, print_report  # noqa: E402
 from request_cpu_bench import unpack_ref  # noqa: E402
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 
 E2E = REPO / "benchmarks" / "e2e"
-DENSE_MODES = ("sleep", "cpu", "cuda")
 SERVICES = ("embedding_ps", "embedding_worker", "data_loader")
 WINDOW = (0.2, 0.8)  # the steady window, as fractions of the run's steps
 RUN_TIMEOUT_S = 1200.0
@@ -122,6 +122,25 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     sampler = CpuSampler(interval_s=0.1)
     tag = f"{dense}-{batch}-{time.monotonic_ns()}"
     from_source = ["benchmarks.run_source", str(source)] if source is not None else None
+    codes = run_job(tmp, tag, env, flags, sampler, from_source)
+    if any(code != 0 for code in codes.values()) or not result_path.exists():
+        tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
+        tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(
+            f"feed run {tag} failed, exit codes {codes}\n--- nn worker\n{tail}\n"
+            f"--- data loader\n{tail_dl}"
+        )
+    res = json.loads(result_path.read_text())
+    out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
+                        threads=threads)  # fmt: skip
+    return {"services": services, **out}
+
+
+def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler: CpuSampler,
+            from_source: list[str] | None) -> dict[str, int | None]:  # fmt: skip
+    """Redis, the PS and the embedding worker (run by ``from_source`` when given), the NN
+    worker (``feed_train.py``) and the data loader until both of those exit (every child
+    killed and reaped if one fails); the exit codes. ``sampler`` tracks every process."""
     with Cluster(log_dir=tmp) as cluster:
         full_env = {**os.environ, **cluster.env, **env}
         launcher = [sys.executable, "-m", "persia.launcher"]
@@ -164,17 +183,7 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
             sampler.stop()
         codes = {"nn_worker": nn_code, "data_loader": dl_code}
         codes.update(zip(("embedding_worker", "embedding_ps"), cluster.stop(), strict=True))
-    if any(code != 0 for code in codes.values()) or not result_path.exists():
-        tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
-        tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
-        raise RuntimeError(
-            f"feed run {tag} failed, exit codes {codes}\n--- nn worker\n{tail}\n"
-            f"--- data loader\n{tail_dl}"
-        )
-    res = json.loads(result_path.read_text())
-    out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
-                        threads=threads)  # fmt: skip
-    return {"services": services, **out}
+    return codes
 
 
 def wait_both(nn: subprocess.Popen, dl: subprocess.Popen) -> tuple[int | None, int | None]:
@@ -297,218 +306,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
             "configs": configs_out, "baselines": list(baselines.values())}  # fmt: skip
 
 
-def label(c: dict[str, Any]) -> str:
-    """A configuration's short name: ``census/sleep/1024``."""
-    return f"{c['dataset']}/{c['dense']}/{c['batch']}"
-
-
-def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
-    """Per configuration, the median CPU ms per batch of the working tree's services and of
-    ``ref``'s (same-run, interleaved runs) and their ratio (``ref`` / working tree: > 1 is a
-    saving), with the median samples/s of each."""
-    out = []
-    for r in results:
-        keys = list(dict.fromkeys(label(c) for c in r["configs"]))
-        for key in keys:
-            runs = {t: [c for c in r["configs"] if label(c) == key and c["services"] == t]
-                    for t in ("working tree", ref)}  # fmt: skip
-            row: dict[str, Any] = {"config": key, "runs": len(runs[ref])}
-            for what, get in (
-                ("embedding_worker", lambda c: c["services_cpu_ms_per_batch"]["embedding_worker"]),
-                ("embedding_ps", lambda c: c["services_cpu_ms_per_batch"]["embedding_ps"]),
-                ("nn_worker", lambda c: c["nn_cpu_ms_outside_dense"]),
-                ("samples_per_s", lambda c: c["samples_per_s"]),
-            ):
-                new = statistics.median(get(c) for c in runs["working tree"])
-                old = statistics.median(get(c) for c in runs[ref])
-                row[what] = {"working_tree": new, ref: old, "ratio": old / new if new else None}
-            out.append(row)
-    return out
-
-
-def print_report(results: list[dict[str, Any]], compare: list[dict[str, Any]]) -> None:
-    rows = []
-    for r in results:
-        for c in r["configs"]:
-            svc = c["services_cpu_ms_per_batch"]
-            feeds = c["nn_workers_fed_per_core"]
-            rows.append({
-                "config": label(c), "services": c["services"], "samples/s": fmt_rate(c["samples_per_s"]),
-                "baseline": fmt_rate(c["baseline_samples_per_s"]), "ratio": f"{c['ratio']:.2f}",
-                "nn_out": f"{c['nn_cpu_ms_outside_dense']:.2f}",
-                "ps": f"{svc.get('embedding_ps', 0):.2f}", "ew": f"{svc.get('embedding_worker', 0):.2f}",
-                "dl": f"{svc.get('data_loader', 0):.2f}",
-                "fed_ew": f"{feeds['embedding_worker']:.2f}", "fed_ps": f"{feeds['embedding_ps']:.2f}",
-            })  # fmt: skip
-    print("\nSamples/s of one NN-worker process, CPU ms per batch (NN worker outside the dense "
-          "step; PS, embedding worker, data loader), NN workers one EW / PS core feeds:")  # fmt: skip
-    print_table(rows, [("config", "config"), ("services", "services"), ("samples/s", "samples/s"), ("baseline", "baseline"),
-                       ("ratio", "ratio"), ("nn_out", "nn_cpu_ms"), ("ps", "ps_cpu_ms"),
-                       ("ew", "ew_cpu_ms"), ("dl", "dl_cpu_ms"), ("fed_ew", "nn/ew_core"),
-                       ("fed_ps", "nn/ps_core")])  # fmt: skip
-    if compare:
-        ref = next(k for k in compare[0]["embedding_worker"] if k not in ("working_tree", "ratio"))
-        print(f"\nServices of the working tree against {ref} (medians of same-run runs; "
-              "ratio = old / new, > 1 a saving):")  # fmt: skip
-        print_table(
-            [{"config": c["config"], "runs": c["runs"],
-              **{f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
-                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
-                 for p in ("working_tree", ref)},
-              **{f"{k}_ratio": f"{c[k]['ratio']:.3f}"
-                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")}}
-             for c in compare],
-            [("config", "config"), ("runs", "runs")]
-            + [(f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
-               for k, short in (("embedding_worker", "ew_ms"), ("embedding_ps", "ps_ms"),
-                                ("nn_worker", "nn_ms"), ("samples_per_s", "samples/s"))
-               for p in ("working_tree", ref)]
-            + [(f"{k}_ratio", f"{short}_ratio") for k, short in
-               (("embedding_worker", "ew"), ("embedding_ps", "ps"), ("nn_worker", "nn"),
-                ("samples_per_s", "samples/s"))],
-        )  # fmt: skip
-    for r in results:
-        for c in r["configs"]:
-            phases = ", ".join(f"{k} {v['wall']:.2f} ({v['cpu']:.2f})"
-                               for k, v in c["nn_phases_ms"].items())  # fmt: skip
-            threads = ", ".join(f"{k} {v:.2f}" for k, v in
-                                sorted(c["nn_threads_cpu_ms"].items(), key=lambda kv: -kv[1]))  # fmt: skip
-            cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["cores_used"].items(),
-                                                                 key=lambda kv: -kv[1]))  # fmt: skip
-            if c["services"] != "working tree":
-                continue
-            print(f"\n[{label(c)}] training thread ms per batch wall (CPU): {phases}")
-            print(f"[{label(c)}] NN worker CPU ms per batch by thread: {threads}")
-            print(f"[{label(c)}] cores used in the window: {cores}")
-
-
-def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
-    """Grouped bars of samples/s per data set and batch size: one bar per dense step and the
-    2-thread baseline's (``benchmarks/plots.py``; None without matplotlib)."""
-    from plots import save_bar_chart
-
-    labels, series = [], {}
-    modes = list(dict.fromkeys(c["dense"] for r in results for c in r["configs"]))
-    for r in results:
-        for b in r["baselines"]:
-            labels.append(f"{r['dataset']} {b['batch']}")
-            for mode in modes:
-                hit = [c for c in r["configs"] if c["dense"] == mode and c["batch"] == b["batch"]]
-                series.setdefault(f"dense {mode}", []).append(
-                    hit[0]["samples_per_s"] if hit else None
-                )
-            series.setdefault("baseline (2 threads)", []).append(b["samples_per_s"])
-    return save_bar_chart(path, labels, series, ylabel="samples/s",
-                          title="Feed rate: samples/s of one NN-worker process")  # fmt: skip
-
-
-def int_list(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
-    """``value`` split at commas: distinct positive integers (else exit 2 naming ``flag``)."""
-    try:
-        items = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        items = []
-    if not items or min(items) < 1 or len(set(items)) != len(items):
-        parser.error(
-            f"{flag}: expected distinct positive integers separated by commas, got {value!r}"
-        )
-    return items
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--dense",
-        default="sleep,cpu",
-        help=f"dense steps to run, among {DENSE_MODES} (default sleep,cpu)",
-    )
-    parser.add_argument(
-        "--dense-ms",
-        type=float,
-        default=2.0,
-        help="the sleep dense step's milliseconds (default 2)",
-    )
-    parser.add_argument("--batches", default="1024,8192", help="batch sizes (default 1024,8192)")
-    parser.add_argument(
-        "--datasets",
-        default="census,criteo",
-        help="data sets, in this order (default census,criteo)",
-    )
-    parser.add_argument(
-        "--criteo-rows",
-        type=int,
-        default=200_000,
-        help="training rows of the Criteo-shaped set (default 200,000)",
-    )
-    parser.add_argument(
-        "--max-train-rows",
-        type=int,
-        default=0,
-        help="cut each training split to this many rows (0: all; smoke runs)",
-    )
-    parser.add_argument(
-        "--min-steps",
-        type=int,
-        default=150,
-        help="batches per run at least (the split is sent again as needed)",
-    )
-    parser.add_argument(
-        "--max-steps",
-        type=int,
-        default=0,
-        help="batches per run exactly (0: --min-steps or one pass)",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=2, help="the NN worker's torch threads (default 2)"
-    )
-    parser.add_argument(
-        "--baseline-threads", type=int, default=2, help="the baseline's torch threads (default 2)"
-    )
-    parser.add_argument("--staleness", type=int, default=8, help="embedding staleness bound")
-    parser.add_argument(
-        "--repeats", type=int, default=1, help="runs of each configuration (interleaved; default 1)"
-    )
-    parser.add_argument(
-        "--services-ref",
-        default=None,
-        help="also run the PS and the embedding worker of this commit "
-        "(git archive), interleaved with the working tree's, and compare "
-        "their CPU per batch",
-    )
-    parser.add_argument(
-        "--log-dir",
-        type=Path,
-        default=None,
-        help="keep data, configs and logs here (default: a temp dir)",
-    )
-    parser.add_argument(
-        "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
-    )
-    parser.add_argument(
-        "--png", type=Path, default=None, help="write the PNG here (default: beside the JSON, .png)"
-    )
-    args = parser.parse_args(argv)  # fmt: skip
-    args.dense = [d.strip() for d in args.dense.split(",") if d.strip()]
-    if (
-        not args.dense
-        or not set(args.dense) <= set(DENSE_MODES)
-        or len(set(args.dense)) != len(args.dense)
-    ):
-        parser.error(f"--dense: expected distinct values among {DENSE_MODES}, got {args.dense}")
-    if "cuda" in args.dense and not torch.cuda.is_available():
-        parser.error("--dense cuda: this torch sees no CUDA device")
-    args.batches = int_list(parser, "--batches", args.batches)
-    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
-        parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
-    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness",
-                 "repeats"):  # fmt: skip
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')}: expected a positive integer")
-    if args.max_steps < 0 or args.max_train_rows < 0 or not args.dense_ms >= 0:
-        parser.error("--max-steps, --max-train-rows, --dense-ms: expected >= 0")
-    if args.max_steps and args.max_steps < 4:
-        parser.error("--max-steps: expected 0 or >= 4 (the steady window needs a few steps)")
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     results = []
     with tempfile.TemporaryDirectory(prefix="pyrsia-feed-") as tmp_name:
         tmp = Path(tmp_name) if args.log_dir is None else args.log_dir

@@ -270,7 +270,9 @@ def http_grid(args, sizes, dims, batches) -> tuple[list[dict[str, Any]], str | N
 
 
 # ------------------------------------------------------------------------------- main
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[int], list[int], list[int]]:
+    """The command line, with ``--steps``/``--repeats`` defaulted for ``--quick`` or not, and
+    the grid's sizes, dims and batch sizes (the flags' or the defaults)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument(
@@ -294,16 +296,12 @@ def main() -> None:
     else:
         sizes, dims, batches = [1_000_000, 10_000_000], [16, 64], [4096, 65536]
         args.steps, args.repeats = args.steps or 12, args.repeats or 3
-    sizes, dims, batches = args.sizes or sizes, args.dims or dims, args.batches or batches
+    return args, args.sizes or sizes, args.dims or dims, args.batches or batches
 
-    t0 = time.perf_counter()
-    print("engine (in-process, one thread):", flush=True)
-    engine = [] if args.skip_engine else engine_grid(sizes, dims, batches, args.steps, args.repeats)
-    print("service (loopback HTTP, msgpack):", flush=True)
-    http, profile = ([], None) if args.skip_http else http_grid(args, sizes, dims, batches)
 
-    eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine}
-    http_by = {(r["n"], r["dim"], r["batch"]): r for r in http}
+def print_grid(eng_by: dict[tuple, dict], http_by: dict[tuple, dict], http: list[dict[str, Any]],
+               profile: str | None) -> None:  # fmt: skip
+    """The engine and HTTP table per (n, dim, batch), each HTTP row's phase split, the profile."""
     table = []
     for key in sorted(set(eng_by) | set(http_by)):
         e, h = eng_by.get(key, {}), http_by.get(key, {})
@@ -326,9 +324,10 @@ def main() -> None:
               f"+ http/server codec {p['http_and_server_codec_ms']:.1f}")  # fmt: skip
     if profile:
         print(profile)
-    path = write_json("ps_bench", {"args": {k: v for k, v in vars(args).items() if k != "json"}, "engine": engine, "http": http,
-                                   "profile": profile, "wall_s": time.perf_counter() - t0}, args.json)  # fmt: skip
-    print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
+
+
+def save_chart(path: Path, eng_by: dict[tuple, dict], http_by: dict[tuple, dict]) -> None:
+    """The PNG beside the JSON: ids/s of the engine and HTTP sides per (n, dim, batch)."""
     chart = [{"config": f"n={k[0]:,} d={k[1]} b={k[2]}",
               "engine lookup": eng_by.get(k, {}).get("train_lookup_ids_per_s"),
               "engine Adagrad": eng_by.get(k, {}).get("update_ids_per_s"),
@@ -338,13 +337,31 @@ def main() -> None:
     saved(bar_chart_from_rows(path, chart, "config", ["engine lookup", "engine Adagrad", "HTTP lookup", "HTTP update"],
                               title="Embedding PS: ids/s (n ids, dim, batch)", ylabel="ids/s", logy=True))  # fmt: skip
 
-    def head(rows):
-        if not rows:
-            return {}
-        exact = [r for r in rows if (r["n"], r["dim"], r["batch"]) == HEAD]
-        return exact[0] if exact else max(rows, key=lambda r: (r["dim"] == 16, r["n"], r["batch"]))
 
-    e, h = head(engine), head(http)
+def head_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The RESULT line's row: the ``HEAD`` configuration, else the largest dim-16 one."""
+    if not rows:
+        return {}
+    exact = [r for r in rows if (r["n"], r["dim"], r["batch"]) == HEAD]
+    return exact[0] if exact else max(rows, key=lambda r: (r["dim"] == 16, r["n"], r["batch"]))
+
+
+def main() -> None:
+    args, sizes, dims, batches = parse_args()
+    t0 = time.perf_counter()
+    print("engine (in-process, one thread):", flush=True)
+    engine = [] if args.skip_engine else engine_grid(sizes, dims, batches, args.steps, args.repeats)
+    print("service (loopback HTTP, msgpack):", flush=True)
+    http, profile = ([], None) if args.skip_http else http_grid(args, sizes, dims, batches)
+
+    eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine}
+    http_by = {(r["n"], r["dim"], r["batch"]): r for r in http}
+    print_grid(eng_by, http_by, http, profile)
+    path = write_json("ps_bench", {"args": {k: v for k, v in vars(args).items() if k != "json"}, "engine": engine, "http": http,
+                                   "profile": profile, "wall_s": time.perf_counter() - t0}, args.json)  # fmt: skip
+    print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
+    save_chart(path, eng_by, http_by)
+    e, h = head_row(engine), head_row(http)
     print(
         f"RESULT engine_lookup_ids_per_s={e.get('train_lookup_ids_per_s', float('nan')):.0f} "
         f"engine_adagrad_update_ids_per_s={e.get('update_ids_per_s', float('nan')):.0f} "

@@ -72,7 +72,7 @@ from e2e.model import (  # noqa: E402
     SEED,
     build_model,
 )
-from e2e_bench import run_pyrsia  # noqa: E402
+from e2e_runs import run_pyrsia  # noqa: E402
 
 BATCH = 1024
 STALENESS = 8

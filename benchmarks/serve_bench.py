@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -110,6 +111,57 @@ def _row(mode: str, batch: int, lat: list[float], wall: float) -> dict:
             "p99_ms": round(p99, 2), "samples_per_s": len(lat) * batch / wall}  # fmt: skip
 
 
+def measure_size(ctx: InferCtx, model: Any, url: str, batches: list[PersiaBatch],
+                 size: int) -> list[dict]:  # fmt: skip
+    """The rows of one batch size: the in-process handler path (the baseline), then the
+    served model over msgpack at 1 and ``CONCURRENCY`` clients, and over JSON up to 64."""
+    rows = []
+    lat = []
+    t_all = time.perf_counter()
+    for b in batches:  # baseline: the handler path in this process
+        t0 = time.perf_counter()
+        looked = ctx.get_embedding_from_data(b)
+        non_id, emb, _ = ctx.prepare_features(looked)
+        model.predict(non_id, emb)
+        lat.append(time.perf_counter() - t0)
+    rows.append(_row("baseline in-process", size, lat, time.perf_counter() - t_all))
+    bodies = [_body(b, False) for b in batches]
+    lat, wall = asyncio.run(_serve_run(url, bodies, False, 1))
+    rows.append(_row("serve msgpack", size, lat, wall))
+    lat, wall = asyncio.run(_serve_run(url, bodies, False, CONCURRENCY))
+    rows.append(_row(f"serve msgpack x{CONCURRENCY}", size, lat, wall))
+    if size <= 64:
+        lat, wall = asyncio.run(_serve_run(url, [_body(b, True) for b in batches], True, 1))
+        rows.append(_row("serve json", size, lat, wall))
+    return rows
+
+
+def report(rows: list[dict], quick: bool) -> None:
+    """The table, the JSON, the p50 chart and the RESULT line of the measured ``rows``."""
+    for r in rows:
+        r["rate"] = fmt_rate(r["samples_per_s"])
+    print_table(rows, [("mode", "mode"), ("batch", "batch"), ("requests", "requests"), ("p50_ms", "p50 ms"),
+                       ("p99_ms", "p99 ms"), ("rate", "samples/s")])  # fmt: skip
+    path = write_json("serve_bench", {"rows": rows, "concurrency": CONCURRENCY, "quick": quick})
+    print(f"json: {path}")
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    sizes = sorted({r["batch"] for r in rows})
+    p50 = {(m, b): next((r["p50_ms"] for r in rows if r["mode"] == m and r["batch"] == b), None)
+           for m in modes for b in sizes}  # fmt: skip
+    saved(save_bar_chart(path, [f"batch {b}" for b in sizes], {m: [p50[m, b] for b in sizes] for m in modes},
+                         title="Serving latency (p50)", ylabel="ms", logy=True))  # fmt: skip
+
+    def pick(mode: str, batch: int, key: str) -> float:
+        return next(r[key] for r in rows if r["mode"] == mode and r["batch"] == batch)
+
+    print(
+        f"RESULT serve_p50_ms_b64={pick('serve msgpack', 64, 'p50_ms')} "
+        f"baseline_p50_ms_b64={pick('baseline in-process', 64, 'p50_ms')} "
+        f"serve_samples_per_s_b1024={pick(f'serve msgpack x{CONCURRENCY}', 1024, 'samples_per_s'):.0f} "
+        f"baseline_samples_per_s_b1024={pick('baseline in-process', 1024, 'samples_per_s'):.0f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few requests (smoke test)")
@@ -137,53 +189,12 @@ def main() -> None:
             ctx.wait_for_serving()
             for size in (1, 64, 1024):
                 batches = [_batch(size, rng) for _ in range(n_req)]
-                lat = []
-                t_all = time.perf_counter()
-                for b in batches:  # baseline: the handler path in this process
-                    t0 = time.perf_counter()
-                    looked = ctx.get_embedding_from_data(b)
-                    non_id, emb, _ = ctx.prepare_features(looked)
-                    model.predict(non_id, emb)
-                    lat.append(time.perf_counter() - t0)
-                rows.append(_row("baseline in-process", size, lat, time.perf_counter() - t_all))
-                bodies = [_body(b, False) for b in batches]
-                lat, wall = asyncio.run(_serve_run(serve.url, bodies, False, 1))
-                rows.append(_row("serve msgpack", size, lat, wall))
-                lat, wall = asyncio.run(_serve_run(serve.url, bodies, False, CONCURRENCY))
-                rows.append(_row(f"serve msgpack x{CONCURRENCY}", size, lat, wall))
-                if size <= 64:
-                    lat, wall = asyncio.run(
-                        _serve_run(serve.url, [_body(b, True) for b in batches], True, 1)
-                    )
-                    rows.append(_row("serve json", size, lat, wall))
+                rows += measure_size(ctx, model, serve.url, batches, size)
             ctx.close()
         finally:
             serve.stop()
             ps.stop()
-    for r in rows:
-        r["rate"] = fmt_rate(r["samples_per_s"])
-    print_table(rows, [("mode", "mode"), ("batch", "batch"), ("requests", "requests"), ("p50_ms", "p50 ms"),
-                       ("p99_ms", "p99 ms"), ("rate", "samples/s")])  # fmt: skip
-    path = write_json(
-        "serve_bench", {"rows": rows, "concurrency": CONCURRENCY, "quick": args.quick}
-    )
-    print(f"json: {path}")
-    modes = list(dict.fromkeys(r["mode"] for r in rows))
-    sizes = sorted({r["batch"] for r in rows})
-    p50 = {(m, b): next((r["p50_ms"] for r in rows if r["mode"] == m and r["batch"] == b), None)
-           for m in modes for b in sizes}  # fmt: skip
-    saved(save_bar_chart(path, [f"batch {b}" for b in sizes], {m: [p50[m, b] for b in sizes] for m in modes},
-                         title="Serving latency (p50)", ylabel="ms", logy=True))  # fmt: skip
-
-    def pick(mode: str, batch: int, key: str) -> float:
-        return next(r[key] for r in rows if r["mode"] == mode and r["batch"] == batch)
-
-    print(
-        f"RESULT serve_p50_ms_b64={pick('serve msgpack', 64, 'p50_ms')} "
-        f"baseline_p50_ms_b64={pick('baseline in-process', 64, 'p50_ms')} "
-        f"serve_samples_per_s_b1024={pick(f'serve msgpack x{CONCURRENCY}', 1024, 'samples_per_s'):.0f} "
-        f"baseline_samples_per_s_b1024={pick('baseline in-process', 1024, 'samples_per_s'):.0f}"
-    )
+    report(rows, args.quick)
 
 
 if __name__ == "__main__":

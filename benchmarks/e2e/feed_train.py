@@ -29,6 +29,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from data import load
@@ -85,6 +88,25 @@ def snapshot(ctx: TrainCtx, clock: StepClock, samples: int) -> dict:
     return {"t": time.time(), "samples": samples, "threads_cpu_s": threads_cpu(), "phases": phases}
 
 
+@dataclass
+class FeedWindow:
+    """What the timed loop leaves: steps and samples, the samples of the untimed first step,
+    the window's wall clock ends (``t_first``, ``t_end``) and seconds, this loop's phases
+    (``clock``), the whole loop as one phase (``whole``) and ``ctx``'s phases and each
+    thread's CPU seconds before the window."""
+
+    steps: int
+    samples: int
+    first_samples: int
+    t_first: float
+    t_end: float
+    train_seconds: float
+    clock: StepClock
+    whole: StepClock
+    ctx_before: dict
+    threads_before: dict[str, float]
+
+
 def main() -> None:
     dense = os.environ.get("FEED_DENSE", "sleep")
     if dense not in DENSE_MODES:
@@ -96,12 +118,7 @@ def main() -> None:
     staleness = int(os.environ.get("E2E_STALENESS", "8"))
     max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
     device_id = 0 if dense == "cuda" else None
-    if dense == "sleep":
-        model: torch.nn.Module = torch.nn.Linear(1, 1)  # gets no gradient: the step is a sleep
-    else:
-        model = build_model(len(data["slot_names"]), data["train_dense"].shape[1])
-        if device_id is not None:
-            model = model.cuda(device_id)
+    model = dense_model(dense, data, device_id)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     ctx_args = dict(
         model=model,
@@ -113,8 +130,6 @@ def main() -> None:
         mixed_precision=False,  # fp32 on every side, as the baseline
         device_id=device_id,
     )
-    clock = StepClock()
-    steps = samples = 0
     window = os.environ.get("FEED_WINDOW", "")
     marks: dict[int, dict | None] = {int(i): None for i in window.split(",")} if window else {}
     with TrainCtx(**ctx_args) as ctx:
@@ -123,68 +138,101 @@ def main() -> None:
         )
         it = iter(loader)
         batch = next(it, None)
-        t0 = t_first = None
-        first_samples, ctx_before, threads_before = 0, {}, {}
-        while batch is not None:
-            clock.start()
-            non_id, embeddings, labels = ctx.prepare_features(batch)
-            clock.lap("features")
-            if dense == "sleep":
-                time.sleep(dense_s)
-                clock.lap("dense")
-                loss = stand_in_loss(embeddings, grad)
-            else:
-                loss = loss_fn(ctx.model(non_id, embeddings), labels[0])
-                clock.lap("dense")
-            ctx.backward(loss)
-            steps += 1
-            samples += batch.batch_size
-            if steps in marks:  # the steady window's ends: wall clock, thread CPU, phases
-                marks[steps] = snapshot(ctx, clock, samples)
-            if t0 is None:
-                t0, t_first, first_samples = time.perf_counter(), time.time(), samples
-                whole = StepClock()
-                whole.start()
-                clock = StepClock()
-                ctx_before, threads_before = ctx.step_clock.snapshot(), threads_cpu()
-            if max_steps is not None and steps >= max_steps:
-                break
-            clock.start()
-            batch = next(it, None)
-            clock.lap("wait")
-        if t0 is None:
-            raise SystemExit("feed_train: the data loader sent no batch")
-        whole.lap("loop")
-        clock.start()
-        ctx.wait_for_gradients()
-        if dense == "cuda":
-            torch.cuda.synchronize(device_id)
-        clock.lap("flush")
-        train_seconds = time.perf_counter() - t0
-        t_end = time.time()
-        threads_window = difference(threads_cpu(), threads_before)
-        phases = clock.snapshot()
-        for name, now in ctx.step_clock.snapshot().items():
-            was = ctx_before.get(name, {})
-            phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
-        phases["other"] = {
-            key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
-            for key, total in whole.snapshot()["loop"].items()
-        }
-    timed_steps = steps - 1
+        win = feed_loop(ctx, it, batch, dense=dense, dense_s=dense_s, grad=grad, loss_fn=loss_fn,
+                        max_steps=max_steps, marks=marks, device_id=device_id)  # fmt: skip
+        threads_window = difference(threads_cpu(), win.threads_before)
+        phases = window_phases(win, ctx.step_clock.snapshot())
+    timed_steps = win.steps - 1
+    steps, samples, train_seconds = win.steps, win.samples, win.train_seconds
     result = {
         "dense": dense, "dense_ms": dense_s * 1e3 if dense == "sleep" else None,
         "samples": samples, "steps": steps, "timed_steps": timed_steps,
-        "timed_samples": samples - first_samples, "train_seconds": train_seconds,
-        "samples_per_s": (samples - first_samples) / train_seconds if timed_steps else 0.0,
+        "timed_samples": samples - win.first_samples, "train_seconds": train_seconds,
+        "samples_per_s": (samples - win.first_samples) / train_seconds if timed_steps else 0.0,
         "phases": phases, "threads_cpu_s": threads_window, "threads": torch.get_num_threads(),
-        "staleness": staleness, "t_first": t_first, "t_end": t_end,
+        "staleness": staleness, "t_first": win.t_first, "t_end": win.t_end,
         "marks": {str(k): v for k, v in marks.items()},
         "device": torch.cuda.get_device_name(device_id) if device_id is not None else "cpu",
     }  # fmt: skip
     with open(os.environ["E2E_RESULT"], "w") as fh:
         json.dump(result, fh)
     print(f"feed train ({dense}): {samples} samples, {steps} steps in {train_seconds:.2f}s")
+
+
+def dense_model(dense: str, data: dict, device_id: int | None) -> torch.nn.Module:
+    """The dense model of ``dense``: a one-parameter stand-in for ``sleep`` (it gets no
+    gradient: the step is a sleep), else the benchmark's DLRM (on ``device_id`` for cuda)."""
+    if dense == "sleep":
+        model: torch.nn.Module = torch.nn.Linear(1, 1)  # gets no gradient: the step is a sleep
+    else:
+        model = build_model(len(data["slot_names"]), data["train_dense"].shape[1])
+        if device_id is not None:
+            model = model.cuda(device_id)
+    return model
+
+
+def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: float,
+              grad: float, loss_fn: torch.nn.Module, max_steps: int | None,
+              marks: dict[int, dict | None], device_id: int | None) -> FeedWindow:  # fmt: skip
+    """The training loop from ``batch`` on, then the final flush (and, on CUDA, the device's
+    sync): timed from the end of the first step; fills ``marks`` as its steps come."""
+    clock = StepClock()
+    steps = samples = 0
+    t0 = t_first = None
+    first_samples, ctx_before, threads_before = 0, {}, {}
+    while batch is not None:
+        clock.start()
+        non_id, embeddings, labels = ctx.prepare_features(batch)
+        clock.lap("features")
+        if dense == "sleep":
+            time.sleep(dense_s)
+            clock.lap("dense")
+            loss = stand_in_loss(embeddings, grad)
+        else:
+            loss = loss_fn(ctx.model(non_id, embeddings), labels[0])
+            clock.lap("dense")
+        ctx.backward(loss)
+        steps += 1
+        samples += batch.batch_size
+        if steps in marks:  # the steady window's ends: wall clock, thread CPU, phases
+            marks[steps] = snapshot(ctx, clock, samples)
+        if t0 is None:
+            t0, t_first, first_samples = time.perf_counter(), time.time(), samples
+            whole = StepClock()
+            whole.start()
+            clock = StepClock()
+            ctx_before, threads_before = ctx.step_clock.snapshot(), threads_cpu()
+        if max_steps is not None and steps >= max_steps:
+            break
+        clock.start()
+        batch = next(it, None)
+        clock.lap("wait")
+    if t0 is None:
+        raise SystemExit("feed_train: the data loader sent no batch")
+    whole.lap("loop")
+    clock.start()
+    ctx.wait_for_gradients()
+    if dense == "cuda":
+        torch.cuda.synchronize(device_id)
+    clock.lap("flush")
+    train_seconds = time.perf_counter() - t0
+    t_end = time.time()
+    return FeedWindow(steps, samples, first_samples, t_first, t_end, train_seconds, clock,
+                      whole, ctx_before, threads_before)  # fmt: skip
+
+
+def window_phases(win: FeedWindow, ctx_now: dict) -> dict:
+    """The training thread's phases over the window: this loop's, ``ctx``'s (``ctx_now``
+    less their reading before the window) and ``other``, the rest of the loop."""
+    phases = win.clock.snapshot()
+    for name, now in ctx_now.items():
+        was = win.ctx_before.get(name, {})
+        phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
+    phases["other"] = {
+        key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
+        for key, total in win.whole.snapshot()["loop"].items()
+    }
+    return phases
 
 
 if __name__ == "__main__":

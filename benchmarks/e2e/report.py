@@ -14,6 +14,33 @@ from plots import save_bar_chart
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
+    """Every run, the best of each Pyrsia side against the baseline, the TorchRec peer (when
+    run), then each data set's load average and each Pyrsia side's details."""
+    _print_runs(results)
+    print()
+    print_table(
+        [{"data": r["dataset"], "side": side, "pyrsia": fmt_rate(p["samples_per_s"]),
+          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratios'][side]:.3f}",
+          "auc_pyrsia": f"{p['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
+          "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
+          "startup_s": f"{p['startup_s']:.1f}", "eval_s": f"{p['eval_seconds']:.1f}"}
+         for r in results for side, p in r["pyrsia_sides"].items()],
+        [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
+                          "auc_gap", "startup_s", "eval_s")],
+    )  # fmt: skip
+    _print_peers(results)
+    for r in results:
+        load = r.get("load_average")
+        if load:
+            print(
+                f"\n[{r['dataset']}] load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+            )
+        for side, p in r["pyrsia_sides"].items():
+            _print_side(r, side, p)
+
+
+def _print_runs(results: list[dict[str, Any]]) -> None:
+    """One row per run of every side, the best of each side starred."""
     rows = []
     for r in results:
         for side in r["runs"]:
@@ -45,17 +72,10 @@ def print_report(results: list[dict[str, Any]]) -> None:
             )
         ],
     )
-    print()
-    print_table(
-        [{"data": r["dataset"], "side": side, "pyrsia": fmt_rate(p["samples_per_s"]),
-          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratios'][side]:.3f}",
-          "auc_pyrsia": f"{p['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
-          "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
-          "startup_s": f"{p['startup_s']:.1f}", "eval_s": f"{p['eval_seconds']:.1f}"}
-         for r in results for side, p in r["pyrsia_sides"].items()],
-        [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
-                          "auc_gap", "startup_s", "eval_s")],
-    )  # fmt: skip
+
+
+def _print_peers(results: list[dict[str, Any]]) -> None:
+    """The TorchRec peer against the baseline, for the data sets where it ran."""
     peers = [
         {"data": r["dataset"], "torchrec": fmt_rate(r["torchrec"]["samples_per_s"]),
          "baseline": fmt_rate(r["baseline"]["samples_per_s"]),
@@ -69,20 +89,37 @@ def print_report(results: list[dict[str, Any]]) -> None:
         print("\nTorchRec peer (fused CPU embeddings, single process) against the baseline:")
         print_table(peers, [(k, k) for k in ("data", "torchrec", "baseline", "ratio",
                                              "auc_torchrec", "auc_baseline", "auc_gap", "pairs")])  # fmt: skip
-    for r in results:
-        load = r.get("load_average")
-        if load:
-            print(
-                f"\n[{r['dataset']}] load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-            )
-        for side, p in r["pyrsia_sides"].items():
-            _print_side(r, side, p)
 
 
 def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
     """Where one Pyrsia configuration's time went: start-up, step split, threads, CPU per process."""
     tag = f"{r['dataset']}/{side}"
     steps = max(p.get("rank_timed_steps", p["timed_steps"]), 1)
+    _print_step(tag, p, r["baseline"], steps)
+    _print_ranks(tag, p)
+    pairs = ", ".join(
+        f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})"
+        for q in r["pairs"]
+        if q.get("side", "pyrsia") == side
+    )
+    print(f"[{tag}] same-run pairs, ratio (AUC gap): {pairs}")
+    _print_references(tag, r, side)
+    cpu = ", ".join(
+        f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
+    )
+    print(f"[{tag}] CPU cores used during training (2 available): {cpu}")
+    for svc, hists in p["metrics"].items():
+        text = ", ".join(
+            f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
+            for k, v in hists.items()
+            if v["count"]
+        )
+        print(f"[{tag}] {svc} /metrics means: {text}")
+
+
+def _print_step(tag: str, p: dict[str, Any], b: dict[str, Any], steps: int) -> None:
+    """Pyrsia's start-up, its training thread's step split next to the baseline ``b``'s step,
+    its wait percentiles, CPU per thread and page faults (rank 0's ``steps`` timed steps)."""
     split = ", ".join(
         f"{k} {1e3 * v['wall_s'] / steps:.1f} ({1e3 * v['cpu_s'] / steps:.1f})"
         for k, v in p["phases"].items()
@@ -90,7 +127,6 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
     busy = {k: v for k, v in p["phases"].items() if k not in ("wait", "flush")}
     step_wall = 1e3 * sum(v["wall_s"] for v in busy.values()) / steps
     step_cpu = 1e3 * sum(v["cpu_s"] for v in busy.values()) / steps
-    b = r["baseline"]
     base_wall = 1e3 * b["train_seconds"] / max(b["timed_steps"], 1)
     base_cpu = 1e3 * b["cpu_s"] / max(b["timed_steps"], 1)
     threads = ", ".join(
@@ -122,6 +158,10 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             f"(malloc tuning {p.get('malloc_tuning', 'on')}), "
             f"baseline {b.get('page_faults', 0) / max(b['timed_steps'], 1):.0f}"
         )
+
+
+def _print_ranks(tag: str, p: dict[str, Any]) -> None:
+    """Each NN-worker rank's own batches, seconds, cores and step split (several ranks only)."""
     for rank, own in enumerate(p.get("ranks", [])):
         n = max(own["steps"] - 1, 1)
         split = ", ".join(
@@ -133,12 +173,11 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             f"[{tag}] rank {rank}: {own['steps']} batches, {own['train_seconds']:.2f}s, "
             f"{busy_cpu:.2f} cores; ms per step wall (CPU): {split}"
         )
-    pairs = ", ".join(
-        f"{q['threads']}t {q['ratio']:.2f} (AUC {q['auc_gap']:+.4f})"
-        for q in r["pairs"]
-        if q.get("side", "pyrsia") == side
-    )
-    print(f"[{tag}] same-run pairs, ratio (AUC gap): {pairs}")
+
+
+def _print_references(tag: str, r: dict[str, Any], side: str) -> None:
+    """The reference baselines, when run: under bf16 autocast, and with fused Adam (the
+    latter's pairs on the first Pyrsia side only)."""
     if "baseline_bf16" in r:
         bb = r["baseline_bf16"]
         print(
@@ -157,17 +196,6 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             f"{fmt_rate(bf['samples_per_s'])} samples/s, AUC {bf['auc']:.4f}, "
             f"best-of ratio {r['ratio_vs_fused_adam_baseline']:.3f}; pairs {fused_pairs}"
         )
-    cpu = ", ".join(
-        f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
-    )
-    print(f"[{tag}] CPU cores used during training (2 available): {cpu}")
-    for svc, hists in p["metrics"].items():
-        text = ", ".join(
-            f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
-            for k, v in hists.items()
-            if v["count"]
-        )
-        print(f"[{tag}] {svc} /metrics means: {text}")
 
 
 # Rows of the side-by-side split: (label, NN-worker phase, baseline phase).

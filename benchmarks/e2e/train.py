@@ -30,6 +30,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +72,27 @@ class TestSet(IterableDataset):
         yield from persia_batches(self.data, "test", TEST_BATCH, requires_grad=False)
 
 
+@dataclass
+class Window:
+    """What the timed loop leaves: the losses and samples, the clocks' readings at the first
+    step's end (``t0`` perf counter, ``t_first`` wall clock) and at the flush's end (``t5``),
+    this loop's phases (``clock``), the whole loop as one phase (``whole``), ``ctx``'s phases
+    before the window, the per-step waits and the window's thread CPU and page faults."""
+
+    losses: list[float]
+    samples: int
+    first_samples: int
+    t0: float
+    t_first: float
+    t5: float
+    clock: StepClock
+    whole: StepClock
+    ctx_before: dict
+    waits: list[float]
+    threads_window: dict[str, float]
+    page_faults: int
+
+
 def main() -> None:
     t_main = time.time()
     torch.set_num_threads(int(os.environ.get("E2E_THREADS", "1")))
@@ -80,6 +104,59 @@ def main() -> None:
     seed = int(os.environ.get("E2E_SEED", str(SEED)))
     model = build_model(len(data["slot_names"]), data["train_dense"].shape[1], seed)
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    ctx_args = train_ctx_args(model, mixed)
+    with TrainCtx(**ctx_args) as ctx:
+        loader = DataLoader(
+            StreamingDataset(buffer_size=16),
+            reproducible=True,
+            embedding_staleness=staleness,
+        )
+        t_ready = time.time()
+        it = iter(loader)
+        batch = next(it, None)
+        profiler = start_profiler()
+        win = timed_loop(ctx, it, batch, loss_fn, autocast, max_steps)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.environ["E2E_PROFILE"])
+        train_seconds = win.t5 - win.t0
+        t_end = time.time()
+        phases = window_phases(win, ctx.step_clock.snapshot())
+        wait_ms = np.array(win.waits or [0.0]) * 1e3
+        rank, world_size = get_rank() or 0, get_world_size() or 1
+        own = {"samples": win.samples, "timed_samples": win.samples - win.first_samples,
+               "steps": len(win.losses), "train_seconds": train_seconds, "phases": phases,
+               "threads_cpu_s": win.threads_window, "page_faults": win.page_faults}  # fmt: skip
+        totals = job_totals(own, world_size)  # a collective: while the process group exists
+        auc = evaluate(model, data)
+        eval_seconds = time.time() - t_end
+
+    if world_size > 1:  # each rank's own figures, for the per-rank split
+        with open(f"{os.environ['E2E_RESULT']}.rank{rank}", "w") as fh:
+            json.dump(own, fh)
+    if rank == 0:
+        result = {
+            "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
+            "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
+            "rank_timed_steps": len(win.losses) - 1,  # rank 0's: phases and threads_cpu_s are its
+            "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
+            "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
+            "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": win.threads_window,
+            "page_faults": win.page_faults, "threads": torch.get_num_threads(), "staleness": staleness,
+            "dense_lr": DENSE_LR * dense_lr_scale(),
+            "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
+            "t_main": t_main, "t_ready": t_ready, "t_first": win.t_first, "t_end": t_end,
+            "first_losses": win.losses[:3], "last_losses": win.losses[-3:],
+        }  # fmt: skip
+        with open(os.environ["E2E_RESULT"], "w") as fh:
+            json.dump(result, fh)
+        print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
+              f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+
+
+def train_ctx_args(model: torch.nn.Module, mixed: bool) -> dict[str, Any]:
+    """``TrainCtx``'s arguments: the optimizers and embedding settings of ``model.py``, the
+    dense learning rate scaled (``dense_lr_scale``), a free rendezvous port on several ranks."""
     ctx_args = dict(
         model=model,
         embedding_optimizer=Adagrad(
@@ -102,117 +179,96 @@ def main() -> None:
         ctx_args["distributed_option"] = DDPOption(
             backend="gloo", master_port=int(os.environ["E2E_DDP_PORT"])
         )
+    return ctx_args
+
+
+def start_profiler() -> Any:
+    """A running ``cProfile.Profile`` of the training thread when ``E2E_PROFILE`` is set."""
+    if not os.environ.get("E2E_PROFILE"):
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module,
+               autocast: Any, max_steps: int | None) -> Window:  # fmt: skip
+    """The training loop from ``batch`` on, then the final flush: the window is timed from
+    the end of the first step to the last gradients applied (see the module's docstring)."""
     clock = StepClock()  # this loop's own phases: wait, forward, flush
     losses: list[float] = []
     samples = 0
-    with TrainCtx(**ctx_args) as ctx:
-        loader = DataLoader(
-            StreamingDataset(buffer_size=16),
-            reproducible=True,
-            embedding_staleness=staleness,
-        )
-        t_ready = time.time()
-        it = iter(loader)
-        batch = next(it, None)
-        profiler = None
-        if os.environ.get("E2E_PROFILE"):  # cProfile of the training thread's loop
-            import cProfile
-
-            profiler = cProfile.Profile()
-            profiler.enable()
-        t0 = t_first = None  # the clock starts after the first step, as the baseline's
-        first_samples, ctx_before, threads_before, faults_before = 0, {}, {}, 0
-        waits: list[float] = []
-        while batch is not None:
-            clock.start()
-            non_id, embeddings, labels = ctx.prepare_features(batch)
-            clock.lap("features")
-            with autocast:  # as ctx.forward(batch) runs the model
-                output = ctx.model(non_id, embeddings)  # DDP-wrapped on several ranks
-            loss = loss_fn(output.float(), labels[0])
-            clock.lap("forward")
-            ctx.backward(loss)
-            losses.append(float(loss.detach()))
-            samples += batch.batch_size
-            if t0 is None:
-                t0, t_first, first_samples = time.perf_counter(), time.time(), samples
-                whole = StepClock()  # the timed loop as one phase: "other" is what is left
-                whole.start()
-                clock, ctx_before, threads_before, faults_before = (
-                    StepClock(),
-                    ctx.step_clock.snapshot(),
-                    threads_cpu(),
-                    minor_faults(),
-                )
-            if max_steps is not None and len(losses) >= max_steps:
-                break
-            clock.start()
-            batch = next(it, None)
-            clock.lap("wait")
-            if t0 is not None:
-                waits.append(clock.wall["wait"] - sum(waits))
-        whole.lap("loop")
+    t0 = t_first = None  # the clock starts after the first step, as the baseline's
+    first_samples, ctx_before, threads_before, faults_before = 0, {}, {}, 0
+    waits: list[float] = []
+    while batch is not None:
         clock.start()
-        ctx.wait_for_gradients()
-        clock.lap("flush")
-        t5 = time.perf_counter()
-        threads_window = difference(threads_cpu(), threads_before)
-        page_faults = minor_faults() - faults_before
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(os.environ["E2E_PROFILE"])
-        train_seconds = t5 - t0
-        t_end = time.time()
-        phases = {**clock.snapshot()}
-        for name, now in ctx.step_clock.snapshot().items():
-            was = ctx_before.get(name, {})
-            phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
-        # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
-        phases["other"] = {
-            key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
-            for key, total in whole.snapshot()["loop"].items()
-        }
-        order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
-                 "other", "flush")  # fmt: skip
-        phases = {k: phases[k] for k in order if k in phases}
-        wait_ms = np.array(waits or [0.0]) * 1e3
-        rank, world_size = get_rank() or 0, get_world_size() or 1
-        own = {"samples": samples, "timed_samples": samples - first_samples, "steps": len(losses),
-               "train_seconds": train_seconds, "phases": phases, "threads_cpu_s": threads_window,
-               "page_faults": page_faults}  # fmt: skip
-        totals = job_totals(own, world_size)  # a collective: while the process group exists
+        non_id, embeddings, labels = ctx.prepare_features(batch)
+        clock.lap("features")
+        with autocast:  # as ctx.forward(batch) runs the model
+            output = ctx.model(non_id, embeddings)  # DDP-wrapped on several ranks
+        loss = loss_fn(output.float(), labels[0])
+        clock.lap("forward")
+        ctx.backward(loss)
+        losses.append(float(loss.detach()))
+        samples += batch.batch_size
+        if t0 is None:
+            t0, t_first, first_samples = time.perf_counter(), time.time(), samples
+            whole = StepClock()  # the timed loop as one phase: "other" is what is left
+            whole.start()
+            clock, ctx_before, threads_before, faults_before = (
+                StepClock(),
+                ctx.step_clock.snapshot(),
+                threads_cpu(),
+                minor_faults(),
+            )
+        if max_steps is not None and len(losses) >= max_steps:
+            break
+        clock.start()
+        batch = next(it, None)
+        clock.lap("wait")
+        if t0 is not None:
+            waits.append(clock.wall["wait"] - sum(waits))
+    whole.lap("loop")
+    clock.start()
+    ctx.wait_for_gradients()
+    clock.lap("flush")
+    t5 = time.perf_counter()
+    threads_window = difference(threads_cpu(), threads_before)
+    page_faults = minor_faults() - faults_before
+    return Window(losses, samples, first_samples, t0, t_first, t5, clock, whole, ctx_before,
+                  waits, threads_window, page_faults)  # fmt: skip
 
-        model.eval()
-        scores, labels_all = [], []
-        with eval_ctx(model=model) as ectx, torch.no_grad():
-            for b in DataLoader(TestSet(data)):
-                out, lab = ectx.forward(b)
-                scores.append(out.numpy().reshape(-1))
-                labels_all.append(lab[0].numpy().reshape(-1))
-        eval_seconds = time.time() - t_end
-        auc = roc_auc(np.concatenate(labels_all), np.concatenate(scores))
 
-    if world_size > 1:  # each rank's own figures, for the per-rank split
-        with open(f"{os.environ['E2E_RESULT']}.rank{rank}", "w") as fh:
-            json.dump(own, fh)
-    if rank == 0:
-        result = {
-            "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
-            "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
-            "rank_timed_steps": len(losses) - 1,  # rank 0's: phases and threads_cpu_s are its
-            "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
-            "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
-            "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": threads_window,
-            "page_faults": page_faults, "threads": torch.get_num_threads(), "staleness": staleness,
-            "dense_lr": DENSE_LR * dense_lr_scale(),
-            "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
-            "t_main": t_main, "t_ready": t_ready, "t_first": t_first, "t_end": t_end,
-            "first_losses": losses[:3], "last_losses": losses[-3:],
-        }  # fmt: skip
-        with open(os.environ["E2E_RESULT"], "w") as fh:
-            json.dump(result, fh)
-        print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
-              f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+def window_phases(win: Window, ctx_now: dict) -> dict:
+    """The training thread's phases over the window, in the report's order: this loop's,
+    ``ctx``'s (``ctx_now`` less their reading before the window) and ``other``."""
+    phases = {**win.clock.snapshot()}
+    for name, now in ctx_now.items():
+        was = win.ctx_before.get(name, {})
+        phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
+    # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
+    phases["other"] = {
+        key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
+        for key, total in win.whole.snapshot()["loop"].items()
+    }
+    order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
+             "other", "flush")  # fmt: skip
+    return {k: phases[k] for k in order if k in phases}
+
+
+def evaluate(model: torch.nn.Module, data: dict) -> float:
+    """The test AUC of ``model`` over the test split, through ``eval_ctx``."""
+    model.eval()
+    scores, labels_all = [], []
+    with eval_ctx(model=model) as ectx, torch.no_grad():
+        for b in DataLoader(TestSet(data)):
+            out, lab = ectx.forward(b)
+            scores.append(out.numpy().reshape(-1))
+            labels_all.append(lab[0].numpy().reshape(-1))
+    return roc_auc(np.concatenate(labels_all), np.concatenate(scores))
 
 
 def dense_lr_scale() -> float:
