@@ -139,12 +139,12 @@ def test_unfaulted_runs_agree_so_the_figures_measure_the_fault(unfaulted, honcho
     assert row["auc_delta"] <= AUC_TOLERANCE, row
 
 
-@pytest.mark.parametrize("target", FAULTS)
-def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
-    target, unfaulted, honcho_jobs, tmp_path
-):
-    ckpt = tmp_path / "ckpt"
-    job = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, name="faulted").start()
+def _kill9_mid_job(job: HonchoJob, target: str, ckpt) -> tuple:
+    """SIGKILL ``target``'s process as soon as NN-worker rank 0 has finished KILL_AT_STEP.
+
+    Returns (the step read at the kill, the step read right after it (None once the rank is
+    gone), the step of the latest complete checkpoint at the kill, the monotonic kill time).
+    """
     pid = job.pid_of(target)  # found first: the kill must follow the step read at once
     watch = job.steps()
     step_at_kill = watch.wait_for(KILL_AT_STEP, alive=job.running)
@@ -153,31 +153,53 @@ def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
     step_after_kill = watch.step()  # None once the rank is gone
     at_kill = latest_complete(ckpt)  # read now: keep_checkpoints prunes it after the resume
     checkpoint_step_at_kill = (read_manifest(at_kill) or {}).get("step") if at_kill else None
+    return step_at_kill, step_after_kill, checkpoint_step_at_kill, killed_at
+
+
+def _stopped_then_resumed(first: JobResult, target: str, honcho_jobs, tmp_path, ckpt):
+    """The faulted job stopped: check honcho's stop, run the same Procfile with ``--resume``
+    from the latest complete checkpoint to the end of the epoch and check it.
+
+    Returns (the resumed run's result, the checkpoint's manifest, seconds from the resumed
+    start until training again)."""
+    honcho_entry = HONCHO_ENTRY.get(target, target)
+    # a clear stop: honcho names the process that died and every other one stops
+    assert honcho_entry in first.stops, first.log[-4000:]
+    assert first.stops[honcho_entry] != "0", first.stops
+    checkpoint = latest_complete(ckpt)
+    base = read_manifest(checkpoint)
+    resumed = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=True,
+                        name="resumed").start()  # fmt: skip
+    resumed.wait_for_log(r"resumed from \S+: step \d+")
+    resumed_s = time.monotonic() - resumed.started
+    final = resumed.wait()
+    _assert_completed(final)
+    assert final.resumed_step == base["step"], final.log[-3000:]
+    # every batch of the epoch trained exactly once: before the checkpoint or after it
+    assert final.resumed_step + final.steps == EPOCH_STEPS, (final.resumed_step, final.steps)
+    return final, base, resumed_s
+
+
+@pytest.mark.parametrize("target", FAULTS)
+def test_kill9_mid_job_then_resume_loses_no_acknowledged_update(
+    target, unfaulted, honcho_jobs, tmp_path
+):
+    ckpt = tmp_path / "ckpt"
+    job = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, name="faulted").start()
+    step_at_kill, step_after_kill, checkpoint_step_at_kill, killed_at = _kill9_mid_job(
+        job, target, ckpt
+    )
     reregistered_s = _wait_reregistered(job, killed_at) if target == "redis" else None
     first = job.wait(timeout_s=120)
     stopped_s = time.monotonic() - killed_at
-    honcho_entry = HONCHO_ENTRY.get(target, target)
     if first.returncode == 0:  # the job completed despite the fault
         final, base, resumed_s = first, {"updates_applied_total": 0}, 0.0
         outcome = "completed"
         stopped_s = 0.0  # it never stopped
         assert first.steps == EPOCH_STEPS, first.log[-3000:]
     else:
-        # a clear stop: honcho names the process that died and every other one stops
-        assert honcho_entry in first.stops, first.log[-4000:]
-        assert first.stops[honcho_entry] != "0", first.stops
-        checkpoint = latest_complete(ckpt)
-        base = read_manifest(checkpoint)
-        resumed = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=True,
-                            name="resumed").start()  # fmt: skip
-        resumed.wait_for_log(r"resumed from \S+: step \d+")
-        resumed_s = time.monotonic() - resumed.started
-        final = resumed.wait()
+        final, base, resumed_s = _stopped_then_resumed(first, target, honcho_jobs, tmp_path, ckpt)
         outcome = "stopped, resumed"
-        _assert_completed(final)
-        assert final.resumed_step == base["step"], final.log[-3000:]
-        # every batch of the epoch trained exactly once: before the checkpoint or after it
-        assert final.resumed_step + final.steps == EPOCH_STEPS, (final.resumed_step, final.steps)
     assert final.updates_applied is not None, final.log[-3000:]
     held = base["updates_applied_total"] + final.updates_applied
     lost = unfaulted.updates_applied - held
