@@ -107,8 +107,26 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
         codes = {"ew": ew.stop(), "ps": ps.stop()}
     assert codes == {"ew": 0, "ps": 0}, codes
 
+    growth = _add_rss_and_rate_figures(result, sampler.samples, load_before)
+    out = REPO / "bench_results"
+    out.mkdir(exist_ok=True)
+    (out / f"load_{int(SECONDS)}s.json").write_text(json.dumps(result, indent=1))
+    print(summary_text(result))
+    assert not result["errors"], result["errors"]
+    assert all(g < MAX_RSS_GROWTH for g in growth.values()), result["rss_mib"]
+    assert result["factor_reached"] >= MIN_FACTOR, (
+        f"reached {result['factor_reached']}x the demo's rate, PYRSIA_LOAD_MIN_FACTOR={MIN_FACTOR}"
+    )
+
+
+def _add_rss_and_rate_figures(result: dict, samples: list, load_before: tuple) -> dict[str, float]:
+    """Add to the driver's ``result`` the target rates, the RSS figures after the warm-up
+    (a sixth of the run, at most 60 s) and a series of at most ~120 samples, the factor of
+    the demo's rate reached and the load average before and now.
+
+    Returns each server's RSS growth: peak after the warm-up / value at the warm-up's end - 1."""
     warmup = min(60.0, SECONDS / 6)
-    after = [s for t, s in sampler.samples if t >= warmup]
+    after = [s for t, s in samples if t >= warmup]
     base = after[0]
     peak = {n: max(s[n] for s in after) for n in base}
     growth = {n: peak[n] / base[n] - 1 for n in base}
@@ -121,23 +139,15 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
     }  # fmt: skip
     result["rss_series_mib"] = [
         {"t": round(t, 1), **{n: round(v / 2**20, 1) for n, v in s.items()}}
-        for t, s in sampler.samples[:: max(1, len(sampler.samples) // 120)]
+        for t, s in samples[:: max(1, len(samples) // 120)]
     ]
-    out = REPO / "bench_results"
-    out.mkdir(exist_ok=True)
     result["factor_reached"] = round(
         min(result["ew_requests_per_s"] / DEMO_EW_REQUESTS_PER_S,
             result["ps_requests_per_s"] / DEMO_PS_REQUESTS_PER_S), 2)  # fmt: skip
     result["load_average"] = {"before": [round(x, 2) for x in load_before],
                               "after": [round(x, 2) for x in os.getloadavg()],
                               "cpus": os.cpu_count()}  # fmt: skip
-    (out / f"load_{int(SECONDS)}s.json").write_text(json.dumps(result, indent=1))
-    print(summary_text(result))
-    assert not result["errors"], result["errors"]
-    assert all(g < MAX_RSS_GROWTH for g in growth.values()), result["rss_mib"]
-    assert result["factor_reached"] >= MIN_FACTOR, (
-        f"reached {result['factor_reached']}x the demo's rate, PYRSIA_LOAD_MIN_FACTOR={MIN_FACTOR}"
-    )
+    return growth
 
 
 def summary_text(r: dict) -> str:
