@@ -59,6 +59,56 @@ def _rate(samples: list[tuple[float, int]]) -> float:
     return (u1 - u0) / (t1 - t0)
 
 
+def _restart_and_wait_reregistered(job: DirectJob, redis: RedisServer) -> float:
+    """Start Redis again (same port, empty) and wait until the PS's, the embedding worker's
+    and the NN worker's records are written again (at most REREGISTER_LIMIT_S): the seconds
+    from the restart."""
+    redis.start()  # same port, empty: every record must be written again
+    back = time.monotonic()
+    keys = [
+        service_key(job.env["PERSIA_JOB_ID"], role, 0)
+        for role in (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
+    ]
+    client = redis_lib.Redis.from_url(redis.url)
+    try:
+        while not all(client.exists(k) for k in keys):
+            assert time.monotonic() - back < REREGISTER_LIMIT_S, [client.exists(k) for k in keys]
+            time.sleep(0.1)
+    finally:
+        client.close()
+    return time.monotonic() - back
+
+
+def _quiesce_and_count(job: DirectJob) -> tuple[list, dict, int]:
+    """SIGTERM the NN worker and data loader (the NN worker drains its in-flight gradients),
+    read the embedding worker's /stats and the PS's updates_applied, then SIGTERM those two.
+
+    Returns (every (exit code, seconds) of the stops, the worker's stats, the PS's count)."""
+    procs = job.processes()
+    stops = sigterm_and_time([procs["nn_worker"], procs["data_loader"]], 5.0)
+    final = job.worker_stats()
+    ps_applied = job.updates_applied()
+    stops += sigterm_and_time([procs["embedding_parameter_server"],
+                               procs["embedding_worker"]], 5.0)  # fmt: skip
+    return stops, final, ps_applied
+
+
+def _batches_not_delivered(nn_worker_log: str) -> int:
+    """The batches of embedding gradients the NN worker logged as not delivered at its stop."""
+    return sum(
+        int(n)
+        for n in re.findall(r"(\d+) batches of embedding gradients not delivered", nn_worker_log)
+    )
+
+
+def _record(key: str, row: dict) -> None:
+    """Store ``row`` under ``key`` in bench_results/faults.json."""
+    RESULTS.parent.mkdir(exist_ok=True)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[key] = row
+    RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
 def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
     redis = RedisServer().start()
     job = DirectJob(tmp_path, redis, epochs=200).start()
@@ -69,32 +119,11 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
         redis.stop()
         during = _sample(job, OUTAGE_S)
         end_outage = job.worker_stats()
-        redis.start()  # same port, empty: every record must be written again
-        back = time.monotonic()
-        keys = [
-            service_key(job.env["PERSIA_JOB_ID"], role, 0)
-            for role in (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
-        ]
-        client = redis_lib.Redis.from_url(redis.url)
-        try:
-            while not all(client.exists(k) for k in keys):
-                assert time.monotonic() - back < REREGISTER_LIMIT_S, [
-                    client.exists(k) for k in keys
-                ]
-                time.sleep(0.1)
-        finally:
-            client.close()
-        reregistered_s = time.monotonic() - back
+        reregistered_s = _restart_and_wait_reregistered(job, redis)
         after = _sample(job, WINDOW_S)
         for name, proc in (("nn_worker", job.nn), ("data_loader", job.dl)):
             assert proc is not None and proc.poll() is None, job.log(name)[-3000:]
-        # quiesce: SIGTERM makes the NN worker drain its in-flight gradients, then count
-        procs = job.processes()
-        stops = sigterm_and_time([procs["nn_worker"], procs["data_loader"]], 5.0)
-        final = job.worker_stats()
-        ps_applied = job.updates_applied()
-        stops += sigterm_and_time([procs["embedding_parameter_server"],
-                                   procs["embedding_worker"]], 5.0)  # fmt: skip
+        stops, final, ps_applied = _quiesce_and_count(job)
     finally:
         job.kill_all()
         redis.stop()
@@ -118,17 +147,9 @@ def test_redis_outage_30s_training_goes_on_and_services_reregister(tmp_path):
         "updates_acknowledged_total": final["applied_update_ids"],
         "updates_applied_by_ps_total": ps_applied,
         "lost_updates_total": final["dropped_update_ids"],
-        "gradient_batches_not_delivered_at_stop": sum(
-            int(n)
-            for n in re.findall(
-                r"(\d+) batches of embedding gradients not delivered", job.log("nn_worker")
-            )
-        ),  # fmt: skip
+        "gradient_batches_not_delivered_at_stop": _batches_not_delivered(job.log("nn_worker")),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data["redis_outage_30s"] = row
-    RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
+    _record("redis_outage_30s", row)
     print(f"Redis outage: {row}")
     assert min(buckets) > 0, row
     assert row["updates_per_s_during"] >= MIN_RATE_RATIO * row["updates_per_s_before"], row
