@@ -70,6 +70,38 @@ def _step_watch(job: ClusterJob, until: float) -> list[tuple[float, int]]:
     return samples
 
 
+def _cut_then_restore(net: Network, job: ClusterJob, target: str, cut_seconds: float):
+    """Cut ``target``'s link for ``cut_seconds`` (rank 0's step polled meanwhile), restore it,
+    and wait (at most 120 s, while the trainers run) for rank 0 to step again.
+
+    Returns (rank 0's step at the cut, the (time, step) samples while cut, its step at the
+    restore, seconds from the restore to its next step or None)."""
+    net.cut(target)
+    cut_at = time.monotonic()
+    step_at_cut = job.step(0)
+    samples = _step_watch(job, cut_at + cut_seconds)
+    net.restore(target)
+    restored_at = time.monotonic()
+    step_at_restore = job.step(0)
+    # how long until rank 0 steps again (or the job ends)
+    resumed_s = None
+    while time.monotonic() - restored_at < 120 and job.trainers_running():
+        now = job.step(0)
+        if now is not None and step_at_restore is not None and now > step_at_restore:
+            resumed_s = time.monotonic() - restored_at
+            break
+        time.sleep(0.05)
+    return step_at_cut, samples, step_at_restore, resumed_s
+
+
+def _assert_resumed_the_epoch(final, base: dict) -> None:
+    """The ``--resume`` run exited 0 everywhere, started from the checkpoint ``base`` and
+    trained the rest of the epoch: every batch once, before the checkpoint or after it."""
+    assert all(c == 0 for c in final.codes.values()), final.tail()
+    assert final.resumed_step == base["step"], final.tail()
+    assert base["trained_batches"] + sum(final.steps.values()) == EPOCH_BATCHES
+
+
 @pytest.mark.parametrize(
     ("target", "cut_seconds"), TARGETS, ids=[f"{h}-{s:g}s" for h, s in TARGETS]
 )
@@ -79,21 +111,9 @@ def test_link_cut_mid_job(target, cut_seconds, unfaulted, network, tmp_path):
     resumed_job = None
     try:
         job.wait_for_step(CUT_AT_STEP)
-        net.cut(target)
-        cut_at = time.monotonic()
-        step_at_cut = job.step(0)
-        samples = _step_watch(job, cut_at + cut_seconds)
-        net.restore(target)
-        restored_at = time.monotonic()
-        step_at_restore = job.step(0)
-        # how long until rank 0 steps again (or the job ends)
-        resumed_s = None
-        while time.monotonic() - restored_at < 120 and job.trainers_running():
-            now = job.step(0)
-            if now is not None and step_at_restore is not None and now > step_at_restore:
-                resumed_s = time.monotonic() - restored_at
-                break
-            time.sleep(0.05)
+        step_at_cut, samples, step_at_restore, resumed_s = _cut_then_restore(
+            net, job, target, cut_seconds
+        )
         first = job.wait(timeout_s=time.monotonic() - job.started + 180)
         steps_during_cut = (samples[-1][1] - samples[0][1]) if samples else None
         completed = not first.timed_out and all(c == 0 for c in first.codes.values())
@@ -107,9 +127,7 @@ def test_link_cut_mid_job(target, cut_seconds, unfaulted, network, tmp_path):
                                      resume=True, name="resumed")  # fmt: skip
             resumed_job.start()
             final = resumed_job.wait(timeout_s=300)
-            assert all(c == 0 for c in final.codes.values()), final.tail()
-            assert final.resumed_step == base["step"], final.tail()
-            assert base["trained_batches"] + sum(final.steps.values()) == EPOCH_BATCHES
+            _assert_resumed_the_epoch(final, base)
         assert final.updates_applied is not None, final.tail()
         lost = unfaulted.updates_applied - (base["updates_applied_total"] + final.updates_applied)
         errors = {h: [ln for ln in t.splitlines() if " ERROR " in ln or "Error" in ln][:3]
@@ -151,6 +169,20 @@ STOP_LINE = re.compile(
 STALL_LINE = re.compile(r"no answer from http://ps0:8888/\S+ for ([\d.]+) s")
 
 
+def _cut_ps0_until_an_nn_worker_stops(net: Network, job: ClusterJob) -> float:
+    """Cut ps0's link until an NN-worker node's process exits (at most STOP_CUT_LIMIT_S),
+    then restore it. Returns the seconds from the cut to that stop."""
+    net.cut("ps0")
+    cut_at = time.monotonic()
+    while time.monotonic() - cut_at < STOP_CUT_LIMIT_S and all(
+        job.procs[h].poll() is None for h in job.procs if h.startswith("nn")
+    ):
+        time.sleep(0.2)
+    stopped_after = time.monotonic() - cut_at
+    net.restore("ps0")
+    return stopped_after
+
+
 @pytest.mark.timeout(900)  # the unfaulted run, up to 300 s of cut, then the resumed run
 def test_ps_cut_past_the_deadline_stops_the_job_and_resume_finishes(unfaulted, network, tmp_path):
     """ps0's cable pulled until the job stops: the embedding workers report the silent PS
@@ -162,14 +194,7 @@ def test_ps_cut_past_the_deadline_stops_the_job_and_resume_finishes(unfaulted, n
     resumed_job = None
     try:
         job.wait_for_step(CUT_AT_STEP)
-        net.cut("ps0")
-        cut_at = time.monotonic()
-        while time.monotonic() - cut_at < STOP_CUT_LIMIT_S and all(
-            job.procs[h].poll() is None for h in job.procs if h.startswith("nn")
-        ):
-            time.sleep(0.2)
-        stopped_after = time.monotonic() - cut_at
-        net.restore("ps0")
+        stopped_after = _cut_ps0_until_an_nn_worker_stops(net, job)
         first = job.wait(timeout_s=time.monotonic() - job.started + 60)
         nn_codes = {h: c for h, c in first.codes.items() if h.startswith("nn")}
         assert any(c not in (0, None) for c in nn_codes.values()), (stopped_after, first.tail())
@@ -189,9 +214,7 @@ def test_ps_cut_past_the_deadline_stops_the_job_and_resume_finishes(unfaulted, n
                                  name="resumed")  # fmt: skip
         resumed_job.start()
         final = resumed_job.wait(timeout_s=300)
-        assert all(c == 0 for c in final.codes.values()), final.tail()
-        assert final.resumed_step == base["step"], final.tail()
-        assert base["trained_batches"] + sum(final.steps.values()) == EPOCH_BATCHES
+        _assert_resumed_the_epoch(final, base)
         assert final.updates_applied is not None, final.tail()
         lost = unfaulted.updates_applied - (base["updates_applied_total"] + final.updates_applied)
         row = {
