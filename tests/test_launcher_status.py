@@ -105,6 +105,28 @@ async def test_status_says_when_the_registry_cannot_be_read(job_env):
     assert code == 2 and "cannot reach Redis" in err, (out, err)
 
 
+async def _read_until(stream: asyncio.StreamReader, text: str, timeout_s: float,
+                      seen: bytearray) -> None:  # fmt: skip
+    """Read ``stream`` into ``seen`` until ``text`` appears (a frame was drawn)."""
+
+    async def read() -> None:
+        while text.encode() not in seen:
+            chunk = await stream.read(4096)
+            if not chunk:
+                raise AssertionError(f"output ended before {text!r}: {bytes(seen[-2000:])!r}")
+            seen.extend(chunk)
+
+    await asyncio.wait_for(read(), timeout_s)
+
+
+async def _watch_proc(job_env: dict, interval: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "persia.launcher", "status", "--watch", "--no-color",
+        "--width", "200", "--interval", interval, cwd=REPO, env={**os.environ, **job_env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
 async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
     """--watch keeps scraping (the rank's step moves between redraws) and Ctrl-C ends it
     with exit 0 and the last frame printed."""
@@ -113,23 +135,47 @@ async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
     ingress = Ingress(BatchQueue(4, rank=0, world_size=1), registry_settings=registry_settings,
                       stats=stats)  # fmt: skip
     await ingress.start()
+    seen = bytearray()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "persia.launcher", "status", "--watch", "--no-color",
-            "--width", "200", "--interval", "0.2", cwd=REPO, env={**os.environ, **job_env},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        await asyncio.sleep(4)  # the interpreter starts, then a few redraws
+        proc = await _watch_proc(job_env, "0.2")
+        await _read_until(proc.stdout, "loss 0.5", 60, seen)  # the first frame (slow at load)
         stats.step_done(77, 10, torch.tensor(0.25), 1.0, True)
-        await asyncio.sleep(1.5)
+        await _read_until(proc.stdout, "step 77", 30, seen)  # redrawn after the first look
         proc.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
     finally:
         await ingress.stop()
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode()
-    text = out.decode()
-    assert "step 77" in text and "loss 0.25" in text  # redrawn after the first look
+    text = (bytes(seen) + out).decode()
+    assert "step 77" in text and "loss 0.25" in text
+
+
+async def test_ctrl_c_during_a_scrape_ends_the_watch(job_env, registry_settings):
+    """Ctrl-C that lands while a scrape waits on a silent process ends --watch at once with
+    exit 0 (under load most of a watch is scraping, not sleeping between frames)."""
+    accepted: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(  # accepts, never answers
+        lambda _reader, writer: accepted.append(writer), "127.0.0.1", 0
+    )
+    port = silent.sockets[0].getsockname()[1]
+    registry = Registry(registry_settings)
+    await registry.register(ServiceRecord(role=ROLE_EMBEDDING_PS, replica_index=0,
+                                          replica_size=1, address=f"127.0.0.1:{port}"))  # fmt: skip
+    seen = bytearray()
+    try:
+        proc = await _watch_proc(job_env, "0.1")
+        await _read_until(proc.stdout, "unreachable", 90, seen)  # one scrape timed out
+        proc.send_signal(signal.SIGINT)  # the next scrape is waiting on the silent server
+        out, err = await asyncio.wait_for(proc.communicate(), 10)
+    finally:
+        await registry.close()
+        silent.close()
+        for writer in accepted:
+            writer.close()
+        await silent.wait_closed()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode(), err.decode()
 
 
 async def test_status_sends_the_job_token(services, job_env, monkeypatch):

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
+import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -326,15 +329,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _watch(console: Console, settings: RegistrySettings, interval_s: float) -> int:
+    """Redraw until Ctrl-C (exit 0). On a terminal one frame is redrawn in place; on a pipe
+    each frame is printed after the last, as it is scraped. Ctrl-C is a loop signal handler,
+    not a KeyboardInterrupt, so it ends a watch at once whether it lands in a scrape or a sleep."""
     from rich.live import Live
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
     before = None
-    with Live(console=console, auto_refresh=False, screen=False) as live:
-        while True:  # until Ctrl-C
-            now = await snapshot(settings)
-            live.update(render(now, before), refresh=True)
-            before = now
-            await asyncio.sleep(interval_s)
+    try:
+        with Live(console=console, auto_refresh=False, screen=False) if console.is_terminal else (
+            contextlib.nullcontext()
+        ) as live:  # fmt: skip
+            while not stop.is_set():
+                now = await _unless_stopped(snapshot(settings), stop)
+                if now is None:
+                    break
+                frame = render(now, before)
+                if live is not None:
+                    live.update(frame, refresh=True)
+                else:
+                    console.print(frame)
+                    console.file.flush()
+                before = now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval_s)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return 0
+
+
+async def _unless_stopped(work: Awaitable[Snapshot], stop: asyncio.Event) -> Snapshot | None:
+    """``work``'s result, or None (``work`` cancelled) once ``stop`` is set first."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 if __name__ == "__main__":
