@@ -69,9 +69,10 @@ def unavailable_reason() -> str | None:
     """Why namespaces cannot be made here (a skip reason), or None when they can."""
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
-    for tool in ("ip", "tc", "unshare"):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
+                          ("ping", "iputils-ping")):  # fmt: skip
         if shutil.which(tool) is None:
-            return f"no `{tool}` on PATH (apt-get install iproute2 util-linux)"
+            return f"no `{tool}` on PATH (apt-get install {package})"
     probe = f"{PREFIX}{os.getpid()}-probe"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
