@@ -37,7 +37,7 @@ import torch
 from data import load
 from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
 from procs import threads_cpu
-from train import difference
+from train import difference, loop_phases
 
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset
@@ -141,7 +141,7 @@ def main() -> None:
         win = feed_loop(ctx, it, batch, dense=dense, dense_s=dense_s, grad=grad, loss_fn=loss_fn,
                         max_steps=max_steps, marks=marks, device_id=device_id)  # fmt: skip
         threads_window = difference(threads_cpu(), win.threads_before)
-        phases = window_phases(win, ctx.step_clock.snapshot())
+        phases = loop_phases(win, ctx.step_clock.snapshot())
     timed_steps = win.steps - 1
     steps, samples, train_seconds = win.steps, win.samples, win.train_seconds
     result = {
@@ -219,20 +219,6 @@ def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: f
     t_end = time.time()
     return FeedWindow(steps, samples, first_samples, t_first, t_end, train_seconds, clock,
                       whole, ctx_before, threads_before)  # fmt: skip
-
-
-def window_phases(win: FeedWindow, ctx_now: dict) -> dict:
-    """The training thread's phases over the window: this loop's, ``ctx``'s (``ctx_now``
-    less their reading before the window) and ``other``, the rest of the loop."""
-    phases = win.clock.snapshot()
-    for name, now in ctx_now.items():
-        was = win.ctx_before.get(name, {})
-        phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
-    phases["other"] = {
-        key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
-        for key, total in win.whole.snapshot()["loop"].items()
-    }
-    return phases
 
 
 if __name__ == "__main__":

@@ -242,18 +242,25 @@ def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module
                   waits, threads_window, page_faults)  # fmt: skip
 
 
-def window_phases(win: Window, ctx_now: dict) -> dict:
-    """The training thread's phases over the window, in the report's order: this loop's,
-    ``ctx``'s (``ctx_now`` less their reading before the window) and ``other``."""
+def loop_phases(win: Window, ctx_now: dict) -> dict:
+    """The training thread's phases over the window: this loop's, ``ctx``'s (``ctx_now`` less
+    their reading before the window) and ``other``, the rest of the loop (``loss.item()``,
+    bookkeeping, the clocks). ``win`` is any window with ``clock``, ``whole`` and
+    ``ctx_before`` (feed_train.py's too)."""
     phases = {**win.clock.snapshot()}
     for name, now in ctx_now.items():
         was = win.ctx_before.get(name, {})
         phases[name] = {k: now[k] - was.get(k, 0.0) for k in now}
-    # "other": the rest of the loop on this thread (loss.item(), bookkeeping, the clocks)
     phases["other"] = {
         key: total - sum(v.get(key, 0.0) for k, v in phases.items() if k != "flush")
         for key, total in win.whole.snapshot()["loop"].items()
     }
+    return phases
+
+
+def window_phases(win: Window, ctx_now: dict) -> dict:
+    """``loop_phases`` in the report's order."""
+    phases = loop_phases(win, ctx_now)
     order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
              "other", "flush")  # fmt: skip
     return {k: phases[k] for k in order if k in phases}
