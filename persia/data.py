@@ -215,5 +215,6 @@ class DataLoader:
             buffer_size=self.forward_buffer_size,
             staleness=self.embedding_staleness if train else None, just_in_time=train,
             on_wait=session.stats.waited if train else None,  # the rank's lookup wait
+            before_wait=ctx.training_step.hand_over if train and isinstance(ctx, TrainCtx) else None,
             ranks=env.get_world_size() or 1,  # the ranks share the staleness window
         )  # fmt: skip

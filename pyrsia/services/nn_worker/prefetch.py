@@ -74,16 +74,20 @@ class Prefetcher:
         staleness: int | None,
         just_in_time: bool = False,
         on_wait: Callable[[float], None] | None = None,
+        before_wait: Callable[[], None] | None = None,
         ranks: int = 1,
     ):
         """``source``: where batches come from and how each is looked up (``lookups``);
         closed with the Prefetcher. ``on_wait(seconds)``: told, on the training thread, how
         long each :meth:`next` waited for a ready batch (``RankStats.waited``: the rank's
-        lookup wait). ``ranks``: the job's NN-worker ranks, which share the staleness window
+        lookup wait). ``before_wait()``: called on the training thread before :meth:`next`
+        waits for a batch that is not ready (``TrainingStep.hand_over``: the batch may wait
+        for the staleness permit of the gradients the step holds). ``ranks``: the job's NN-worker ranks, which share the staleness window
         (``inflight.Lookahead``)."""
         self.runtime = runtime
         self.source = source
         self._on_wait = on_wait
+        self._before_wait = before_wait
         self._num_workers = num_workers
         self._buffer_size = buffer_size
         self._staleness = staleness
@@ -187,6 +191,11 @@ class Prefetcher:
     def _take(self, timeout_s: float | None) -> Any:
         """The next entry of the hand-over queue (no event-loop round trip when one is ready)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._before_wait is not None:
+            try:
+                return self._ready.get_nowait()
+            except queue.Empty:
+                self._before_wait()
         while True:
             wait = RUNTIME_CLOSED_POLL_S
             if deadline is not None:

@@ -8,7 +8,8 @@ One step, and where its five hook points fire::
       scale the loss (precision) ── autograd
       └─ after_backward      dense and embedding gradients computed (still scaled)
       every `check_frequency` steps: are the embedding gradients finite? (ranks agree)
-      embedding gradients ──> BackwardEngine (asynchronous; not on a shadow step)
+      embedding gradients ──> BackwardEngine (asynchronous; not on a shadow step; on the
+                              CPU held until the next backward starts, or the loop waits)
       └─ before_dense_step   the dense gradients are final (DDP all-reduced)
       precision.step(optimizer) (through the loss scaler when there is one); zero_grad
       └─ after_dense_step    the dense parameters moved
@@ -153,6 +154,12 @@ class TrainingStep:
         gradients, self.gradients = self.gradients, None
         return gradients
 
+    def hand_over(self) -> None:
+        """Give the loop the embedding gradients held since the last step (the training
+        loop calls it before it waits for the loop's work: the next batch)."""
+        if self.gradients is not None:
+            self.gradients.hand_over()
+
     @property
     def shadowing(self) -> bool:
         """Whether a shadow step (zero gradients, no embedding update) is running."""
@@ -191,6 +198,7 @@ class TrainingStep:
         clock.start()
         event = StepEvent(self.steps + 1, batch, self._shadowing, loss, optimizer=optimizer)
         scaled, event.scale = self.precision.scale(loss)
+        gradients.hand_over()  # the last step's: the loop works on them while autograd runs
         scaled.backward()
         clock.lap("autograd")
         self._fire("after_backward", event)
@@ -225,7 +233,10 @@ class TrainingStep:
         if event.shadow:  # a shadow step (even_steps.py) updates no embedding
             return
         assert self.gradients is not None
-        self.gradients.submit(
+        # On the CPU the loop gets them as the next backward starts (backward.py says why);
+        # on a GPU at once: their copy off the device would queue behind the next step.
+        send = self.gradients.submit if self.precision.cuda else self.gradients.hold
+        send(
             batch.worker, batch.batch_id, event.scale * self.embedding_grad_divisor, grads,
             on_done=batch.take_release(),
         )  # fmt: skip
