@@ -185,8 +185,11 @@ def gradient_payload(
     payload.tables, skipped, nonfinite = [], [], []
     for table in tables:
         summed = np.zeros((table.rows, table.dim), np.float32)
-        for k, name in enumerate(table.slots):
-            grad = by_name[name].grad
+        grads = [by_name[name].grad for name in table.slots]
+        if all(g is not None for g in grads) and _sum_table(table, grads, summed):
+            payload.tables.append((table.dim, summed))  # the usual case: one copy, one kernel
+            continue
+        for k, (name, grad) in enumerate(zip(table.slots, grads, strict=True)):
             if grad is None:
                 skipped.append(name)
                 continue
@@ -203,6 +206,16 @@ def gradient_payload(
         )  # fmt: skip
     payload.skipped_slots = tuple(skipped)
     return payload
+
+
+def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndarray) -> bool:
+    """Every slot's gradient rows added into ``summed`` at once (the slots stacked in one
+    copy, one kernel call: a call per slot cost ~10 µs of Python each, 33 per Census batch);
+    False, with ``summed`` untouched, when a NaN or inf is in any of them."""
+    rows = torch.stack([g.detach() for g in grads]).to(torch.float32).cpu().numpy()
+    return add_rows_if_finite(
+        np.ascontiguousarray(table.index).reshape(-1), rows.reshape(-1, table.dim), summed
+    )
 
 
 def nonfinite_slots(tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
