@@ -56,10 +56,11 @@ def _ctx(model: torch.nn.Module) -> TrainCtx:
 def test_a_cpu_steps_gradients_reach_the_loop_as_the_next_backward_starts(embedded):
     torch.manual_seed(0)
     model = SmallModel()
-    during, after = [], []
+    during, after, permits = [], [], []
     with _ctx(model) as ctx:
         engine = ctx.training_step.gradients
         for batch in DataLoader(ListDataset(_batches(4)), embedding_staleness=8):
+            permits.append(batch.permit)
             output, labels = ctx.forward(batch)
             output.register_hook(lambda g: during.append(engine.handed_over))  # in autograd
             ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
@@ -68,6 +69,8 @@ def test_a_cpu_steps_gradients_reach_the_loop_as_the_next_backward_starts(embedd
         assert (engine.handed_over, engine.sent, engine.holding) == (4, 4, False)
     assert during == [0, 1, 2, 3]  # step k's backward runs after steps 0..k-1 were handed over
     assert after == [(0, True), (1, True), (2, True), (3, True)]  # its own is held
+    # each permit knows how long it was held, which the lookahead's window leaves out
+    assert all(p is not None and p.held_s > 0 for p in permits), [p.held_s for p in permits]
 
 
 def test_a_loop_waiting_for_its_next_batch_hands_over_what_it_holds(embedded):

@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
 
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.features import GradientPayload
-from pyrsia.services.nn_worker.inflight import InflightLimits
+from pyrsia.services.nn_worker.inflight import InflightLimits, Permit
 from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
 
@@ -53,6 +54,7 @@ class BackwardEngine:
         self._tasks: set[asyncio.Task] = set()
         self._errors: list[BaseException] = []
         self._held: tuple | None = None
+        self._held_at = 0.0
         self._held_lock = threading.Lock()
         self.sent = 0
         self.handed_over = 0
@@ -92,6 +94,7 @@ class BackwardEngine:
         self.hand_over()
         with self._held_lock:
             self._held = (worker, batch_id, loss_scale, grads, on_done)
+            self._held_at = time.monotonic()
 
     def hand_over(self) -> None:
         """Give the held batch, if any, to the loop; blocks while every backward slot is
@@ -100,6 +103,9 @@ class BackwardEngine:
         with self._held_lock:
             held, self._held = self._held, None
         if held is not None:
+            on_done = held[-1]
+            if isinstance(on_done, Permit):  # the window's hold time leaves the wait here out
+                on_done.held_s += time.monotonic() - self._held_at
             self._send_soon(*held)
 
     @property
