@@ -94,6 +94,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--staleness", type=int, default=8, help="embedding staleness bound")
     parser.add_argument(
+        "--ps-replicas",
+        default="1",
+        help="PS shards to run, one configuration each (default 1; e.g. 1,2)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=1, help="runs of each configuration (interleaved; default 1)"
     )
     parser.add_argument(
@@ -129,6 +134,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if "cuda" in args.dense and not torch.cuda.is_available():
         parser.error("--dense cuda: this torch sees no CUDA device")
     args.batches = int_list(parser, "--batches", args.batches)
+    args.ps_replicas = int_list(parser, "--ps-replicas", args.ps_replicas)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")

@@ -1,6 +1,7 @@
 """Feed-rate benchmark: how many samples/s one NN-worker process can be fed (issue 30).
 
-The DLRM job of ``benchmarks/e2e`` (redis-server, one embedding PS, one embedding worker,
+The DLRM job of ``benchmarks/e2e`` (redis-server, ``--ps-replicas`` embedding PS shards
+(default one; ``1,2`` runs each configuration with 1 and with 2), one embedding worker,
 one data loader, one NN-worker process, all real processes on loopback), with the NN
 worker's dense step replaced (``benchmarks/e2e/feed_train.py``):
 
@@ -23,7 +24,9 @@ pipeline's queues and the data loader finishing early are outside it):
   the training thread's dense phases and, for ``cpu``/``cuda``, torch's intra-op threads);
 - CPU ms per batch of each service (PS, embedding worker, data loader), from ``/proc``;
 - from those, how many NN workers at this rate one embedding-worker core and one PS core
-  can feed (``1 / (service CPU s per batch) / (NN-worker batches/s)``).
+  can feed (``1 / (service CPU s per batch) / (NN-worker batches/s)``; the PS's CPU summed
+  over its shards, each shard's kept in the JSON). When one PS core is the ceiling, more
+  shards on more cores lift it: compare ``--ps-replicas 1,2`` on a machine with the cores.
 
 In the same run the 2-thread plain-PyTorch baseline (``benchmarks/baseline.py``, the e2e
 benchmark's) trains the same batches (at most ``BASELINE_MAX_STEPS``); each configuration's
@@ -44,12 +47,14 @@ ends with::
     python benchmarks/feed_rate.py [--dense sleep,cpu] [--dense-ms 2] [--batches 1024,8192]
                                    [--datasets census,criteo] [--criteo-rows 200000]
                                    [--min-steps 150] [--max-steps 0] [--repeats N]
+                                   [--ps-replicas 1,2]
                                    [--services-ref REF] [--json F] [--png F]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -102,10 +107,10 @@ def steady_window(steps: int) -> tuple[int, int]:
 
 def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: str,
              dense_ms: float, batch: int, steps: int, epochs: int, threads: int,
-             staleness: int, services: str = "working tree",
+             staleness: int, services: str = "working tree", ps_replicas: int = 1,
              source: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """One job through the whole pipeline with ``dense`` as the NN worker's dense step; the
-    PS and the embedding worker from ``source`` (a ``git archive`` of ``services``, run by
+    """One job through the whole pipeline with ``dense`` as the NN worker's dense step and
+    ``ps_replicas`` PS shards; the PS and the embedding worker from ``source`` (a ``git archive`` of ``services``, run by
     ``benchmarks/run_source.py``) or from the working tree (None)."""
     lo, hi = steady_window(steps)
     threads = 1 if dense == "sleep" else threads  # no dense math on the CPU: one torch thread
@@ -118,11 +123,11 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
         "FEED_WINDOW": f"{lo},{hi}", "PYTHONUNBUFFERED": "1",
     }  # fmt: skip
     flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-             "--port", "0", "--replica-index", "0", "--replica-size", "1"]  # fmt: skip
+             "--port", "0"]  # fmt: skip
     sampler = CpuSampler(interval_s=0.1)
     tag = f"{dense}-{batch}-{time.monotonic_ns()}"
     from_source = ["benchmarks.run_source", str(source)] if source is not None else None
-    codes = run_job(tmp, tag, env, flags, sampler, from_source)
+    codes = run_job(tmp, tag, env, flags, sampler, from_source, ps_replicas)
     if any(code != 0 for code in codes.values()) or not result_path.exists():
         tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
         tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
@@ -133,14 +138,15 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     res = json.loads(result_path.read_text())
     out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
                         threads=threads)  # fmt: skip
-    return {"services": services, **out}
+    return {"services": services, "ps_replicas": ps_replicas, **out}
 
 
 def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler: CpuSampler,
-            from_source: list[str] | None) -> dict[str, int | None]:  # fmt: skip
-    """Redis, the PS and the embedding worker (run by ``from_source`` when given), the NN
-    worker (``feed_train.py``) and the data loader until both of those exit (every child
-    killed and reaped if one fails); the exit codes. ``sampler`` tracks every process."""
+            from_source: list[str] | None, ps_replicas: int = 1) -> dict[str, int | None]:  # fmt: skip
+    """Redis, ``ps_replicas`` PS shards and the embedding worker (run by ``from_source`` when
+    given), the NN worker (``feed_train.py``) and the data loader until both of those exit
+    (every child killed and reaped if one fails); the exit codes. ``sampler`` tracks every
+    process (PS shard i as ``embedding_ps.i``)."""
     with Cluster(log_dir=tmp) as cluster:
         full_env = {**os.environ, **cluster.env, **env}
         launcher = [sys.executable, "-m", "persia.launcher"]
@@ -161,14 +167,18 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
             )  # fmt: skip
             children.append(dl)
             sampler.track("data_loader", dl.pid)
-            ps = cluster.start(
-                "pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS, wait_ready=False,
-                python_args=from_source,
-            )  # fmt: skip
-            sampler.track("embedding_ps", ps.proc.pid)
+            for i in range(ps_replicas):
+                ps = cluster.start(
+                    "pyrsia.services.embedding_ps",
+                    [*flags, "--replica-index", str(i), "--replica-size", str(ps_replicas)],
+                    role=ROLE_EMBEDDING_PS, replica_index=i, wait_ready=False,
+                    python_args=from_source,
+                )  # fmt: skip
+                sampler.track(f"embedding_ps.{i}", ps.proc.pid)
             ew = cluster.start(
-                "pyrsia.services.embedding_worker", flags, role=ROLE_EMBEDDING_WORKER,
-                wait_ready=False, python_args=from_source,
+                "pyrsia.services.embedding_worker",
+                [*flags, "--replica-index", "0", "--replica-size", "1"],
+                role=ROLE_EMBEDDING_WORKER, wait_ready=False, python_args=from_source,
             )  # fmt: skip
             sampler.track("embedding_worker", ew.proc.pid)
             sampler.start()
@@ -182,7 +192,8 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
                 fh.close()
             sampler.stop()
         codes = {"nn_worker": nn_code, "data_loader": dl_code}
-        codes.update(zip(("embedding_worker", "embedding_ps"), cluster.stop(), strict=True))
+        names = ["embedding_worker", *(f"embedding_ps.{i}" for i in reversed(range(ps_replicas)))]
+        codes.update(zip(names, cluster.stop(), strict=True))
     return codes
 
 
@@ -223,6 +234,13 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
             v for k, v in threads_cpu.items() if k not in named and not k.startswith("pyrsia")
         )
     window = sampler.window(a["t"], b["t"])
+    shards = {
+        k: 1e3 * v["cpu_s"] / batches for k, v in window.items() if k.startswith("embedding_ps.")
+    }
+    window["embedding_ps"] = {
+        "cpu_s": sum(v["cpu_s"] for k, v in window.items() if k in shards),
+        "cores": sum(v["cores"] for k, v in window.items() if k in shards),
+    }
     services = {s: 1e3 * window[s]["cpu_s"] / batches for s in SERVICES if s in window}
     batches_per_s = batches / seconds
     feeds = {
@@ -242,6 +260,7 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
                              "cpu": 1e3 * phase_cpu[k] / batches}
                          for k, v in b["phases"].items()},
         "services_cpu_ms_per_batch": services,
+        "ps_shards_cpu_ms_per_batch": shards,
         "nn_workers_fed_per_core": feeds,
         "cores_used": {k: v["cores"] for k, v in window.items()},
         "device": res.get("device", "cpu"),
@@ -285,12 +304,15 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         epochs = math.ceil(steps / per_epoch)
         for dense in args.dense:
             for _ in range(args.repeats):
-                for services, source in trees.items():
+                for ps_replicas, (services, source) in itertools.product(
+                    args.ps_replicas, trees.items()
+                ):
                     print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps, "
-                          f"services of the {services} ...", flush=True)  # fmt: skip
+                          f"{ps_replicas} PS shard(s), services of the {services} ...", flush=True)  # fmt: skip
                     run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
                                    batch=batch, steps=steps, epochs=epochs, threads=args.threads,
-                                   staleness=args.staleness, services=services, source=source)  # fmt: skip
+                                   staleness=args.staleness, services=services, source=source,
+                                   ps_replicas=ps_replicas)  # fmt: skip
                     configs_out.append({"dataset": name, **run})
         print(f"[{name}] baseline, batch {batch}, {args.baseline_threads} threads ...", flush=True)
         baselines[batch] = run_baseline(
@@ -324,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(results, compare)
     doc = {"dense_ms": args.dense_ms, "threads": args.threads,
            "baseline_threads": args.baseline_threads, "staleness": args.staleness,
+           "ps_replicas": args.ps_replicas,
            "target_ratio": TARGET_RATIO, "window": WINDOW, "repeats": args.repeats,
            "services_ref": list(trees)[1] if len(trees) > 1 else None,
            "services_compare": compare, "results": results}  # fmt: skip

@@ -14,8 +14,9 @@ from _common import fmt_rate, print_table
 
 
 def label(c: dict[str, Any]) -> str:
-    """A configuration's short name: ``census/sleep/1024``."""
-    return f"{c['dataset']}/{c['dense']}/{c['batch']}"
+    """A configuration's short name: ``census/sleep/1024`` (``.../ps2`` with 2 PS shards)."""
+    shards = c.get("ps_replicas", 1)
+    return f"{c['dataset']}/{c['dense']}/{c['batch']}" + (f"/ps{shards}" if shards > 1 else "")
 
 
 def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:

@@ -38,7 +38,8 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
          "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
-         "--max-steps", "8", "--json", str(out_json), "--log-dir", str(tmp_path / "logs")],
+         "--max-steps", "8", "--ps-replicas", "1,2", "--json", str(out_json),
+         "--log-dir", str(tmp_path / "logs")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
     )  # fmt: skip
     out = proc.stdout
@@ -51,8 +52,17 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     assert doc["machine"]["cpu_model"]
     (criteo,) = doc["results"]
     assert criteo["dataset"] == "criteo"
-    (config,) = criteo["configs"]
+    config, sharded = criteo["configs"]
     assert config["dense"] == "sleep" and config["batch"] == 256 and config["steps"] == 8
+    assert (config["ps_replicas"], sharded["ps_replicas"]) == (1, 2)
+    shards = sharded["ps_shards_cpu_ms_per_batch"]  # both shards ran and were sampled
+    assert set(shards) == {"embedding_ps.0", "embedding_ps.1"} and all(
+        v > 0 for v in shards.values()
+    )
+    assert sum(shards.values()) == pytest.approx(
+        sharded["services_cpu_ms_per_batch"]["embedding_ps"]
+    )
+    assert "criteo/sleep/256/ps2" in out
     for key in ("samples_per_s", "baseline_samples_per_s", "ratio", "nn_cpu_ms_per_batch",
                 "nn_cpu_ms_outside_dense"):  # fmt: skip
         assert _finite_positive(config[key]), (key, config[key])
@@ -69,6 +79,15 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     png = out_json.with_suffix(".png")
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     assert f"PNG: {png}" in out
+
+
+def test_feed_rate_refuses_a_bad_ps_replicas():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--ps-replicas", "0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--ps-replicas: expected distinct positive integers" in proc.stdout
 
 
 def test_feed_rate_refuses_an_unknown_dense_step():
