@@ -101,11 +101,11 @@ class BackwardEngine:
         taken. Call it where the caller is about to wait for the loop's work (a batch, the
         gradients) or to release the GIL for long (autograd)."""
         with self._held_lock:
-            held, self._held = self._held, None
+            held, held_at, self._held = self._held, self._held_at, None
         if held is not None:
             on_done = held[-1]
             if isinstance(on_done, Permit):  # the window's hold time leaves the wait here out
-                on_done.held_s += time.monotonic() - self._held_at
+                on_done.held_s += time.monotonic() - held_at
             self._send_soon(*held)
 
     @property
