@@ -80,19 +80,17 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     assert f"PNG: {png}" in out
 
 
-def test_feed_rate_refuses_a_bad_ps_replicas():
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--ps-replicas", "0", "--ps-replicas: expected distinct positive integers"),
+        ("--dense", "tpu", "--dense: expected distinct values among ('sleep', 'cpu', 'cuda')"),
+    ],
+)
+def test_feed_rate_refuses_a_bad_flag(flag, value, message):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--ps-replicas", "0"],
+        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), flag, value],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "--ps-replicas: expected distinct positive integers" in proc.stdout
-
-
-def test_feed_rate_refuses_an_unknown_dense_step():
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "tpu"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "--dense: expected distinct values among ('sleep', 'cpu', 'cuda')" in proc.stdout
+    assert message in proc.stdout

@@ -100,13 +100,18 @@ class BackwardEngine:
         """Give the held batch, if any, to the loop; blocks while every backward slot is
         taken. Call it where the caller is about to wait for the loop's work (a batch, the
         gradients) or to release the GIL for long (autograd)."""
-        with self._held_lock:
-            held, held_at, self._held = self._held, self._held_at, None
+        held, held_at = self._take_held()
         if held is not None:
             on_done = held[-1]
             if isinstance(on_done, Permit):  # the window's hold time leaves the wait here out
                 on_done.held_s += time.monotonic() - held_at
             self._send_soon(*held)
+
+    def _take_held(self) -> tuple[tuple | None, float]:
+        """The held batch (None when there is none) and when it was held; none is held after."""
+        with self._held_lock:
+            held, self._held = self._held, None
+            return held, self._held_at
 
     @property
     def holding(self) -> bool:
@@ -170,8 +175,7 @@ class BackwardEngine:
 
         On timeout the sends still running are cancelled and counted as failed (logged).
         """
-        if not self.runtime.running and self._held is not None:
-            self._held = None
+        if not self.runtime.running and self._take_held()[0] is not None:
             self._errors.append(RuntimeClosedError("the NN-worker runtime stopped first"))
         if self.runtime.running:
             self.hand_over()

@@ -82,8 +82,8 @@ class Prefetcher:
         long each :meth:`next` waited for a ready batch (``RankStats.waited``: the rank's
         lookup wait). ``before_wait()``: called on the training thread before :meth:`next`
         waits for a batch that is not ready (``TrainingStep.hand_over``: the batch may wait
-        for the staleness permit of the gradients the step holds). ``ranks``: the job's NN-worker ranks, which share the staleness window
-        (``inflight.Lookahead``)."""
+        for the staleness permit of the gradients the step holds). ``ranks``: the job's
+        NN-worker ranks, which share the staleness window (``inflight.Lookahead``)."""
         self.runtime = runtime
         self.source = source
         self._on_wait = on_wait
