@@ -21,7 +21,7 @@ from pyrsia.services.embedding_worker.preprocess import prepare_batch
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
 from pyrsia.shared.config_schema import EmbeddingSchema
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
-from pyrsia.shared.scatter import add_rows_if_finite
+from pyrsia.shared.scatter import add_blocks_if_finite, add_rows_if_finite
 from pyrsia.shared.wire.gathered import SlotEmbeddings
 from pyrsia.shared.wire.worker import Embeddings, Gradients
 from tests.nonfinite import NON_FINITE_FLOAT32_BITS
@@ -137,6 +137,55 @@ def test_a_non_finite_gathered_slot_is_left_out_and_named():
     np.add.at(want, item_rows, 1.0)
     np.testing.assert_array_equal(grads[4], want)  # only item's ones, no NaN from user
     assert not grads[8].any()
+
+
+def test_table_gradients_read_in_place_or_stacked_are_the_same():
+    """Contiguous CPU float32 gradients are summed where autograd left them; any other
+    layout (here a transposed one) is stacked first: the same payload either way."""
+    prepared, vectors = prepared_and_vectors(mixed_batch(n=40, seed=5))
+    answer, _ = answer_embeddings(prepared, vectors, gathered=True)
+    tensors = build_tensors([], [], answer, requires_grad=True).embeddings
+    weights = [torch.randn(t.shape) for _, t in tensors]
+    sum((t * w).sum() for (_, t), w in zip(tensors, weights, strict=True)).backward()
+    in_place = gradient_payload(tensors, answer.tables)
+    named = dict(tensors)
+    named["user"].grad = named["user"].grad.T.contiguous().T  # same values, strides (1, 40)
+    assert not named["user"].grad.is_contiguous()
+    stacked = gradient_payload(tensors, answer.tables)
+    assert in_place.skipped_slots == stacked.skipped_slots == ()
+    for (dim_a, a), (dim_b, b) in zip(in_place.tables, stacked.tables, strict=True):
+        assert dim_a == dim_b
+        np.testing.assert_array_equal(a, b)
+
+
+def test_block_scatter_add_sums_in_place_and_refuses_non_finite_or_out_of_range():
+    blocks = [np.arange(8, dtype=np.float32).reshape(4, 2) + 10 * k for k in range(3)]
+    addresses = np.array([b.__array_interface__["data"][0] for b in blocks], np.int64)
+    index = np.array([[2, 0, 2, 1], [0, 0, 1, 1], [2, 2, 2, 2]], dtype=np.int32)
+    index.setflags(write=False)  # as decoded from the wire
+    out = np.zeros((3, 2), np.float32)
+    assert add_blocks_if_finite(index, addresses, out)
+    want = np.zeros((3, 2), np.float32)
+    np.add.at(want, index.reshape(-1), np.concatenate(blocks))
+    np.testing.assert_array_equal(out, want)
+    blocks[1][3, 0] = np.nan
+    assert not add_blocks_if_finite(index, addresses, np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="outside"):
+        add_blocks_if_finite(index + 1, addresses, np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="addresses"):
+        add_blocks_if_finite(index, addresses[:2], np.zeros((3, 2), np.float32))
+
+
+@NON_FINITE_FLOAT32_BITS
+@pytest.mark.parametrize(
+    "where", [(0, 0, 0), (1, 57, 9), (2, 99, 15)], ids=["first", "middle", "last"]
+)
+def test_block_scatter_add_refuses_every_non_finite_pattern_anywhere(bits, where):
+    blocks = np.ones((3, 100, 16), np.float32)
+    blocks.view(np.uint32)[where] = bits
+    addresses = np.array([b.__array_interface__["data"][0] for b in blocks], np.int64)
+    index = np.tile(np.arange(100, dtype=np.int64) % 7, (3, 1))
+    assert not add_blocks_if_finite(index, addresses, np.zeros((7, 16), np.float32))
 
 
 def test_scatter_add_sums_rows_and_refuses_non_finite_or_out_of_range():

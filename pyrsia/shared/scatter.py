@@ -71,6 +71,83 @@ def _kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
     return add_rows
 
 
+@functools.lru_cache(maxsize=1)
+def _blocks_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+    """The compiled kernel of :func:`add_blocks_if_finite`; None without numba."""
+    try:
+        import numba
+        from numba import njit, types
+        from numba.core import cgutils
+        from numba.extending import intrinsic
+    except ImportError:  # pragma: no cover
+        return None
+
+    @intrinsic
+    def pointer(typingctx, address):  # pragma: no cover - compiled
+        if not isinstance(address, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+        return types.voidptr(address), codegen
+
+    @njit(nogil=True, cache=True)
+    def add_blocks(index, addresses, out):  # pragma: no cover - compiled
+        k, n = index.shape
+        m, d = out.shape
+        for s in range(k):
+            for r in range(n):
+                if index[s, r] < 0 or index[s, r] >= m:
+                    return -1  # OUT_OF_RANGE
+        for s in range(k):
+            rows = numba.carray(pointer(addresses[s]), (n, d), np.float32)
+            for r in range(n):
+                o = index[s, r]
+                for j in range(d):
+                    out[o, j] += rows[r, j]
+        # out started at zero: a NaN or inf in any block is one in out (the pass over out
+        # is ~k times shorter than over the blocks), vectorized as in add_rows
+        bits = out.reshape(-1).view(np.uint32)
+        bad = np.uint32(0)
+        for i in range(bits.shape[0]):
+            bad |= np.uint32((bits[i] & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+        return 0 if bad else 1
+
+    return add_blocks
+
+
+def add_blocks_if_finite(index: np.ndarray, addresses: np.ndarray, out: np.ndarray) -> bool | None:
+    """``out[index[s, r]] += block_s[r]`` for every block ``s`` and row ``r``, read where the
+    blocks are: no stacking copy (one per Census batch cost more than the sum itself).
+
+    ``addresses[s]`` is the address of block ``s``: a C-contiguous float32 ``(n, d)`` array
+    that the caller keeps alive for the call and whose layout it has checked
+    (``pyrsia.services.nn_worker.features`` checks it on the gradient tensors).
+    ``index`` int32/int64 ``(k, n)`` C-contiguous, values checked to lie in ``[0, len(out))``;
+    ``out`` float32 ``(m, d)``, all zeros on entry. Returns True when every sum is finite;
+    False when a NaN or inf came in (or a sum overflowed), ``out`` then holding partial
+    sums; None where numba is missing (the caller stacks the blocks for
+    :func:`add_rows_if_finite`).
+    """
+    kernel = _blocks_kernel()
+    if kernel is None:  # pragma: no cover
+        return None
+    if index.ndim != 2 or addresses.shape != (index.shape[0],) or out.ndim != 2:
+        raise InvalidInputError(
+            "index", "index (k, n), addresses (k,) and out (m, d)",
+            message=f"add_blocks_if_finite: index {index.shape}, addresses {addresses.shape}, "
+            f"out {out.shape}",
+        )  # fmt: skip
+    code = kernel(np.ascontiguousarray(index), addresses.astype(np.int64, copy=False), out)
+    if code == OUT_OF_RANGE:
+        raise InvalidInputError(
+            "index", f"rows in [0, {out.shape[0]})",
+            message=f"add_blocks_if_finite: index outside [0, {out.shape[0]})",
+        )  # fmt: skip
+    return code == ADDED
+
+
 def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
     """``out[index[r]] += rows[r]`` for every r, unless ``rows`` holds a NaN or inf: then
     nothing is added and the answer is False.
@@ -99,8 +176,11 @@ def warm() -> float:
     index = np.array([0, 1, 0], dtype=np.int32)
     readonly = index.copy()
     readonly.setflags(write=False)  # what the wire decodes
+    rows = np.ones((3, 2), np.float32)
     for idx in (index, readonly, index.astype(np.int64)):
-        add_rows_if_finite(idx, np.ones((3, 2), np.float32), np.zeros((2, 2), np.float32))
+        add_rows_if_finite(idx, rows, np.zeros((2, 2), np.float32))
+        address = np.array([rows.__array_interface__["data"][0]], np.int64)
+        add_blocks_if_finite(idx.reshape(1, 3), address, np.zeros((2, 2), np.float32))
     return time.perf_counter() - started
 
 
