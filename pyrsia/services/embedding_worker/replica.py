@@ -35,6 +35,7 @@ from pyrsia.services.embedding_worker.routing import (
     replica_updates,
     scatter_responses,
 )
+from pyrsia.services.embedding_worker.slot_counts import SlotIdCounts
 from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.batch import IDPart
@@ -74,18 +75,6 @@ class Worker:
         prepared = prepare_batch(self.schema, batch.id_type_features, self.ps.replica_count)
         return _Pending(prepared, batch.requires_grad)
 
-    def _slot_counters(self, slot: str) -> tuple[Any, Any, Any]:
-        """The slot's three labelled counters (``labels()`` costs a lock and a lookup per call;
-        slot names are the schema's, checked by ``prepare``, so the cache is bounded)."""
-        counters = self.counters.get(slot)
-        if counters is None:
-            counters = tuple(
-                self.metrics[m].labels(slot=slot)
-                for m in ("slot_ids", "sampled_slot_ids", "sampled_slot_unique_ids")
-            )
-            self.counters[slot] = counters
-        return counters
-
     def _dim_counter(self, dim: int) -> Any:
         counter = self.counters.get(dim)
         if counter is None:
@@ -112,12 +101,12 @@ class Worker:
 
         out, gather, uniques = await self.offload.run(occurrence_count(prepared), pool)
         self.metrics["lookup_latency"].observe(time.perf_counter() - started)
-        for i, plan in enumerate(prepared.slots):
-            ids, sampled_ids, sampled_unique = self._slot_counters(plan.name)
-            ids.inc(plan.inverse.shape[0])
-            if uniques is not None:
-                sampled_ids.inc(plan.inverse.shape[0])
-                sampled_unique.inc(uniques[i])
+        slots = prepared.slots
+        self.metrics["slot_ids"].add(
+            [p.name for p in slots],
+            np.fromiter((p.inverse.shape[0] for p in slots), np.float64, len(slots)),
+            None if uniques is None else np.asarray(uniques, np.float64),
+        )
         for dim, group in prepared.groups.items():
             self._dim_counter(dim).inc(group.ids.shape[0])
         return out, gather
@@ -197,22 +186,10 @@ def worker_metrics(reg: prom.CollectorRegistry, worker_ref: list[Worker]) -> dic
         "pyrsia_ew_staleness", "batches with embeddings out, gradients not back", registry=reg
     )
     stale.set_function(lambda: len(worker_ref[0].awaiting) if worker_ref else 0)
+    slot_ids = SlotIdCounts()
+    reg.register(slot_ids)
     return {
-        "slot_ids": prom.Counter(
-            "pyrsia_ew_slot_ids", "ids looked up per slot", ["slot"], registry=reg
-        ),
-        "sampled_slot_ids": prom.Counter(
-            "pyrsia_ew_sampled_slot_ids",
-            "ids per slot in sampled batches (with the next metric: the unique-id rate per slot)",
-            ["slot"],
-            registry=reg,
-        ),
-        "sampled_slot_unique_ids": prom.Counter(
-            "pyrsia_ew_sampled_slot_unique_ids",
-            "distinct ids per slot in sampled batches",
-            ["slot"],
-            registry=reg,
-        ),
+        "slot_ids": slot_ids,
         "unique_ids": prom.Counter(
             "pyrsia_ew_unique_ids", "distinct ids looked up per dim group", ["dim"], registry=reg
         ),
