@@ -75,45 +75,9 @@ def _kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
 def _blocks_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
     """The compiled kernel of :func:`add_blocks_if_finite`; None without numba."""
     try:
-        import numba
-        from numba import njit, types
-        from numba.core import cgutils
-        from numba.extending import intrinsic
-    except ImportError:  # pragma: no cover
+        from pyrsia.shared.scatter_blocks import add_blocks
+    except ImportError:  # pragma: no cover - numba missing
         return None
-
-    @intrinsic
-    def pointer(typingctx, address):  # pragma: no cover - compiled
-        if not isinstance(address, types.Integer):
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-        return types.voidptr(address), codegen
-
-    @njit(nogil=True, cache=True)
-    def add_blocks(index, addresses, out):  # pragma: no cover - compiled
-        k, n = index.shape
-        m, d = out.shape
-        for s in range(k):
-            for r in range(n):
-                if index[s, r] < 0 or index[s, r] >= m:
-                    return -1  # OUT_OF_RANGE
-        for s in range(k):
-            rows = numba.carray(pointer(addresses[s]), (n, d), np.float32)
-            for r in range(n):
-                o = index[s, r]
-                for j in range(d):
-                    out[o, j] += rows[r, j]
-        # out started at zero: a NaN or inf in any block is one in out (the pass over out
-        # is ~k times shorter than over the blocks), vectorized as in add_rows
-        bits = out.reshape(-1).view(np.uint32)
-        bad = np.uint32(0)
-        for i in range(bits.shape[0]):
-            bad |= np.uint32((bits[i] & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
-        return 0 if bad else 1
-
     return add_blocks
 
 
