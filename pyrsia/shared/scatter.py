@@ -4,7 +4,9 @@ The NN worker sums a gathered slot's per-sample gradients into one row per uniqu
 (``pyrsia.shared.wire.gathered``) on its event-loop thread. ``torch.index_add_`` takes ~3.8 ms on
 the CPU for Census-Income's 33 x 1,024 rows (it adds row by row through tensor slices) and a
 separate ``isfinite`` pass 2.3 ms more; this kernel does both in ~0.18 ms and releases the GIL,
-so the training thread is not kept waiting for it.
+so the training thread is not kept waiting for it. :func:`add_blocks_if_finite` does the
+same for rows spread over several blocks (each slot's gradient tensor), read in place
+instead of stacked into one array first.
 
 numba is imported and the kernel loaded from its cache on first use (~0.9 s of CPU), not at
 import: processes that never sum gradients (data loaders) do not pay it, and ``TrainCtx``

@@ -106,8 +106,8 @@ def _gathered_tensors(
     for table in embeddings.tables:
         # np.take reads the read-only wire arrays in place and writes a fresh array: half
         # the CPU of copying both for torch's index_select, which copies row by row
-        rows = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
-        block = torch.from_numpy(rows.reshape(len(table.slots), -1, table.dim))
+        gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
+        block = torch.from_numpy(gathered.reshape(len(table.slots), -1, table.dim))
         if pin:
             block = block.pin_memory()
         for name, rows in zip(table.slots, block.unbind(0), strict=True):
