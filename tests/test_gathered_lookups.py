@@ -139,19 +139,24 @@ def test_a_non_finite_gathered_slot_is_left_out_and_named():
     assert not grads[8].any()
 
 
-def test_table_gradients_read_in_place_or_stacked_are_the_same():
-    """Contiguous CPU float32 gradients are summed where autograd left them; any other
-    layout (here a transposed one) is stacked first: the same payload either way."""
+def test_table_gradients_read_in_place_or_stacked_are_the_same(monkeypatch):
+    """Contiguous CPU float32 gradients are summed where autograd left them (no stacking
+    copy); any other layout (here a transposed one) is stacked first: the same payload."""
     prepared, vectors = prepared_and_vectors(mixed_batch(n=40, seed=5))
     answer, _ = answer_embeddings(prepared, vectors, gathered=True)
     tensors = build_tensors([], [], answer, requires_grad=True).embeddings
     weights = [torch.randn(t.shape) for _, t in tensors]
     sum((t * w).sum() for (_, t), w in zip(tensors, weights, strict=True)).backward()
+    stack = torch.stack
+    stacks = []
+    monkeypatch.setattr(torch, "stack", lambda *a, **k: stacks.append(1) or stack(*a, **k))
     in_place = gradient_payload(tensors, answer.tables)
+    assert stacks == []
     named = dict(tensors)
     named["user"].grad = named["user"].grad.T.contiguous().T  # same values, strides (1, 40)
     assert not named["user"].grad.is_contiguous()
     stacked = gradient_payload(tensors, answer.tables)
+    assert stacks == [1]  # the table holding "user" (the other one is still read in place)
     assert in_place.skipped_slots == stacked.skipped_slots == ()
     for (dim_a, a), (dim_b, b) in zip(in_place.tables, stacked.tables, strict=True):
         assert dim_a == dim_b
