@@ -216,8 +216,8 @@ def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndar
     False, with ``summed`` still zero, when a NaN or inf is in any of them."""
     shape = (table.index.shape[1], table.dim)
     if all(
-        g.dtype is torch.float32 and g.device.type == "cpu" and g.is_contiguous()
-        and tuple(g.shape) == shape for g in grads
+        g.dtype is torch.float32 and g.layout is torch.strided and g.is_cpu
+        and g.is_contiguous() and g.shape == shape for g in grads
     ):  # fmt: skip
         addresses = np.fromiter((g.data_ptr() for g in grads), np.int64, len(grads))
         finite = add_blocks_if_finite(table.index, addresses, summed)
