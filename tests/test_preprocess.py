@@ -86,6 +86,21 @@ def test_prepare_routes_every_unique_id_to_its_replica_once():
         assert group.ids[plan.inverse].tolist() == add_prefix(ids, prefixes[plan.name], 8).tolist()
 
 
+def test_ids_around_and_above_the_prefix_spacing_fold_as_add_prefix_does():
+    """The kernel skips the modulo for ids below the spacing; the ones at and above it
+    (up to 2**64 - 1) must still fold exactly as PERSIA's add_prefix."""
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    spacing = (1 << 56) - 1  # feature_index_prefix_bit 8
+    edge = [0, 1, spacing - 1, spacing, spacing + 1, 2 * spacing + 5, 2**63, 2**64 - 1]
+    a = _csr([edge[:4], edge[4:]])
+    b = _csr([edge[::-1], [7]])
+    p = _prepare(schema, [("a", *a), ("b", *b)], replica_count=2)
+    prefixes = schema.slot_prefixes()
+    for plan, (ids, _) in zip(p.slots, [a, b], strict=True):
+        want = add_prefix(ids, prefixes[plan.name], 8).tolist()
+        assert p.groups[4].ids[plan.inverse].tolist() == want
+
+
 def test_equal_raw_ids_in_two_slots_are_different_unless_grouped():
     slots = (SlotConfig("a", 4), SlotConfig("b", 4), SlotConfig("c", 4))
     feats = [(n, *_csr([[42], [42]])) for n in ("a", "b", "c")]

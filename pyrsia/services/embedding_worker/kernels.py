@@ -42,7 +42,8 @@ def dedup_prefixed(ids, starts, prefixes, spacing, unique_out, inverse_out):
     for s in range(starts.shape[0] - 1):
         prefix = prefixes[s]
         for i in range(starts[s], starts[s + 1]):
-            key = ids[i] % spacing + prefix
+            raw = ids[i]  # ids below spacing (nearly all) skip the 64-bit division
+            key = (raw if raw < spacing else raw % spacing) + prefix
             pos = np.int64((key * _GOLDEN) >> shift)
             while True:
                 u = table[pos]
