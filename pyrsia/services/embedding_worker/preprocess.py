@@ -288,11 +288,15 @@ def _dedup_and_route(
         unique = np.empty(ids.shape[0], dtype=np.uint64)
         inverse = np.empty(ids.shape[0], dtype=np.int64)
         n_unique = kernels.dedup_prefixed(ids, starts, slot_prefixes, spacing, unique, inverse)
-        unique = unique[:n_unique]
-        by_replica = np.empty(n_unique, dtype=np.uint64)
-        offsets = np.empty(replica_count + 1, dtype=np.int64)
-        replica = replica_of(unique, replica_count)
-        kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
+        if replica_count == 1:  # one replica owns every id: nothing to hash or reorder
+            by_replica = unique[:n_unique].copy()  # a copy: the buffer is sized for all ids
+            offsets = np.array([0, n_unique], dtype=np.int64)
+        else:
+            unique = unique[:n_unique]
+            by_replica = np.empty(n_unique, dtype=np.uint64)
+            offsets = np.empty(replica_count + 1, dtype=np.int64)
+            replica = replica_of(unique, replica_count)
+            kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
         groups[dim] = DimGroup(dim, by_replica, offsets)
         for n, i in enumerate(idx):
             inverses[i] = inverse[starts[n] : starts[n + 1]]
