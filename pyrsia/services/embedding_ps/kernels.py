@@ -67,6 +67,10 @@ from pyrsia.services.embedding_ps.table import (  # noqa: F401  (re-exported for
     touch,
     victim,
 )
+from pyrsia.shared.kernel_cache import drop_if_inlined_changed
+
+# numba's cache checks this file only: an edit to the modules inlined here recompiles too
+drop_if_inlined_changed(__file__, ("optimizers.py", "table.py"))
 
 _jit = nb.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
 
