@@ -62,3 +62,20 @@ def test_epl_amp_o1_on_the_cpu_warns_only_where_bf16_is_emulated(monkeypatch, ca
     assert len(warnings) == (0 if native else 1)
     if not native:
         assert "amp.level O1" in warnings[0] and "no bf16 instructions" in warnings[0]
+
+
+def test_a_loss_scaler_shrinks_on_non_finite_embedding_gradients_and_keeps_it_otherwise():
+    """The scale is read only when it must shrink (on a GPU each read waits for the
+    device); the step and the update still happen on every step."""
+    import torch
+
+    p = Precision(False, None)
+    p.scaler = torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=1000)
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    for finite, want_scale in ((True, 64.0), (False, 32.0), (True, 32.0)):
+        (p.scaler.scale(weight.sum())).backward()
+        p.step(optimizer, finite, shrink_factor=2.0)
+        optimizer.zero_grad()
+        assert p.scaler.get_scale() == want_scale
+    assert weight.tolist() == [-0.5] * 3  # three unscaled steps of lr 0.5 x gradient 1

@@ -71,14 +71,17 @@ class EplPrecision(Precision):
             if self.debug:
                 log.info("amp debug: step %d, no loss scaling (%s)", self.steps, self.dtype)
             return
-        scale = float(self.scaler.get_scale())
+        # the scale and the found-inf flags are read only where needed: on a GPU each read
+        # waits for the device
+        scale = float(self.scaler.get_scale()) if self.debug or not finite else 0.0
         if clip:
             self.scaler.unscale_(optimizer)
             self.clip(optimizer)
         self.scaler.step(optimizer)
-        skipped = sum(
-            float(v.sum()) for v in self.scaler._found_inf_per_device(optimizer).values()
-        ) > 0  # fmt: skip
+        skipped = False  # read before update(), which forgets it
+        if self.debug:
+            found = self.scaler._found_inf_per_device(optimizer).values()
+            skipped = sum(float(v.sum()) for v in found) > 0
         if finite:
             self.scaler.update()
         else:

@@ -99,12 +99,11 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return
-        scale = float(self.scaler.get_scale())
         self.scaler.step(optimizer)
         if finite:
             self.scaler.update()
-        else:
-            self.scaler.update(scale / shrink_factor)
+        else:  # the scale is read only here: on a GPU, get_scale() waits for the device
+            self.scaler.update(float(self.scaler.get_scale()) / shrink_factor)
 
 
 def check_ctx_args(threadpool_worker_size, device_id) -> tuple[int, int | None]:
