@@ -42,8 +42,9 @@ the same update): the issue's baseline, with the default ``Adam``, stays the yar
 the baseline with fused Adam is run and reported beside it as a reference.
 
 ``--malloc-tuning on,off`` runs Pyrsia with and without the NN worker's heap tuning
-(``PERSIA_MALLOC_TUNING``, ``pyrsia/shared/allocator.py``) in the same run; both sides
-report their page faults per step.
+(``PERSIA_MALLOC_TUNING``, ``pyrsia/shared/allocator.py``) in the same run, in each mode of
+``--modes`` (embedded: side ``pyrsia_embedded_malloc_off``); both sides report their page
+faults per step.
 
 ``--modes services,embedded`` runs Pyrsia in services mode (the processes above) and in
 embedded mode (``persia-launcher run --embedded``: the same train.py and data_loader.py, the
@@ -104,11 +105,14 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     }
     if "services" not in args.modes:
         sides = {}
-    mode_sides = [*sides.values(), *([EMBEDDED_SIDE] if "embedded" in args.modes else [])]
+    embedded = (
+        {mt: embedded_side(mt) for mt in args.malloc_tuning} if "embedded" in args.modes else {}
+    )
+    mode_sides = [*sides.values(), *embedded.values()]
     runs = empty_runs(name, args, mode_sides)
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            run_round(name, data, data_path, configs, tmp, args, sides, runs,
+            run_round(name, data, data_path, configs, tmp, args, sides, embedded, runs,
                       threads=threads, max_steps=max_steps)  # fmt: skip
     return summarize(name, data, args, runs, mode_sides)
 
@@ -135,14 +139,16 @@ def empty_runs(name: str, args: argparse.Namespace,
 
 def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[Path, Path],
               tmp: Path, args: argparse.Namespace, sides: dict[tuple, str],
-              runs: dict[str, list[dict[str, Any]]], *, threads: int, max_steps: int) -> None:  # fmt: skip
+              embedded: dict[str, str], runs: dict[str, list[dict[str, Any]]], *,
+              threads: int, max_steps: int) -> None:  # fmt: skip
     """One run of every side at ``threads`` torch threads, each appended to its ``runs``."""
-    if "embedded" in args.modes:
-        print(f"[{name}] Pyrsia embedded (one process), {threads} torch thread(s) ...",
-              flush=True)  # fmt: skip
-        runs[EMBEDDED_SIDE].append(run_pyrsia_embedded(
+    for mt, side in embedded.items():
+        print(f"[{name}] Pyrsia embedded (one process), {threads} torch thread(s)"
+              f"{'' if mt == 'on' else ', malloc untuned'} ...", flush=True)  # fmt: skip
+        runs[side].append(run_pyrsia_embedded(
             data_path, configs, tmp, threads=threads, staleness=args.staleness,
             max_steps=max_steps, profile=args.profile, fused_adam=args.fused_adam,
+            malloc_tuning=mt,
         ))  # fmt: skip
     for (n, prio, rb, mt), side in sides.items():
         print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
@@ -243,6 +249,11 @@ def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str =
     if cpu_priority != "normal":
         side += f"_{cpu_priority}_priority"
     return side if malloc_tuning == "on" else f"{side}_malloc_off"
+
+
+def embedded_side(malloc_tuning: str = "on") -> str:
+    """The runs key of Pyrsia in embedded mode with the process's ``malloc_tuning``."""
+    return EMBEDDED_SIDE if malloc_tuning == "on" else f"{EMBEDDED_SIDE}_malloc_off"
 
 
 def main(argv: list[str] | None = None) -> int:

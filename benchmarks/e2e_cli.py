@@ -119,7 +119,8 @@ def _add_side_flags(parser: argparse.ArgumentParser) -> None:
         "--malloc-tuning",
         default="on",
         help="the NN worker's PERSIA_MALLOC_TUNING, one or more of on,off (default on, "
-        "Pyrsia's default: freed heap memory kept for reuse; on,off runs both in the same run)",
+        "Pyrsia's default: freed heap memory kept for reuse; on,off runs both in the same run, "
+        "in each of --modes)",
     )
     parser.add_argument(
         "--modes",

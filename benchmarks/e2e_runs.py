@@ -220,10 +220,11 @@ def _add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: floa
 
 def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
                         staleness: int, max_steps: int, profile: bool = False,
-                        fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
+                        fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
     """One training run in embedded mode, ``persia-launcher run --embedded``: train.py, the
     embedding PS and worker engines and data_loader.py in one process (no Redis, no servers).
-    The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON."""
+    The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON;
+    ``malloc_tuning`` as there."""
     result_path = tmp / f"result-embedded-{threads}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
@@ -231,6 +232,7 @@ def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, 
         "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
         "E2E_MIXED_PRECISION": "0", "E2E_DENSE_LR_SCALE": "1",
         "E2E_FUSED_ADAM": "1" if fused_adam else "0", "PYTHONUNBUFFERED": "1",
+        ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads}.prof")
@@ -259,8 +261,8 @@ def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, 
     res = json.loads(result_path.read_text())
     # no services: nothing registered, no metrics
     _add_launch_figures(res, sampler, t_launch, 0.0, {}, {"nn_worker": code})
-    res.update(nn_workers=1, cpu_priority="normal", rank_batch=BATCH, malloc_tuning="on",
-               mode="embedded")  # fmt: skip
+    res.update(nn_workers=1, cpu_priority="normal", rank_batch=BATCH,
+               malloc_tuning=malloc_tuning, mode="embedded")  # fmt: skip
     return res
 
 

@@ -132,3 +132,25 @@ def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--rank-batch split: the ranks must divide the batch 1024, got [3]" in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_e2e_bench_quick_embedded_mode_with_malloc_tuning_on_and_off_runs_both(tmp_path):
+    """``--modes embedded`` honours ``--malloc-tuning`` too (it used to run only the tuned
+    side, silently)."""
+    out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--modes",
+         "embedded", "--malloc-tuning", "on,off", "--json", str(out_json), "--log-dir", str(logs)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=190,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    sides = json.loads(out_json.read_text())["results"][0]["pyrsia_sides"]
+    assert set(sides) == {"pyrsia_embedded", "pyrsia_embedded_malloc_off"}
+    assert sides["pyrsia_embedded"]["malloc_tuning"] == "on"
+    assert sides["pyrsia_embedded_malloc_off"]["malloc_tuning"] == "off"
+    assert sides["pyrsia_embedded"]["steps"] == sides["pyrsia_embedded_malloc_off"]["steps"] == 20
+    # the off side runs last: its process left malloc alone
+    assert (
+        "freed heap memory: off (PERSIA_MALLOC_TUNING=0)" in (logs / "embedded-1.log").read_text()
+    )
