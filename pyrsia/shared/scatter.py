@@ -106,12 +106,7 @@ def add_blocks_if_finite(index: np.ndarray, addresses: np.ndarray, out: np.ndarr
             f"out {out.shape}",
         )  # fmt: skip
     code = kernel(np.ascontiguousarray(index), addresses.astype(np.int64, copy=False), out)
-    if code == OUT_OF_RANGE:
-        raise InvalidInputError(
-            "index", f"rows in [0, {out.shape[0]})",
-            message=f"add_blocks_if_finite: index outside [0, {out.shape[0]})",
-        )  # fmt: skip
-    return code == ADDED
+    return _added(code, out, "add_blocks_if_finite")
 
 
 def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
@@ -127,10 +122,16 @@ def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> 
             message=f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}",
         )  # fmt: skip
     code = _kernel()(index, np.ascontiguousarray(rows, dtype=np.float32), out)
+    return _added(code, out, "add_rows_if_finite")
+
+
+def _added(code: int, out: np.ndarray, caller: str) -> bool:
+    """A kernel's answer as ``caller`` gives it: whether it added; an index out of range
+    is refused (the kernels check it before adding anything)."""
     if code == OUT_OF_RANGE:
         raise InvalidInputError(
             "index", f"rows in [0, {out.shape[0]})",
-            message=f"add_rows_if_finite: index outside [0, {out.shape[0]})",
+            message=f"{caller}: index outside [0, {out.shape[0]})",
         )  # fmt: skip
     return code == ADDED
 
