@@ -1,6 +1,7 @@
 """A kernel cached by numba is compiled again when a module it inlines changes
 (pyrsia/shared/kernel_cache.py): without it, the edit would not be seen."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,7 +36,10 @@ GUARD = (
 def _run(root: Path, module: str) -> int:
     out = subprocess.run(
         [sys.executable, "-c", f"from pkg.{module} import kernel; print(kernel())"],
-        cwd=root, env={"PYTHONPATH": f"{root}:{REPO}", "PATH": "/usr/bin:/bin"},
+        # No .pyc: Python's own cache would keep an edit made within the second it was
+        # written (same size, same whole-second mtime) from being seen, numba or not.
+        env={"PYTHONPATH": f"{root}:{REPO}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=root,
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     return int(out.stdout.split()[-1])
@@ -50,7 +54,9 @@ def test_an_edit_to_an_inlined_module_reaches_the_cached_kernel(tmp_path):
     (pkg / "plain.py").write_text(KERNEL.format(guard=""))
     assert _run(tmp_path, "guarded") == 1 and _run(tmp_path, "plain") == 1  # both cached now
     assert list((pkg / "__pycache__").glob("guarded.*.nbi"))
+    written = (pkg / "dep.py").stat()
     (pkg / "dep.py").write_text(textwrap.dedent(DEP.format(value=2)))
+    os.utime(pkg / "dep.py", ns=(written.st_atime_ns, written.st_mtime_ns))  # same second
     assert _run(tmp_path, "guarded") == 2
     assert _run(tmp_path, "plain") == 1  # numba alone keeps the stale machine code
     assert _run(tmp_path, "guarded") == 2  # from the cache compiled after the edit
