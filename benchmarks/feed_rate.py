@@ -81,7 +81,7 @@ from e2e.model import (  # noqa: E402  # noqa: E402
     SEED,
     build_model,
 )
-from e2e.procs import CpuSampler  # noqa: E402
+from e2e.procs import ENDED, CpuSampler, threads_window  # noqa: E402
 from feed_cli import parse_args  # noqa: E402
 from feed_report import compare_trees, plot, print_report  # noqa: E402
 from request_cpu_bench import unpack_ref  # noqa: E402
@@ -221,7 +221,7 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
         raise RuntimeError(f"the NN worker stopped before step {hi} of its steady window")
     batches, seconds = hi - lo, b["t"] - a["t"]
     samples = b["samples"] - a["samples"]
-    threads_cpu = {k: v - a["threads_cpu_s"].get(k, 0.0) for k, v in b["threads_cpu_s"].items()}
+    threads_cpu = threads_window(b["threads_cpu_s"], a["threads_cpu_s"])
     nn_cpu = sum(threads_cpu.values())
     phase_cpu = {
         k: v["cpu_s"] - a["phases"].get(k, {}).get("cpu_s", 0.0) for k, v in b["phases"].items()
@@ -229,7 +229,7 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
     dense_phases = ("dense",) if dense == "sleep" else ("dense", "autograd", "dense_step")
     dense_cpu = sum(phase_cpu.get(k, 0.0) for k in dense_phases)
     if dense != "sleep":  # torch's intra-op pool works for the dense step only
-        named = {"MainThread", "pyrsia-runtime"}
+        named = {"MainThread", "pyrsia-runtime", ENDED}
         dense_cpu += sum(
             v for k, v in threads_cpu.items() if k not in named and not k.startswith("pyrsia")
         )

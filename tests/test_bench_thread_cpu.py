@@ -7,6 +7,7 @@ handful of steps; a clock with the kernel's 10 ms tick read 0.0 for a short wind
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "e2e"))
-from procs import threads_cpu  # noqa: E402
+from procs import ENDED, threads_cpu, threads_window  # noqa: E402
 
 SPIN_S = 0.003
 
@@ -49,3 +50,43 @@ def test_every_thread_of_the_process_is_counted_under_its_name():
     names = threads_cpu()
     assert "MainThread" in names
     assert all(v >= 0.0 for v in names.values())
+
+
+def _spin_for(seconds: float, started: threading.Event | None = None,
+              go: threading.Event | None = None) -> None:  # fmt: skip
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+    if started is not None:
+        started.set()
+        go.wait()
+        start = time.thread_time()
+        while time.thread_time() - start < seconds:
+            pass
+
+
+def _wait_gone(*native_ids: int) -> None:
+    """Until the OS threads have exited (``join`` returns a moment before they leave /proc)."""
+    while any(os.path.exists(f"/proc/self/task/{tid}") for tid in native_ids):
+        time.sleep(0.001)
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_that_ended_inside_the_window_is_counted_for_its_part_of_it():
+    """The embedded data loader's thread ends before the window closes: gone from /proc, its
+    CPU in the window is reported under ENDED (and only the part inside the window)."""
+    started, go = threading.Event(), threading.Event()
+    straddling = threading.Thread(target=_spin_for, args=(0.03, started, go), name="straddles")
+    straddling.start()
+    assert started.wait(20)  # 30 ms spent before the window, 30 ms more inside it
+    before = threads_cpu()
+    go.set()
+    inside = threading.Thread(target=_spin_for, args=(0.03,), name="inside")
+    inside.start()
+    inside.join()
+    straddling.join()
+    _wait_gone(inside.native_id, straddling.native_id)
+    window = threads_window(threads_cpu(), before)
+    assert "straddles" not in window and "inside" not in window
+    assert 0.06 <= window[ENDED] < 0.075, window
+    assert all(v >= 0.0 for v in window.values()), window

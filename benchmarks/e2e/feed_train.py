@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from data import load
 from model import ADAGRAD_EPS, DENSE_LR, EMBEDDING_LR, INIT_RANGE, INITIAL_ACCUMULATOR, build_model
-from procs import threads_cpu
-from train import difference, loop_phases
+from procs import threads_cpu, threads_window
+from train import loop_phases
 
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset
@@ -140,7 +140,7 @@ def main() -> None:
         batch = next(it, None)
         win = feed_loop(ctx, it, batch, dense=dense, dense_s=dense_s, grad=grad, loss_fn=loss_fn,
                         max_steps=max_steps, marks=marks, device_id=device_id)  # fmt: skip
-        threads_window = difference(threads_cpu(), win.threads_before)
+        threads_window_s = threads_window(threads_cpu(), win.threads_before)
         phases = loop_phases(win, ctx.step_clock.snapshot())
     timed_steps = win.steps - 1
     steps, samples, train_seconds = win.steps, win.samples, win.train_seconds
@@ -149,7 +149,7 @@ def main() -> None:
         "samples": samples, "steps": steps, "timed_steps": timed_steps,
         "timed_samples": samples - win.first_samples, "train_seconds": train_seconds,
         "samples_per_s": (samples - win.first_samples) / train_seconds if timed_steps else 0.0,
-        "phases": phases, "threads_cpu_s": threads_window, "threads": torch.get_num_threads(),
+        "phases": phases, "threads_cpu_s": threads_window_s, "threads": torch.get_num_threads(),
         "staleness": staleness, "t_first": win.t_first, "t_end": win.t_end,
         "marks": {str(k): v for k, v in marks.items()},
         "device": torch.cuda.get_device_name(device_id) if device_id is not None else "cpu",

@@ -42,9 +42,16 @@ def _task_cpu_s(task: str) -> tuple[str, float] | None:
         return None
 
 
+ENDED = "(ended threads)"
+"""The key under which :func:`threads_cpu` and :func:`threads_window` count the CPU of threads
+that have ended (gone from ``/proc``, e.g. an embedded data loader's once its data is sent)."""
+
+
 def threads_cpu() -> dict[str, float]:
     """CPU seconds used so far by each thread of this process, summed per thread name
-    (Python's name for its threads, e.g. ``pyrsia-runtime``; the OS name for the others)."""
+    (Python's name for its threads, e.g. ``pyrsia-runtime``; the OS name for the others),
+    and by the threads that have ended under :data:`ENDED`: the values sum to the process's
+    CPU time."""
     python_names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}
     for task in os.listdir("/proc/self/task"):
@@ -52,6 +59,16 @@ def threads_cpu() -> dict[str, float]:
         if read is not None:
             name = python_names.get(int(task)) or read[0]
             out[name] = out.get(name, 0.0) + read[1]
+    out[ENDED] = max(0.0, time.process_time() - sum(out.values()))  # read last: never short
+    return out
+
+
+def threads_window(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per thread name between two :func:`threads_cpu` readings. A thread that
+    ended in between is counted under :data:`ENDED` for its part of the window only, so the
+    values sum to the process's CPU over the window."""
+    out = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    out[ENDED] = out.get(ENDED, 0.0) - sum(v for k, v in before.items() if k not in after)
     return out
 
 

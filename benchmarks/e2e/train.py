@@ -46,7 +46,7 @@ from model import (
     SEED,
     build_model,
 )
-from procs import minor_faults, threads_cpu
+from procs import minor_faults, threads_cpu, threads_window
 
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset, StreamingDataset
@@ -57,10 +57,6 @@ from persia.env import get_rank, get_world_size
 from pyrsia.services.nn_worker.step_clock import StepClock
 
 TEST_BATCH = 4096
-
-
-def difference(after: dict, before: dict) -> dict:
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 class TestSet(IterableDataset):
@@ -236,10 +232,10 @@ def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module
     ctx.wait_for_gradients()
     clock.lap("flush")
     t5 = time.perf_counter()
-    threads_window = difference(threads_cpu(), threads_before)
+    threads_window_s = threads_window(threads_cpu(), threads_before)
     page_faults = minor_faults() - faults_before
     return Window(losses, samples, first_samples, t0, t_first, t5, clock, whole, ctx_before,
-                  waits, threads_window, page_faults)  # fmt: skip
+                  waits, threads_window_s, page_faults)  # fmt: skip
 
 
 def loop_phases(win: Window, ctx_now: dict) -> dict:
