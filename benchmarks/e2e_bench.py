@@ -137,6 +137,15 @@ def empty_runs(name: str, args: argparse.Namespace,
     return runs
 
 
+def oversubscribed(torch_threads: int) -> str:
+    """A warning for the progress line when the ranks' torch threads outnumber this
+    process's cores: their samples/s then measure the oversubscription too."""
+    cores = len(os.sched_getaffinity(0))
+    if torch_threads <= cores:
+        return ""
+    return f" (oversubscribed: {torch_threads} torch threads on {cores} cores)"
+
+
 def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[Path, Path],
               tmp: Path, args: argparse.Namespace, sides: dict[tuple, str],
               embedded: dict[str, str], runs: dict[str, list[dict[str, Any]]], *,
@@ -154,7 +163,8 @@ def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[P
         print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
               f"thread(s), {rank_rows(n, rb)}-row batches per "
               f"rank, services at {prio} CPU priority"
-              f"{'' if mt == 'on' else ', NN worker malloc untuned'} ...", flush=True)  # fmt: skip
+              f"{'' if mt == 'on' else ', NN worker malloc untuned'}{oversubscribed(n * threads)}"
+              " ...", flush=True)  # fmt: skip
         runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
                                      staleness=args.staleness, max_steps=max_steps,
                                      profile=args.profile, nn_workers=n,

@@ -154,3 +154,13 @@ def test_e2e_bench_quick_embedded_mode_with_malloc_tuning_on_and_off_runs_both(t
     assert (
         "freed heap memory: off (PERSIA_MALLOC_TUNING=0)" in (logs / "embedded-1.log").read_text()
     )
+
+
+def test_a_run_with_more_torch_threads_than_cores_says_so():
+    from e2e_bench import oversubscribed
+
+    cores = len(os.sched_getaffinity(0))
+    assert oversubscribed(cores) == ""
+    assert oversubscribed(2 * cores) == (
+        f" (oversubscribed: {2 * cores} torch threads on {cores} cores)"
+    )
