@@ -297,28 +297,59 @@ def test_lru_exact_with_eviction_pool_smaller_than_capacity(admit):
 
 class _Owner:
     def __init__(self, rows: np.ndarray):
-        self.rows = rows
+        from pyrsia.services.embedding_ps.shard import aligned_empty
+
+        self.rows = aligned_empty(rows.shape, rows.dtype)
+        self.rows[...] = rows
 
 
 def test_arrays_grow_in_place_and_keep_their_rows():
-    from pyrsia.services.embedding_ps.shard import _grow
+    from pyrsia.services.embedding_ps.shard import ALIGN, _grow
 
-    owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2).copy())  # owns its data
+    owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2))
     assert _grow(owner, "rows", 1000) is True
-    assert owner.rows.shape == (1000, 2)
+    assert owner.rows.shape == (1000, 2) and owner.rows.ctypes.data % ALIGN == 0
     assert owner.rows[:6].ravel().tolist() == list(range(12))
     assert not owner.rows[6:].any()  # new rows are zeros
 
 
 def test_an_array_someone_still_holds_is_copied_not_moved():
-    from pyrsia.services.embedding_ps.shard import _grow
+    from pyrsia.services.embedding_ps.shard import ALIGN, _grow
 
-    owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2).copy())
+    owner = _Owner(np.arange(12, dtype=np.float32).reshape(6, 2))
     view = owner.rows[:3]  # e.g. a reader still looking at the old rows
     assert _grow(owner, "rows", 1000) is False
-    assert owner.rows.shape == (1000, 2) and owner.rows.base is None
+    assert owner.rows.shape == (1000, 2) and not np.shares_memory(owner.rows, view)
+    assert owner.rows.ctypes.data % ALIGN == 0
     assert owner.rows[:6].ravel().tolist() == list(range(12))
     assert view.ravel().tolist() == list(range(6))  # the old array is intact
+
+
+def test_growth_keeps_rows_zeros_and_the_boundary_wherever_realloc_puts_the_block():
+    """realloc may move a small block to another offset from a 64-byte boundary: the rows
+    are then shifted back onto one (it happens a few times in these 300 growths)."""
+    from pyrsia.services.embedding_ps.shard import ALIGN, _grow
+
+    owner = _Owner(np.empty((0, 3), np.float32))
+    for step in range(300):
+        m = owner.rows.shape[0]
+        owner.rows[:] = np.arange(m * 3, dtype=np.float32).reshape(m, 3)
+        assert _grow(owner, "rows", m + 7 + step) is True
+        assert owner.rows.ctypes.data % ALIGN == 0, step
+        assert owner.rows[:m].ravel().tolist() == list(range(m * 3)), step
+        assert not owner.rows[m:].any(), step
+
+
+def test_every_arena_row_of_a_grown_store_starts_on_a_cache_line():
+    """dim 16 with Adagrad: 128-byte rows, each on 2 cache lines rather than 3."""
+    from pyrsia.services.embedding_ps.shard import ALIGN
+
+    store = EmbeddingStore(1 << 20, num_shards=2, optimizer=AdagradSpec())
+    store.lookup(np.arange(1, 50_001, dtype=np.uint64), 16, train=True)
+    arenas = [a for shard in store._shards for a in shard.arenas if a is not None]
+    assert arenas and all(a.data.ctypes.data % ALIGN == 0 for a in arenas)
+    assert all(a.data.strides[0] % ALIGN == 0 for a in arenas)
+    assert all(s.ent.ctypes.data % ALIGN == 0 for s in store._shards)
 
 
 def test_a_store_growing_to_many_entries_never_copies_its_arrays(monkeypatch):

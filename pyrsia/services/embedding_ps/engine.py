@@ -40,7 +40,7 @@ from pyrsia.services.embedding_ps.optimizers import (
     state_layout,
     state_width,
 )
-from pyrsia.services.embedding_ps.shard import Shard
+from pyrsia.services.embedding_ps.shard import Shard, aligned_empty
 from pyrsia.services.embedding_ps.store_stats import StoreStats
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, OptimizerSpec, optimizer_to_dict
 from pyrsia.shared.errors import ConflictError, InvalidInputError
@@ -167,7 +167,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
                 a = shard.arenas[aid] if aid < len(shard.arenas) else None
                 if a is None:
                     continue
-                data = np.empty((a.data.shape[0], width), dtype=np.float32)
+                data = aligned_empty((a.data.shape[0], width), np.float32)
                 data[:, :dim] = a.data[:, :dim]
                 init_state_numpy(data, dim, spec)
                 a.data, a.width = data, width
