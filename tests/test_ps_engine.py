@@ -10,7 +10,7 @@ import pytest
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
-from pyrsia.shared.errors import ConflictError, InvalidInputError
+from pyrsia.shared.errors import ConflictError, InvalidInputError, InvalidTypeError
 from pyrsia.shared.wire.ps import PSLookup, PSUpdate
 
 
@@ -311,6 +311,9 @@ def test_arrays_grow_in_place_and_keep_their_rows():
     assert owner.rows.shape == (1000, 2) and owner.rows.ctypes.data % ALIGN == 0
     assert owner.rows[:6].ravel().tolist() == list(range(12))
     assert not owner.rows[6:].any()  # new rows are zeros
+    owner.rows = np.zeros((6, 2), np.float32)  # owns its memory: no aligned buffer under it
+    with pytest.raises(InvalidTypeError, match="aligned_empty"):
+        _grow(owner, "rows", 1000)
 
 
 def test_an_array_someone_still_holds_is_copied_not_moved():

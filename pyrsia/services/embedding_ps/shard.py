@@ -20,6 +20,7 @@ import threading
 import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
+from pyrsia.shared.errors import InvalidTypeError
 
 GROWTH = 1.25
 MIN_ROWS = 1024
@@ -70,7 +71,7 @@ def _grow(owner: object, name: str, n: int) -> bool:
     shape, dtype = (n,) + old.shape[1:], old.dtype
     buffer = old.base
     if buffer is None or buffer.dtype != np.uint8 or buffer.ndim != 1:
-        raise TypeError(f"{name}: not an aligned_empty() array")
+        raise InvalidTypeError(name, "an array made by aligned_empty()", old)
     row_bytes = math.prod(old.shape[1:]) * dtype.itemsize
     kept = min(n, old.shape[0]) * row_bytes
     start = old.ctypes.data - buffer.ctypes.data
