@@ -99,6 +99,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="PS shards to run, one configuration each (default 1; e.g. 1,2)",
     )
     parser.add_argument(
+        "--ew-replicas",
+        default="1",
+        help="embedding workers to run, one configuration each with every --ps-replicas "
+        "(default 1; e.g. 1,2)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=1, help="runs of each configuration (interleaved; default 1)"
     )
     parser.add_argument(
@@ -135,6 +141,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--dense cuda: this torch sees no CUDA device")
     args.batches = int_list(parser, "--batches", args.batches)
     args.ps_replicas = int_list(parser, "--ps-replicas", args.ps_replicas)
+    args.ew_replicas = int_list(parser, "--ew-replicas", args.ew_replicas)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")

@@ -1,9 +1,10 @@
 """Feed-rate benchmark: how many samples/s one NN-worker process can be fed (issue 30).
 
 The DLRM job of ``benchmarks/e2e`` (redis-server, ``--ps-replicas`` embedding PS shards
-(default one; ``1,2`` runs each configuration with 1 and with 2), one embedding worker,
-one data loader, one NN-worker process, all real processes on loopback), with the NN
-worker's dense step replaced (``benchmarks/e2e/feed_train.py``):
+and ``--ew-replicas`` embedding workers (default one of each; ``--ps-replicas 1,2`` runs
+each configuration with 1 and with 2, and the two flags combine), one data loader, one
+NN-worker process, all real processes on loopback), with the NN worker's dense step
+replaced (``benchmarks/e2e/feed_train.py``):
 
 - ``--dense sleep``: a fixed ``time.sleep(--dense-ms)`` stands in for the GPU; every slot's
   embedding gradient is a fixed tensor of the embedding's shape, so the embedding worker
@@ -25,8 +26,10 @@ pipeline's queues and the data loader finishing early are outside it):
 - CPU ms per batch of each service (PS, embedding worker, data loader), from ``/proc``;
 - from those, how many NN workers at this rate one embedding-worker core and one PS core
   can feed (``1 / (service CPU s per batch) / (NN-worker batches/s)``; the PS's CPU summed
-  over its shards, each shard's kept in the JSON). When one PS core is the ceiling, more
-  shards on more cores lift it: compare ``--ps-replicas 1,2`` on a machine with the cores.
+  over its shards and the embedding workers' over theirs, each replica's kept in the
+  JSON). When one PS core or one embedding-worker core is the ceiling, more replicas on
+  more cores lift it: compare ``--ps-replicas 1,2,4 --ew-replicas 1,2`` on a machine with
+  the cores.
 
 In the same run the 2-thread plain-PyTorch baseline (``benchmarks/baseline.py``, the e2e
 benchmark's) trains the same batches (at most ``BASELINE_MAX_STEPS``); each configuration's
@@ -47,7 +50,7 @@ ends with::
     python benchmarks/feed_rate.py [--dense sleep,cpu] [--dense-ms 2] [--batches 1024,8192]
                                    [--datasets census,criteo] [--criteo-rows 200000]
                                    [--min-steps 150] [--max-steps 0] [--repeats N]
-                                   [--ps-replicas 1,2]
+                                   [--ps-replicas 1,2] [--ew-replicas 1,2]
                                    [--services-ref REF] [--json F] [--png F]
 """
 
@@ -91,10 +94,11 @@ from tests.redis_server import free_port  # noqa: E402
 
 E2E = REPO / "benchmarks" / "e2e"
 SERVICES = ("embedding_ps", "embedding_worker", "data_loader")
+REPLICATED = ("embedding_ps", "embedding_worker")  # CPU summed over their replicas
 WINDOW = (0.2, 0.8)  # the steady window, as fractions of the run's steps
 RUN_TIMEOUT_S = 1200.0
 TARGET_RATIO = 4.0
-BASELINE_MAX_STEPS = 60  # the baseline's samples/s settles within a few dozen steps
+BASELINE_MAX_STEPS = 150  # ~4 s at batch 1,024: a short run swung 36-47k samples/s on one machine
 
 
 # ------------------------------------------------------------------------------- one run
@@ -108,9 +112,10 @@ def steady_window(steps: int) -> tuple[int, int]:
 def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: str,
              dense_ms: float, batch: int, steps: int, epochs: int, threads: int,
              staleness: int, services: str = "working tree", ps_replicas: int = 1,
-             source: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """One job through the whole pipeline with ``dense`` as the NN worker's dense step and
-    ``ps_replicas`` PS shards; the PS and the embedding worker from ``source`` (a ``git archive`` of ``services``, run by
+             ew_replicas: int = 1, source: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """One job through the whole pipeline with ``dense`` as the NN worker's dense step,
+    ``ps_replicas`` PS shards and ``ew_replicas`` embedding workers; the PS and the embedding
+    worker from ``source`` (a ``git archive`` of ``services``, run by
     ``benchmarks/run_source.py``) or from the working tree (None)."""
     lo, hi = steady_window(steps)
     threads = 1 if dense == "sleep" else threads  # no dense math on the CPU: one torch thread
@@ -127,7 +132,7 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     sampler = CpuSampler(interval_s=0.1)
     tag = f"{dense}-{batch}-{time.monotonic_ns()}"
     from_source = ["benchmarks.run_source", str(source)] if source is not None else None
-    codes = run_job(tmp, tag, env, flags, sampler, from_source, ps_replicas)
+    codes = run_job(tmp, tag, env, flags, sampler, from_source, ps_replicas, ew_replicas)
     if any(code != 0 for code in codes.values()) or not result_path.exists():
         tail = (tmp / f"nn-{tag}.log").read_text(errors="replace")[-3000:]
         tail_dl = (tmp / f"dl-{tag}.log").read_text(errors="replace")[-1500:]
@@ -138,15 +143,18 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     res = json.loads(result_path.read_text())
     out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
                         threads=threads)  # fmt: skip
-    return {"services": services, "ps_replicas": ps_replicas, **out}
+    return {"services": services, "ps_replicas": ps_replicas, "ew_replicas": ew_replicas, **out}
 
 
 def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler: CpuSampler,
-            from_source: list[str] | None, ps_replicas: int = 1) -> dict[str, int | None]:  # fmt: skip
-    """Redis, ``ps_replicas`` PS shards and the embedding worker (run by ``from_source`` when
-    given), the NN worker (``feed_train.py``) and the data loader until both of those exit
-    (every child killed and reaped if one fails); the exit codes. ``sampler`` tracks every
-    process (PS shard i as ``embedding_ps.i``)."""
+            from_source: list[str] | None, ps_replicas: int = 1,
+            ew_replicas: int = 1) -> dict[str, int | None]:  # fmt: skip
+    """Redis, ``ps_replicas`` PS shards and ``ew_replicas`` embedding workers (run by
+    ``from_source`` when given), the NN worker (``feed_train.py``) and the data loader until
+    both of those exit (every child killed and reaped if one fails); the exit codes.
+    ``sampler`` tracks every process (PS shard i as ``embedding_ps.i``, embedding worker i as
+    ``embedding_worker.i``). The data loader starts once every embedding worker has
+    registered: it deals its batches among those it finds."""
     with Cluster(log_dir=tmp) as cluster:
         full_env = {**os.environ, **cluster.env, **env}
         launcher = [sys.executable, "-m", "persia.launcher"]
@@ -160,13 +168,6 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
             )  # fmt: skip
             children.append(nn)
             sampler.track("nn_worker", nn.pid)
-            dl = subprocess.Popen(
-                [*launcher, "data-loader", "--exit-when-done", "--replica-index", "0",
-                 "--replica-size", "1", str(E2E / "feed_data_loader.py")],
-                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            children.append(dl)
-            sampler.track("data_loader", dl.pid)
             for i in range(ps_replicas):
                 ps = cluster.start(
                     "pyrsia.services.embedding_ps",
@@ -175,12 +176,21 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
                     python_args=from_source,
                 )  # fmt: skip
                 sampler.track(f"embedding_ps.{i}", ps.proc.pid)
-            ew = cluster.start(
-                "pyrsia.services.embedding_worker",
-                [*flags, "--replica-index", "0", "--replica-size", "1"],
-                role=ROLE_EMBEDDING_WORKER, wait_ready=False, python_args=from_source,
+            for i in range(ew_replicas):
+                ew = cluster.start(
+                    "pyrsia.services.embedding_worker",
+                    [*flags, "--replica-index", str(i), "--replica-size", str(ew_replicas)],
+                    role=ROLE_EMBEDDING_WORKER, replica_index=i, wait_ready=False,
+                    python_args=from_source,
+                )  # fmt: skip
+                sampler.track(f"embedding_worker.{i}", ew.proc.pid)
+            dl = subprocess.Popen(
+                [*launcher, "data-loader", "--exit-when-done", "--replica-index", "0",
+                 "--replica-size", "1", str(E2E / "feed_data_loader.py")],
+                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
             )  # fmt: skip
-            sampler.track("embedding_worker", ew.proc.pid)
+            children.append(dl)
+            sampler.track("data_loader", dl.pid)
             sampler.start()
             nn_code, dl_code = wait_both(nn, dl)
         finally:
@@ -192,7 +202,8 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
                 fh.close()
             sampler.stop()
         codes = {"nn_worker": nn_code, "data_loader": dl_code}
-        names = ["embedding_worker", *(f"embedding_ps.{i}" for i in reversed(range(ps_replicas)))]
+        names = [*(f"embedding_worker.{i}" for i in reversed(range(ew_replicas))),
+                 *(f"embedding_ps.{i}" for i in reversed(range(ps_replicas)))]  # fmt: skip
         codes.update(zip(names, cluster.stop(), strict=True))
     return codes
 
@@ -234,13 +245,15 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
             v for k, v in threads_cpu.items() if k not in named and not k.startswith("pyrsia")
         )
     window = sampler.window(a["t"], b["t"])
-    shards = {
-        k: 1e3 * v["cpu_s"] / batches for k, v in window.items() if k.startswith("embedding_ps.")
-    }
-    window["embedding_ps"] = {
-        "cpu_s": sum(v["cpu_s"] for k, v in window.items() if k in shards),
-        "cores": sum(v["cores"] for k, v in window.items() if k in shards),
-    }
+    replicas = {}
+    for role in REPLICATED:
+        replicas[role] = {
+            k: 1e3 * v["cpu_s"] / batches for k, v in window.items() if k.startswith(f"{role}.")
+        }
+        window[role] = {
+            "cpu_s": sum(v["cpu_s"] for k, v in window.items() if k in replicas[role]),
+            "cores": sum(v["cores"] for k, v in window.items() if k in replicas[role]),
+        }
     services = {s: 1e3 * window[s]["cpu_s"] / batches for s in SERVICES if s in window}
     batches_per_s = batches / seconds
     feeds = {
@@ -260,7 +273,8 @@ def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense
                              "cpu": 1e3 * phase_cpu[k] / batches}
                          for k, v in b["phases"].items()},
         "services_cpu_ms_per_batch": services,
-        "ps_shards_cpu_ms_per_batch": shards,
+        "ps_shards_cpu_ms_per_batch": replicas["embedding_ps"],
+        "ew_replicas_cpu_ms_per_batch": replicas["embedding_worker"],
         "nn_workers_fed_per_core": feeds,
         "cores_used": {k: v["cores"] for k, v in window.items()},
         "device": res.get("device", "cpu"),
@@ -304,15 +318,16 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
         epochs = math.ceil(steps / per_epoch)
         for dense in args.dense:
             for _ in range(args.repeats):
-                for ps_replicas, (services, source) in itertools.product(
-                    args.ps_replicas, trees.items()
+                for ps_replicas, ew_replicas, (services, source) in itertools.product(
+                    args.ps_replicas, args.ew_replicas, trees.items()
                 ):
                     print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps, "
-                          f"{ps_replicas} PS shard(s), services of the {services} ...", flush=True)  # fmt: skip
+                          f"{ps_replicas} PS shard(s), {ew_replicas} embedding worker(s), "
+                          f"services of the {services} ...", flush=True)  # fmt: skip
                     run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
                                    batch=batch, steps=steps, epochs=epochs, threads=args.threads,
                                    staleness=args.staleness, services=services, source=source,
-                                   ps_replicas=ps_replicas)  # fmt: skip
+                                   ps_replicas=ps_replicas, ew_replicas=ew_replicas)  # fmt: skip
                     configs_out.append({"dataset": name, **run})
         print(f"[{name}] baseline, batch {batch}, {args.baseline_threads} threads ...", flush=True)
         baselines[batch] = run_baseline(
@@ -346,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(results, compare)
     doc = {"dense_ms": args.dense_ms, "threads": args.threads,
            "baseline_threads": args.baseline_threads, "staleness": args.staleness,
-           "ps_replicas": args.ps_replicas,
+           "ps_replicas": args.ps_replicas, "ew_replicas": args.ew_replicas,
            "target_ratio": TARGET_RATIO, "window": WINDOW, "repeats": args.repeats,
            "services_ref": list(trees)[1] if len(trees) > 1 else None,
            "services_compare": compare, "results": results}  # fmt: skip

@@ -14,9 +14,14 @@ from _common import fmt_rate, print_table
 
 
 def label(c: dict[str, Any]) -> str:
-    """A configuration's short name: ``census/sleep/1024`` (``.../ps2`` with 2 PS shards)."""
-    shards = c.get("ps_replicas", 1)
-    return f"{c['dataset']}/{c['dense']}/{c['batch']}" + (f"/ps{shards}" if shards > 1 else "")
+    """A configuration's short name: ``census/sleep/1024`` (``.../ps2`` with 2 PS shards,
+    ``.../ew2`` with 2 embedding workers)."""
+    shards, workers = c.get("ps_replicas", 1), c.get("ew_replicas", 1)
+    return (
+        f"{c['dataset']}/{c['dense']}/{c['batch']}"
+        + (f"/ps{shards}" if shards > 1 else "")
+        + (f"/ew{workers}" if workers > 1 else "")
+    )
 
 
 def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:

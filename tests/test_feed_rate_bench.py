@@ -38,7 +38,8 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
          "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
-         "--max-steps", "8", "--ps-replicas", "1,2", "--json", str(out_json),
+         "--max-steps", "8", "--ps-replicas", "1,2", "--ew-replicas", "1,2",
+         "--json", str(out_json),
          "--log-dir", str(tmp_path / "logs")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
     )  # fmt: skip
@@ -52,16 +53,21 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     assert doc["machine"]["cpu_model"]
     (criteo,) = doc["results"]
     assert criteo["dataset"] == "criteo"
-    config, sharded = criteo["configs"]
+    configs = {(c["ps_replicas"], c["ew_replicas"]): c for c in criteo["configs"]}
+    assert list(configs) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # --ps-replicas x --ew-replicas
+    config, sharded = configs[1, 1], configs[2, 2]
     assert config["dense"] == "sleep" and config["batch"] == 256 and config["steps"] == 8
-    assert (config["ps_replicas"], sharded["ps_replicas"]) == (1, 2)
-    shards = sharded["ps_shards_cpu_ms_per_batch"]  # both shards ran and were tracked
-    assert set(shards) == {"embedding_ps.0", "embedding_ps.1"}  # (an 8-step window may read 0)
-    assert all(v >= 0 for v in shards.values())
-    assert sum(shards.values()) == pytest.approx(
-        sharded["services_cpu_ms_per_batch"]["embedding_ps"]
-    )
-    assert "criteo/sleep/256/ps2" in out
+    for role, key, names in (
+        ("embedding_ps", "ps_shards_cpu_ms_per_batch", {"embedding_ps.0", "embedding_ps.1"}),
+        ("embedding_worker", "ew_replicas_cpu_ms_per_batch",
+         {"embedding_worker.0", "embedding_worker.1"}),
+    ):  # fmt: skip
+        replicas = sharded[key]  # both replicas ran and were tracked
+        assert set(replicas) == names  # (an 8-step window may read 0)
+        assert all(v >= 0 for v in replicas.values())
+        assert sum(replicas.values()) == pytest.approx(sharded["services_cpu_ms_per_batch"][role])
+    for name in ("criteo/sleep/256/ps2 ", "criteo/sleep/256/ew2 ", "criteo/sleep/256/ps2/ew2 "):
+        assert name in out, name
     for key in ("samples_per_s", "baseline_samples_per_s", "ratio", "nn_cpu_ms_per_batch",
                 "nn_cpu_ms_outside_dense"):  # fmt: skip
         assert _finite_positive(config[key]), (key, config[key])
@@ -84,6 +90,7 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     ("flag", "value", "message"),
     [
         ("--ps-replicas", "0", "--ps-replicas: expected distinct positive integers"),
+        ("--ew-replicas", "1,1", "--ew-replicas: expected distinct positive integers"),
         ("--dense", "tpu", "--dense: expected distinct values among ('sleep', 'cpu', 'cuda')"),
     ],
 )
