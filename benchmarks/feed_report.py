@@ -16,12 +16,14 @@ from _common import fmt_rate, print_table
 def label(c: dict[str, Any]) -> str:
     """A configuration's short name: ``census/sleep/1024`` (``.../ps2`` with 2 PS shards,
     ``.../ew2`` with 2 embedding workers)."""
-    shards, workers = c.get("ps_replicas", 1), c.get("ew_replicas", 1)
-    return (
-        f"{c['dataset']}/{c['dense']}/{c['batch']}"
-        + (f"/ps{shards}" if shards > 1 else "")
-        + (f"/ew{workers}" if workers > 1 else "")
-    )
+    return "/".join([c["dataset"], c["dense"], str(c["batch"]), *replicas(c)])
+
+
+def replicas(c: dict[str, Any]) -> list[str]:
+    """``ps2``, ``ew2``: the PS shards and embedding workers of a configuration, where more
+    than one."""
+    counts = (("ps", c.get("ps_replicas", 1)), ("ew", c.get("ew_replicas", 1)))
+    return [f"{role}{n}" for role, n in counts if n > 1]
 
 
 def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
@@ -107,20 +109,25 @@ def print_report(results: list[dict[str, Any]], compare: list[dict[str, Any]]) -
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
-    """Grouped bars of samples/s per data set and batch size: one bar per dense step and the
-    2-thread baseline's (``benchmarks/plots.py``; None without matplotlib)."""
+    """Grouped bars of samples/s per data set and batch size: one bar per dense step and
+    replica count (the median of the working tree's runs) and the 2-thread baseline's
+    (``benchmarks/plots.py``; None without matplotlib)."""
     from plots import save_bar_chart
 
+    def series_name(c: dict[str, Any]) -> str:
+        return " ".join([f"dense {c['dense']}", *replicas(c)])
+
+    own = [c for r in results for c in r["configs"] if c["services"] == "working tree"]
+    names = list(dict.fromkeys(series_name(c) for c in own))
     labels, series = [], {}
-    modes = list(dict.fromkeys(c["dense"] for r in results for c in r["configs"]))
     for r in results:
         for b in r["baselines"]:
             labels.append(f"{r['dataset']} {b['batch']}")
-            for mode in modes:
-                hit = [c for c in r["configs"] if c["dense"] == mode and c["batch"] == b["batch"]]
-                series.setdefault(f"dense {mode}", []).append(
-                    hit[0]["samples_per_s"] if hit else None
-                )
+            for name in names:
+                rates = [c["samples_per_s"] for c in r["configs"]
+                         if c["services"] == "working tree" and c["batch"] == b["batch"]
+                         and series_name(c) == name]  # fmt: skip
+                series.setdefault(name, []).append(statistics.median(rates) if rates else None)
             series.setdefault("baseline (2 threads)", []).append(b["samples_per_s"])
     return save_bar_chart(path, labels, series, ylabel="samples/s",
                           title="Feed rate: samples/s of one NN-worker process")  # fmt: skip

@@ -101,3 +101,26 @@ def test_feed_rate_refuses_a_bad_flag(flag, value, message):
     )  # fmt: skip
     assert proc.returncode == 2
     assert message in proc.stdout
+
+
+def test_the_chart_has_a_bar_per_replica_configuration(tmp_path, monkeypatch):
+    import feed_report
+    import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "save_bar_chart", lambda path, labels, series, **kw: drawn.update(
+        labels=labels, series=series) or path)  # fmt: skip
+
+    def config(ps: int, ew: int, rate: float, services: str = "working tree") -> dict:
+        return {"dataset": "criteo", "dense": "sleep", "batch": 1024, "ps_replicas": ps,
+                "ew_replicas": ew, "services": services, "samples_per_s": rate}  # fmt: skip
+
+    configs = [config(1, 1, 100.0), config(4, 2, 200.0), config(4, 2, 220.0),
+               config(4, 2, 999.0, services="abc1234")]  # fmt: skip
+    results = [{"dataset": "criteo", "configs": configs,
+                "baselines": [{"batch": 1024, "samples_per_s": 40.0}]}]  # fmt: skip
+    feed_report.plot(results, tmp_path / "chart.png")
+    assert drawn["labels"] == ["criteo 1024"]
+    assert drawn["series"] == {  # the working tree's median per configuration
+        "dense sleep": [100.0], "dense sleep ps4 ew2": [210.0], "baseline (2 threads)": [40.0]
+    }  # fmt: skip
