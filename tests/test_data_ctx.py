@@ -4,6 +4,8 @@ NN-worker ingress with a tiny queue hosted in this process."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 
 import pytest
@@ -11,9 +13,11 @@ import pytest
 from persia._data_ctx import DataCtx, DataCtxError
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.services.nn_worker.runtime import get_runtime
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.registry import RegistrySettings
-from tests.nn_helpers import environ, job_services, make_batch
+from tests.nn_helpers import EMBEDDING_CONFIG, environ, job_services, make_batch
+from tests.service_procs import ServiceProc
 
 
 @pytest.fixture
@@ -81,3 +85,50 @@ def test_missing_nn_workers_are_named(job):
     with pytest.raises(RegistryError, match="nn_worker"):
         with DataCtx(wait_timeout_s=0.5):
             pass
+
+
+def test_a_loader_deals_batches_to_every_embedding_worker_replica(redis_server, tmp_path):
+    """Started while replica 1 of 2 embedding workers is still starting, the loader waits for
+    it (as the NN worker does) instead of sending every batch to replica 0."""
+    env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"dctx-{uuid.uuid4().hex[:8]}"}
+    config = tmp_path / "embedding_config.yml"
+    config.write_text(EMBEDDING_CONFIG)
+    procs: list[ServiceProc] = []
+
+    def worker(index: int) -> None:
+        procs.append(ServiceProc.start(
+            "pyrsia.services.embedding_worker",
+            ["--port", "0", "--embedding-config", str(config), "--replica-index", str(index),
+             "--replica-size", "2"],
+            env, role=ROLE_EMBEDDING_WORKER, replica_index=index, wait_ready=False,
+            log_dir=tmp_path,
+        ))  # fmt: skip
+
+    late = threading.Thread(target=lambda: (time.sleep(0.5), worker(1)))
+    try:
+        procs.append(ServiceProc.start(
+            "pyrsia.services.embedding_ps", ["--port", "0"], env, role=ROLE_EMBEDDING_PS,
+            wait_ready=False, log_dir=tmp_path,
+        ))  # fmt: skip
+        worker(0)
+        with environ(**env, REPLICA_INDEX="0", REPLICA_SIZE="1"):
+            from persia.env import reload_env
+
+            reload_env()
+            ingress, queue = start_ingress(env, capacity=8)
+            try:
+                late.start()
+                with DataCtx() as ctx:
+                    for k in range(4):
+                        ctx.send_data(make_batch([10 * k, 10 * k + 1], seed=k))
+                items = [get_runtime().run(queue.get()) for _ in range(4)]
+            finally:
+                get_runtime().run(ingress.stop())
+        reload_env()
+        assert sorted((item.batch_id, item.worker) for item in items) == [
+            (0, 0), (1, 1), (2, 0), (3, 1)
+        ]  # fmt: skip
+    finally:
+        late.join()
+        codes = [(p.role, p.stop()) for p in reversed(procs)]
+        assert all(code == 0 for _, code in codes), codes

@@ -326,29 +326,6 @@ class Registry:
             f"did not start ({ENV_WAIT_TIMEOUT_S} sets how long to wait)"
         )
 
-    async def wait_for_any(
-        self, role: str, *, timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
-    ) -> list[ServiceRecord]:
-        """Wait until at least one replica of ``role`` is registered; return all found."""
-        timeout_s = wait_timeout_s(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        report = _WaitReport()
-        while True:
-            found = await self.discover(role)
-            if found:
-                return [found[i] for i in sorted(found)]
-            if time.monotonic() >= deadline:
-                raise RegistryError(
-                    f"timed out after {timeout_s:.0f}s waiting for any {role} in job "
-                    f"'{self.settings.job_id}' at {self.settings.display_url}; "
-                    f"{self._never_registered_hint(role)}"
-                )
-            waited = report.due()
-            if waited is not None:
-                log.info("waiting for %s: none registered yet, %.0f s (job '%s' at %s, timeout %.0f s)",
-                         role, waited, self.settings.job_id, self.settings.display_url, timeout_s)  # fmt: skip
-            await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
-
     # --- small shared values ------------------------------------------------------------
     async def publish_master_addr(self, address: str, ttl_s: float = MASTER_ADDR_TTL_S) -> None:
         """Publish NN-worker rank 0's torch.distributed address for the other ranks."""

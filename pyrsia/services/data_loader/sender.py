@@ -135,7 +135,8 @@ class BatchSender:
 
     async def _discover(self) -> tuple[list[ServiceRecord], list[ServiceRecord]]:
         assert self._registry is not None
-        workers = await self._registry.wait_for_any(
+        # every replica (their replica_size): batches are dealt among those found here
+        workers = await self._registry.wait_for(
             ROLE_EMBEDDING_WORKER, timeout_s=self.wait_timeout_s
         )
         ranks = await self._registry.wait_for(ROLE_NN_WORKER, timeout_s=self.wait_timeout_s)
