@@ -168,22 +168,17 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
             )  # fmt: skip
             children.append(nn)
             sampler.track("nn_worker", nn.pid)
-            for i in range(ps_replicas):
-                ps = cluster.start(
-                    "pyrsia.services.embedding_ps",
-                    [*flags, "--replica-index", str(i), "--replica-size", str(ps_replicas)],
-                    role=ROLE_EMBEDDING_PS, replica_index=i, wait_ready=False,
-                    python_args=from_source,
-                )  # fmt: skip
-                sampler.track(f"embedding_ps.{i}", ps.proc.pid)
-            for i in range(ew_replicas):
-                ew = cluster.start(
-                    "pyrsia.services.embedding_worker",
-                    [*flags, "--replica-index", str(i), "--replica-size", str(ew_replicas)],
-                    role=ROLE_EMBEDDING_WORKER, replica_index=i, wait_ready=False,
-                    python_args=from_source,
-                )  # fmt: skip
-                sampler.track(f"embedding_worker.{i}", ew.proc.pid)
+            started = []  # in start order: the cluster stops them newest first
+            for service, role, count in (("embedding_ps", ROLE_EMBEDDING_PS, ps_replicas),
+                                         ("embedding_worker", ROLE_EMBEDDING_WORKER, ew_replicas)):  # fmt: skip
+                for i in range(count):
+                    svc = cluster.start(
+                        f"pyrsia.services.{service}",
+                        [*flags, "--replica-index", str(i), "--replica-size", str(count)],
+                        role=role, replica_index=i, wait_ready=False, python_args=from_source,
+                    )  # fmt: skip
+                    started.append(f"{service}.{i}")
+                    sampler.track(started[-1], svc.proc.pid)
             dl = subprocess.Popen(
                 [*launcher, "data-loader", "--exit-when-done", "--replica-index", "0",
                  "--replica-size", "1", str(E2E / "feed_data_loader.py")],
@@ -202,9 +197,7 @@ def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler:
                 fh.close()
             sampler.stop()
         codes = {"nn_worker": nn_code, "data_loader": dl_code}
-        names = [*(f"embedding_worker.{i}" for i in reversed(range(ew_replicas))),
-                 *(f"embedding_ps.{i}" for i in reversed(range(ps_replicas)))]  # fmt: skip
-        codes.update(zip(names, cluster.stop(), strict=True))
+        codes.update(zip(reversed(started), cluster.stop(), strict=True))
     return codes
 
 
