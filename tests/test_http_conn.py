@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 
 import pytest
@@ -156,11 +157,13 @@ async def test_a_cancelled_call_does_not_poison_the_pool():
 
 
 class RawPeer:
-    """A bare asyncio server that answers every request with ``answer`` written in pieces of
-    ``piece`` bytes, draining between them, so the client reads it in many chunks."""
+    """A bare asyncio server that answers every request with ``answer`` (or the next of a list
+    of answers, in turn) written in pieces of ``piece`` bytes, draining between them, so the
+    client reads it in many chunks."""
 
-    def __init__(self, answer: bytes, piece: int):
-        self.answer, self.piece = answer, piece
+    def __init__(self, answer: bytes | list[bytes], piece: int):
+        self.answers = itertools.cycle(answer if isinstance(answer, list) else [answer])
+        self.piece = piece
         self.tasks: set[asyncio.Task] = set()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -178,8 +181,9 @@ class RawPeer:
                     if line.lower().startswith(b"content-length")
                 )
                 await reader.readexactly(length)
-                for start in range(0, len(self.answer), self.piece):
-                    writer.write(self.answer[start : start + self.piece])
+                answer = next(self.answers)
+                for start in range(0, len(answer), self.piece):
+                    writer.write(answer[start : start + self.piece])
                     await writer.drain()
                     await asyncio.sleep(0)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
@@ -235,6 +239,33 @@ async def test_bytes_after_the_answer_are_refused():
         http = HttpClient(auth_token=None, lean=True)
         try:
             with pytest.raises(ServiceUnavailableError):
+                await http.call(f"{peer.url}/x", {"q": 1})
+        finally:
+            await http.close()
+
+
+async def test_large_and_small_answers_in_turn_on_one_connection_arrive_whole():
+    import numpy as np
+
+    big = {"data": np.arange(1 << 18, dtype=np.float32)}  # 1 MB: read into its own buffer
+    small = {"data": np.arange(3, dtype=np.int64)}
+    async with RawPeer([_answer(packb(big)), _answer(packb(small))], 4096) as peer:
+        http = HttpClient(auth_token=None, lean=True)
+        try:
+            got = [await http.call(f"{peer.url}/x", {"q": k}) for k in range(4)]
+            for answer, sent in zip(got, [big, small, big, small], strict=True):
+                np.testing.assert_array_equal(answer["data"], sent["data"])
+            assert http._get_pool()._open[("127.0.0.1", peer.port)] == 1  # one connection
+        finally:
+            await http.close()
+
+
+async def test_an_answer_head_over_64_kb_is_refused():
+    head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * (70 * 1024) + b"\r\nContent-Length: 0\r\n\r\n"
+    async with RawPeer(head, 4096) as peer:
+        http = HttpClient(auth_token=None, lean=True)
+        try:
+            with pytest.raises(ServiceUnavailableError, match="answer head over 65536 bytes"):
                 await http.call(f"{peer.url}/x", {"q": 1})
         finally:
             await http.close()
