@@ -3,8 +3,9 @@
 aiohttp's client costs ~0.1 CPU-ms per request (request/response objects, timers, traces,
 cookie and header machinery); an embedding worker makes two of them per training step,
 which at 10x the demo's rate is a quarter of a core. This pool sends a request as one
-write (request line, a few headers, the body) and parses the answer in one protocol
-callback: status line, headers, a ``Content-Length`` body. That is all Pyrsia's servers
+write (request line, a few headers, the body) and reads the answer with a buffered
+protocol: status line, headers, then a ``Content-Length`` body read straight into a buffer
+of that length. That is all Pyrsia's servers
 ever send (aiohttp sets ``Content-Length`` on every ``web.Response``); an answer without
 it (chunked) is refused as malformed rather than misread.
 
