@@ -81,6 +81,19 @@ def test_prune_keeps_the_newest_and_drops_stale_incomplete_dirs(tmp_path):
     ]
 
 
+def test_a_resumed_data_loader_replica_skips_its_own_trained_batches(tmp_path, monkeypatch):
+    from pyrsia.shared.constants import ENV_GLOBAL_CONFIG
+
+    glob = tmp_path / "global_config.yml"
+    glob.write_text(f"common_config:\n  checkpointing_config:\n    checkpoint_dir: {tmp_path}\n")
+    monkeypatch.setenv(ENV_GLOBAL_CONFIG, str(glob))
+    assert jc.resumed_batch_ids(0, 1) == frozenset()  # no checkpoint yet: send everything
+    _write(tmp_path, 100, {0: [0, 2, 4, 5], 1: [1, 3, 7]})
+    assert jc.resumed_batch_ids(0, 1) == {0, 1, 2, 3, 4, 5, 7}  # embedded: the one loader
+    assert jc.resumed_batch_ids(0, 2) == {0, 2, 4}  # replica 0 of 2 sends ids 0, 2, 4, ...
+    assert jc.resumed_batch_ids(1, 2) == {1, 3, 5, 7}
+
+
 async def test_reproducible_order_steps_over_batches_trained_before_the_resume():
     from pyrsia.services.nn_worker.ingress import BatchQueue
     from pyrsia.shared.wire.ingress import IngressBatch

@@ -84,7 +84,7 @@ class BatchSender:
     def open(self) -> None:
         """Read the resume point (``--resume``) and discover the peers."""
         if job_checkpoint.resume_requested():
-            self._skip = self._trained_batches()
+            self._skip = job_checkpoint.resumed_batch_ids(self.replica_index, self.replica_size)
         runtime = get_runtime()
         self._registry = Registry(RegistrySettings.from_env())
         try:
@@ -114,24 +114,6 @@ class BatchSender:
         registry, self._registry = self._registry, None
         if registry is not None:
             get_runtime().run(registry.close())
-
-    def _trained_batches(self) -> frozenset[int]:
-        """Batch ids of this replica already trained into the newest complete checkpoint."""
-        config = job_checkpoint.checkpointing_config()
-        directory = (
-            job_checkpoint.latest_complete(config.checkpoint_dir) if config.checkpoint_dir else None
-        )
-        if directory is None:
-            log.warning("--resume: no complete checkpoint found; sending every batch")
-            return frozenset()
-        ids = job_checkpoint.trained_batch_ids(directory)
-        mine = ids[ids % self.replica_size == self.replica_index]
-        log.info(
-            "--resume from %s: skipping %d batches of this replica already trained",
-            directory,
-            len(mine),
-        )
-        return frozenset(int(i) for i in mine)
 
     async def _discover(self) -> tuple[list[ServiceRecord], list[ServiceRecord]]:
         assert self._registry is not None

@@ -82,7 +82,7 @@ class EmbeddedSender:
     def open(self) -> None:
         """Read the resume point (``--resume``) and wait for the training loop's queue."""
         if job_checkpoint.resume_requested():
-            self._skip = self._trained_batches()
+            self._skip = job_checkpoint.resumed_batch_ids(0, 1)
         self._queue = self._job.wait_queue(self.wait_timeout_s)
         log.info("data loader: embedded mode, batches go to this process's training loop")
 
@@ -104,19 +104,6 @@ class EmbeddedSender:
 
     def close(self) -> None:
         self._queue = None
-
-    def _trained_batches(self) -> frozenset[int]:
-        """Batch ids already trained into the newest complete checkpoint (``--resume``)."""
-        config = job_checkpoint.checkpointing_config()
-        directory = (
-            job_checkpoint.latest_complete(config.checkpoint_dir) if config.checkpoint_dir else None
-        )
-        if directory is None:
-            log.warning("--resume: no complete checkpoint found; sending every batch")
-            return frozenset()
-        ids = job_checkpoint.trained_batch_ids(directory)
-        log.info("--resume from %s: skipping %d batches already trained", directory, len(ids))
-        return frozenset(int(i) for i in ids)
 
     # --- sending -----------------------------------------------------------------------
     def send(self, batch: SplittableBatch) -> None:

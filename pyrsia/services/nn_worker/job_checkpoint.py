@@ -143,6 +143,25 @@ def trained_batch_ids(directory: Path) -> np.ndarray:
     return np.unique(np.concatenate(parts).astype(np.uint64, copy=False))
 
 
+def resumed_batch_ids(replica_index: int, replica_size: int) -> frozenset[int]:
+    """What a data loader replica skips on ``--resume``: the ids of its batches (``id %
+    replica_size == replica_index``) trained into the newest complete checkpoint under
+    ``checkpointing_config.checkpoint_dir``; none when there is no such checkpoint (logged)."""
+    config = checkpointing_config()
+    directory = latest_complete(config.checkpoint_dir) if config.checkpoint_dir else None
+    if directory is None:
+        log.warning("--resume: no complete checkpoint found; sending every batch")
+        return frozenset()
+    ids = trained_batch_ids(directory)
+    mine = ids[ids % replica_size == replica_index]
+    log.info(
+        "--resume from %s: skipping %d batches of this replica already trained",
+        directory,
+        len(mine),
+    )
+    return frozenset(int(i) for i in mine)
+
+
 def prune(root: str | Path, keep: int) -> None:
     """Keep the newest ``keep`` complete checkpoints; drop older ones and stale incomplete ones."""
     complete = complete_checkpoints(root)
