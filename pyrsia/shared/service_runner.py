@@ -9,10 +9,15 @@ import socket
 
 from aiohttp import web
 
+from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.cli import fail
+from pyrsia.shared.config_schema import MetricsConfig
 from pyrsia.shared.constants import ENV_ADVERTISE_HOST, REDIS_STARTUP_WAIT_S
+from pyrsia.shared.cpu_priority import apply_cpu_priority
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.http_server import STATE, install_uvloop, serve
+from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.metrics_push import MetricsPushSettings, push_settings
 from pyrsia.shared.process_exit import exit_now
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 
@@ -70,6 +75,20 @@ async def run_service(
         await serve(app, host, port, on_started=on_started)
     finally:
         await registry.close()
+
+
+def start_process(
+    role: str, replica_index: int, cpu_priority: str, metrics: MetricsConfig
+) -> MetricsPushSettings | None:
+    """A service process's set-up once its flags and configs are read: log lines named
+    after ``role`` and ``replica_index``, its CPU class, freed heap memory kept for reuse
+    (``pyrsia/shared/allocator.py``); returns its metrics push settings (None: no push).
+    Raises ConfigError naming a push setting that cannot work."""
+    configure_logging(role, replica_index)
+    apply_cpu_priority(cpu_priority)
+    settings = push_settings(metrics)
+    log.info("freed heap memory: %s", keep_freed_memory())
+    return settings
 
 
 def run(main_coro_factory) -> None:

@@ -14,7 +14,6 @@ from pyrsia.services.embedding_ps.incremental import IncrementalLoader
 from pyrsia.services.embedding_ps.packets import IncrementalWriter
 from pyrsia.services.embedding_ps.server import create_app
 from pyrsia.services.warmup import warm_ps
-from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -32,13 +31,11 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import (
     add_cpu_priority_flag,
-    apply_cpu_priority,
     resolve_cpu_priority,
 )
 from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError, UsageError
-from pyrsia.shared.logging_setup import configure_logging
-from pyrsia.shared.metrics_push import install_metrics_push, push_settings
-from pyrsia.shared.service_runner import run, run_service
+from pyrsia.shared.metrics_push import install_metrics_push
+from pyrsia.shared.service_runner import run, run_service, start_process
 from pyrsia.shared.warming import warm_in_background
 
 if TYPE_CHECKING:
@@ -169,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_infer_address(servers, args)
         if problem:
             return fail(problem)
-    configure_logging(ROLE_EMBEDDING_PS, args.replica_index)
-    apply_cpu_priority(cpu_priority)
     try:
-        metrics_push = push_settings(config.common_config.metrics_config)
-        log.info("freed heap memory: %s", keep_freed_memory())  # pyrsia/shared/allocator.py
+        metrics_push = start_process(
+            ROLE_EMBEDDING_PS, args.replica_index, cpu_priority, config.common_config.metrics_config
+        )
     except ConfigError as exc:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config

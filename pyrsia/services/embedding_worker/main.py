@@ -8,7 +8,6 @@ import logging
 from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.services.embedding_worker.server import create_app
 from pyrsia.services.warmup import warm_worker
-from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.cli import (
     add_config_flags,
     add_replica_flags,
@@ -26,15 +25,13 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import (
     add_cpu_priority_flag,
-    apply_cpu_priority,
     resolve_cpu_priority,
 )
 from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
 from pyrsia.shared.http_client import HttpClient
-from pyrsia.shared.logging_setup import configure_logging
-from pyrsia.shared.metrics_push import install_metrics_push, push_settings
+from pyrsia.shared.metrics_push import install_metrics_push
 from pyrsia.shared.registry import Registry, RegistrySettings
-from pyrsia.shared.service_runner import run, run_service
+from pyrsia.shared.service_runner import run, run_service, start_process
 from pyrsia.shared.warming import warm_in_background
 
 log = logging.getLogger(__name__)
@@ -71,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         config = global_config_from_flags(args)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
-    configure_logging(ROLE_EMBEDDING_WORKER, args.replica_index)
-    apply_cpu_priority(cpu_priority)
     try:
-        metrics_push = push_settings(config.common_config.metrics_config)
-        log.info("freed heap memory: %s", keep_freed_memory())  # pyrsia/shared/allocator.py
+        metrics_push = start_process(
+            ROLE_EMBEDDING_WORKER,
+            args.replica_index,
+            cpu_priority,
+            config.common_config.metrics_config,
+        )
     except ConfigError as exc:
         return fail(str(exc))
 
