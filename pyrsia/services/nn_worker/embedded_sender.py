@@ -82,7 +82,7 @@ class EmbeddedSender:
     def open(self) -> None:
         """Read the resume point (``--resume``) and wait for the training loop's queue."""
         if job_checkpoint.resume_requested():
-            self._skip = job_checkpoint.resumed_batch_ids(0, 1)
+            self._skip = job_checkpoint.resumed_batch_ids(self.replica_index, self.replica_size)
         self._queue = self._job.wait_queue(self.wait_timeout_s)
         log.info("data loader: embedded mode, batches go to this process's training loop")
 
