@@ -113,6 +113,8 @@ async def test_embedded_client_answers_and_updates_as_the_services_do(
     assert not np.allclose(got[3]["user"], got[0]["user"])
     assert local_stats.ps[0].entries == remote_stats.ps[0].entries > 0
     assert local_stats.ps[0].updates_applied == remote_stats.ps[0].updates_applied > 0
+    # nothing reads an embedded worker's Prometheus metrics: it keeps none (the same answers)
+    assert local.worker.metrics is None and next(local.worker.lookups) == 0
 
 
 async def test_a_checkpoint_moves_between_embedded_and_services_mode_both_ways(

@@ -65,7 +65,9 @@ class Worker:
     forward: ForwardBuffer
     awaiting: GradientBuffer
     offload: Offloader
-    metrics: dict[str, Any]
+    metrics: dict[str, Any] | None
+    """The Prometheus metrics it updates (:func:`worker_metrics`); None: it records none
+    (embedded mode, where no registry is read)."""
     direct_ids: itertools.count
     lookups: itertools.count = field(default_factory=itertools.count)
     counters: dict[str | int, Any] = field(default_factory=dict)  # labelled metric children
@@ -78,6 +80,7 @@ class Worker:
     def _dim_counter(self, dim: int) -> Any:
         counter = self.counters.get(dim)
         if counter is None:
+            assert self.metrics is not None
             counter = self.counters[dim] = self.metrics["unique_ids"].labels(dim=str(dim))
         return counter
 
@@ -91,7 +94,8 @@ class Worker:
         answers = await self.ps.lookup(
             replica_lookups(prepared), train=train and pending.requires_grad
         )
-        sample = next(self.lookups) % UNIQUE_RATE_SAMPLING == 0
+        metrics = self.metrics
+        sample = metrics is not None and next(self.lookups) % UNIQUE_RATE_SAMPLING == 0
 
         def pool() -> tuple[Any, GatherPlan, list[int] | None]:
             out, gather = answer_embeddings(
@@ -100,15 +104,16 @@ class Worker:
             return out, gather, [p.unique_count() for p in prepared.slots] if sample else None
 
         out, gather, uniques = await self.offload.run(occurrence_count(prepared), pool)
-        self.metrics["lookup_latency"].observe(time.perf_counter() - started)
-        slots = prepared.slots
-        self.metrics["slot_ids"].add(
-            [p.name for p in slots],
-            np.fromiter((p.inverse.shape[0] for p in slots), np.float64, len(slots)),
-            None if uniques is None else np.asarray(uniques, np.float64),
-        )
-        for dim, group in prepared.groups.items():
-            self._dim_counter(dim).inc(group.ids.shape[0])
+        if metrics is not None:
+            metrics["lookup_latency"].observe(time.perf_counter() - started)
+            slots = prepared.slots
+            metrics["slot_ids"].add(
+                prepared.slot_names,
+                np.fromiter((p.inverse.shape[0] for p in slots), np.float64, len(slots)),
+                None if uniques is None else np.asarray(uniques, np.float64),
+            )
+            for dim, group in prepared.groups.items():
+                self._dim_counter(dim).inc(group.ids.shape[0])
         return out, gather
 
     async def lookup(self, batch_id: int, train: bool, gathered: bool) -> Embeddings:
@@ -157,14 +162,17 @@ class Worker:
             return replica_updates(prepared, grads, skipped), nan_skipped
 
         per_replica, nan_skipped = await self.offload.run(occurrence_count(prepared), backward)
-        for name in nan_skipped:
-            self.metrics["nan_skipped"].labels(slot=name).inc()
+        metrics = self.metrics
+        if metrics is not None:
+            for name in nan_skipped:
+                metrics["nan_skipped"].labels(slot=name).inc()
         if nan_skipped:
             log.warning(
                 "batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped
             )
         totals, dropped = await self.ps.update(per_replica)
-        self.metrics["update_latency"].observe(time.perf_counter() - started)
+        if metrics is not None:
+            metrics["update_latency"].observe(time.perf_counter() - started)
         return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped)
 
 

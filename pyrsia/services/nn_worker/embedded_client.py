@@ -29,11 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import prometheus_client as prom
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
-from pyrsia.services.embedding_worker.replica import Worker, worker_metrics
+from pyrsia.services.embedding_worker.replica import Worker
 from pyrsia.shared.config import EmbeddingSchema, GlobalConfig
 from pyrsia.shared.constants import GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.embedding_spec import (
@@ -151,15 +150,13 @@ class EmbeddedClient:
         )
         self.ps = LocalPS(self.store, self.offload)
         ttl = float(worker_config.buffered_data_expired_sec)
-        ref: list[Worker] = []
         self.worker = Worker(
             index=0, schema=schema, config=worker_config, ps=self.ps,  # type: ignore[arg-type]
             forward=ForwardBuffer(worker_config.forward_buffer_size, ttl),
             awaiting=GradientBuffer(worker_config.forward_buffer_size * GRADIENT_BUFFER_FACTOR, ttl),
-            offload=self.offload, metrics=worker_metrics(prom.CollectorRegistry(), ref),
+            offload=self.offload, metrics=None,  # no /metrics in embedded mode: nothing reads them
             direct_ids=itertools.count(1),
         )  # fmt: skip
-        ref.append(self.worker)
         self.registry = None
         self.http = None
 
