@@ -1,10 +1,12 @@
-"""``--cpu-priority background`` puts every thread of a service in SCHED_IDLE; bad values are refused."""
+"""``--cpu-priority background`` puts every thread of a service in SCHED_IDLE (one thread alone
+in embedded mode); bad values are refused."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from pyrsia.shared.constants import (
     ROLE_EMBEDDING_WORKER,
     service_key,
 )
-from pyrsia.shared.cpu_priority import resolve_cpu_priority
+from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import UsageError
 from tests.service_procs import cpu_seconds
 
@@ -113,6 +115,30 @@ def test_the_flag_wins_over_the_environment(monkeypatch):
     monkeypatch.setenv(ENV_CPU_PRIORITY, "low")
     with pytest.raises(UsageError, match=ENV_CPU_PRIORITY):
         resolve_cpu_priority(None)
+
+
+def test_one_thread_moves_to_the_idle_class_and_back_alone():
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, args=(30,))
+    other.start()
+    try:
+        assert apply_thread_cpu_priority("background", other.native_id) == "SCHED_IDLE"
+        assert os.sched_getscheduler(other.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller keeps its class
+        assert apply_thread_cpu_priority("normal", other.native_id) == "normal"
+        assert os.sched_getscheduler(other.native_id) == os.SCHED_OTHER
+        with pytest.raises(UsageError, match="'idle'"):
+            apply_thread_cpu_priority("idle", other.native_id)
+    finally:
+        release.set()
+        other.join()
+
+
+def test_an_embedded_default_applies_only_without_the_variable(monkeypatch):
+    monkeypatch.delenv(ENV_CPU_PRIORITY, raising=False)
+    assert resolve_cpu_priority(None, default="background") == "background"
+    monkeypatch.setenv(ENV_CPU_PRIORITY, "normal")
+    assert resolve_cpu_priority(None, default="background") == "normal"
 
 
 # One busy loop per core that sleeps 1 ms of every 10: the cores are never free for more

@@ -3,6 +3,7 @@ it, the data loader's batches handed over in process, and a failing loader endin
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -16,6 +17,7 @@ from pyrsia.services.nn_worker.embedded import (
 from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.services.nn_worker.embedded_sender import EmbeddedSender
 from pyrsia.shared.constants import (
+    ENV_CPU_PRIORITY,
     ENV_DATALOADER_ENTRY,
     ENV_EMBEDDED,
     ENV_EMBEDDING_CONFIG,
@@ -143,3 +145,43 @@ def test_embedded_mode_needs_the_embedding_config(embedded_env, monkeypatch):
     monkeypatch.delenv(ENV_EMBEDDING_CONFIG)
     with pytest.raises(ConfigError, match="PERSIA_EMBEDDING_CONFIG"):
         get_embedded_job()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
+def test_the_engine_threads_run_in_the_idle_class_while_a_context_is_open(embedded_env):
+    """The loop thread is in SCHED_IDLE from the first open session to the last close (an
+    eval context opened and closed inside a training one leaves it there), the data loader's
+    thread for its whole run; the training thread keeps its class."""
+    script = embedded_env / "data_loader.py"
+    seen = embedded_env / "loader_policy.txt"
+    script.write_text(
+        f"import os, pathlib\npathlib.Path({str(seen)!r}).write_text(str(os.sched_getscheduler(0)))\n"
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_DATALOADER_ENTRY, str(script))
+        reset_embedded_job()
+        training = EmbeddedSession.open()
+    loop_thread = training.runtime.native_id
+    get_embedded_job().join_loader(30)
+    assert seen.read_text() == str(os.SCHED_IDLE)
+    assert os.sched_getscheduler(loop_thread) == os.SCHED_IDLE
+    evaluation = EmbeddedSession.open()
+    evaluation.close()
+    evaluation.close()  # closing twice counts once
+    assert os.sched_getscheduler(loop_thread) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    training.close()
+    assert os.sched_getscheduler(loop_thread) == os.SCHED_OTHER
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
+def test_persia_cpu_priority_normal_keeps_the_engine_threads_in_the_default_class(
+    embedded_env, monkeypatch
+):
+    monkeypatch.setenv(ENV_CPU_PRIORITY, "normal")
+    reset_embedded_job()
+    session = EmbeddedSession.open()
+    try:
+        assert os.sched_getscheduler(session.runtime.native_id) == os.SCHED_OTHER
+    finally:
+        session.close()

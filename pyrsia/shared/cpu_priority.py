@@ -13,7 +13,10 @@ costs AUC when the training keeps the cores busy (2 NN-worker ranks on 2 cores),
 Procfiles keep ``normal``; README "Scaling out" has the measurements.
 
 The class applies to every thread of the process, those running now and (inherited) the
-ones it starts later, and to the processes it spawns.
+ones it starts later, and to the processes it spawns. Embedded mode, where the services'
+engines are threads of the NN-worker process, gives the class to those threads alone
+(:func:`apply_thread_cpu_priority`), ``background`` by default: there the staleness bound
+caps the lag and the step gains (docs/guides/scaling.md).
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ def add_cpu_priority_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_cpu_priority(flag: str | None) -> str:
-    """The flag's value, else the environment's (validated), else ``normal``."""
+def resolve_cpu_priority(flag: str | None, default: str = "normal") -> str:
+    """The flag's value, else the environment's (validated), else ``default``."""
     if flag is not None:
         return flag
-    value = os.environ.get(ENV_CPU_PRIORITY, "").strip() or "normal"
+    value = os.environ.get(ENV_CPU_PRIORITY, "").strip() or default
     if value not in CPU_PRIORITIES:
         raise UsageError(
             f"{ENV_CPU_PRIORITY} must be one of {', '.join(CPU_PRIORITIES)}, got {value!r}"
@@ -75,6 +78,31 @@ def apply_cpu_priority(priority: str) -> str:
         os.nice(19 - os.nice(0))
         applied = "nice 19"
     log.info("cpu priority: background (%s)", applied)
+    return applied
+
+
+def apply_thread_cpu_priority(priority: str, native_id: int = 0) -> str:
+    """Move one thread of this process (``threading.Thread.native_id``; 0: the caller) to
+    ``priority``'s class, back to the default class for ``normal``; returns what was applied.
+
+    Embedded mode runs its engine threads in the background class beside the training
+    thread (pyrsia/services/nn_worker/embedded.py). Where the kernel has no idle class, or
+    refuses to let the thread back (an unprivileged user whose ``RLIMIT_NICE`` is 0), the
+    thread keeps its class and the answer says so.
+    """
+    if priority not in CPU_PRIORITIES:
+        raise UsageError(f"cpu priority must be one of {CPU_PRIORITIES}, got {priority!r}")
+    if not hasattr(os, "SCHED_IDLE"):
+        return "unchanged (no SCHED_IDLE here)"
+    policy, applied = (
+        (os.SCHED_IDLE, "SCHED_IDLE") if priority == "background" else (os.SCHED_OTHER, "normal")
+    )
+    try:
+        if os.sched_getscheduler(native_id) != policy:
+            os.sched_setscheduler(native_id, policy, os.sched_param(0))
+    except (PermissionError, ProcessLookupError) as exc:
+        log.debug("thread %d keeps its scheduling class (%s): %s", native_id, priority, exc)
+        return "unchanged"
     return applied
 
 

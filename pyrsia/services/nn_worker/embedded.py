@@ -24,6 +24,14 @@ The data loader runs in a thread when ``$PERSIA_DATALOADER_ENTRY`` names it (the
 it); it starts with the first context and its ``DataCtx`` waits until the training loop's
 ``StreamingDataset`` opens the batch queue. An error in it ends the training loop's stream
 with that error.
+
+The engine threads (the runtime's loop thread while a context is open, and the data loader's
+thread) run in the ``background`` CPU class (Linux's ``SCHED_IDLE``) unless
+``$PERSIA_CPU_PRIORITY=normal``: a dense step splits each torch operator over every core and
+waits for its slowest thread, so an engine thread that preempts a training thread stalls the
+whole step, while in the idle class it takes a core only when the training threads leave one
+(waiting for the next batch, a finished OpenMP region). The staleness bound caps how far the
+engines may fall behind; docs/guides/scaling.md has the measurements.
 """
 
 from __future__ import annotations
@@ -48,11 +56,13 @@ from pyrsia.shared.config import (
 from pyrsia.shared.constants import (
     DATA_SEND_TIMEOUT_S,
     DEFAULT_WAIT_TIMEOUT_S,
+    ENV_CPU_PRIORITY,
     ENV_DATALOADER_ENTRY,
     ENV_EMBEDDED,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
 )
+from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
 from pyrsia.shared.wire.ingress import IngressBatch
 
@@ -105,9 +115,19 @@ class EmbeddedJob:
     """The process's engines, its batch queue (while a training loop streams) and the data
     loader's thread."""
 
-    def __init__(self, client: EmbeddedClient, *, loader_script: Path | None = None):
+    def __init__(
+        self,
+        client: EmbeddedClient,
+        *,
+        loader_script: Path | None = None,
+        cpu_priority: str = "background",
+    ):
         self.client = client
         self.loader_script = loader_script
+        self.cpu_priority = cpu_priority
+        """The CPU class of the engine threads (``normal`` or ``background``)."""
+        self._sessions = 0
+        self._sessions_lock = threading.Lock()
         self._queue: FailableBatchQueue | None = None
         self._queue_set = threading.Condition()
         self._loader: threading.Thread | None = None
@@ -129,11 +149,32 @@ class EmbeddedJob:
         script = os.environ.get(ENV_DATALOADER_ENTRY, "").strip()
         if script and not Path(script).is_file():
             raise ConfigError(f"${ENV_DATALOADER_ENTRY}={script!r}: no such file")
+        priority = resolve_cpu_priority(None, default="background")
         log.info(
-            "embedded mode: embedding PS and worker engines in this process%s",
-            f", data loader {script} in a thread" if script else "",
+            "embedded mode: embedding PS and worker engines in this process%s; engine threads "
+            "at %s CPU priority ($%s)",
+            f", data loader {script} in a thread" if script else "", priority, ENV_CPU_PRIORITY,
+        )  # fmt: skip
+        return cls(
+            EmbeddedClient(schema, config),
+            loader_script=Path(script) if script else None,
+            cpu_priority=priority,
         )
-        return cls(EmbeddedClient(schema, config), loader_script=Path(script) if script else None)
+
+    # --- the engine threads' CPU class -------------------------------------------------
+    def session_opened(self, runtime: Runtime) -> None:
+        """A context opened: the runtime's loop thread takes the engines' CPU class."""
+        with self._sessions_lock:
+            self._sessions += 1
+            if self._sessions == 1 and runtime.native_id is not None:
+                apply_thread_cpu_priority(self.cpu_priority, runtime.native_id)
+
+    def session_closed(self, runtime: Runtime) -> None:
+        """A context closed: the loop thread is back in the default class after the last one."""
+        with self._sessions_lock:
+            self._sessions -= 1
+            if self._sessions == 0 and runtime.running and runtime.native_id is not None:
+                apply_thread_cpu_priority("normal", runtime.native_id)
 
     # --- the batch queue ---------------------------------------------------------------
     def attach_queue(self, queue: FailableBatchQueue, runtime: Runtime) -> None:
@@ -176,6 +217,7 @@ class EmbeddedJob:
         script = self.loader_script
         assert script is not None
         try:
+            apply_thread_cpu_priority(self.cpu_priority)
             run_script(script)
         except BaseException as exc:  # the training loop's stream ends with it
             log.error("embedded data loader %s failed: %r", script, exc)
@@ -249,6 +291,7 @@ class EmbeddedSession(Session):
         super().__init__(runtime, job.client, None, None)  # type: ignore[arg-type]
         self.job = job
         self._queue: FailableBatchQueue | None = None
+        self._open = False  # counted in the job's open sessions (the loop thread's CPU class)
 
     @classmethod
     def open(  # type: ignore[override]
@@ -257,7 +300,10 @@ class EmbeddedSession(Session):
         runtime = get_runtime()
         job = get_embedded_job()
         job.start_loader(runtime)
-        return cls(runtime, job)
+        session = cls(runtime, job)
+        job.session_opened(runtime)
+        session._open = True
+        return session
 
     def ingress(
         self, *, rank: int, world_size: int, capacity: int, reproducible: bool
@@ -291,3 +337,6 @@ class EmbeddedSession(Session):
         queue, self._queue = self._queue, None
         if queue is not None:
             self.job.detach_queue(queue)
+        if self._open:
+            self._open = False
+            self.job.session_closed(self.runtime)

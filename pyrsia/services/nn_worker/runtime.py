@@ -126,6 +126,11 @@ class Runtime:
             )
 
     @property
+    def native_id(self) -> int | None:
+        """The loop thread's OS thread id (None before it started)."""
+        return None if self._thread is None else self._thread.native_id
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and not self._closed
 
