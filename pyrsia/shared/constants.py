@@ -33,7 +33,8 @@ ENV_INSECURE = "PERSIA_INSECURE"
 """1 allows a server to listen on a non-loopback address without a token (``--insecure``)."""
 MIN_AUTH_TOKEN_CHARS = 16
 ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
-"""normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``)."""
+"""normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``; default
+normal) and, in embedded mode, that of the engine threads (default background)."""
 ENV_MALLOC_TUNING = "PERSIA_MALLOC_TUNING"
 """1 (default) or 0: whether a training process keeps freed heap memory for reuse
 (pyrsia/shared/allocator.py)."""
