@@ -43,6 +43,18 @@ async def test_fifo_back_pressure_duplicates_and_end_of_stream():
         await queue.put(_item(9))
 
 
+async def test_a_failed_stream_raises_its_error_to_a_waiting_and_a_later_get():
+    queue = BatchQueue(4, rank=0, world_size=1)
+    waiting = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    await queue.fail(RuntimeError("no such data file"))
+    with pytest.raises(RuntimeError, match="no such data file"):
+        await asyncio.wait_for(waiting, 5)
+    await queue.put(_item(0))  # a batch queued after the failure is not handed out
+    with pytest.raises(RuntimeError, match="no such data file"):
+        await queue.get()
+
+
 async def test_full_queue_holds_a_batch_until_the_loop_takes_one():
     queue = BatchQueue(1, rank=0, world_size=1, room_wait_s=5.0)
     await queue.put(_item(0))

@@ -36,7 +36,6 @@ engines may fall behind; docs/guides/scaling.md has the measurements.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -64,51 +63,8 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
-from pyrsia.shared.wire.ingress import IngressBatch
 
 log = logging.getLogger(__name__)
-
-
-class FailableBatchQueue:
-    """The batch queue of embedded mode: a :class:`BatchQueue` whose stream a failed
-    data-loader thread ends with the loader's error (in services mode the launcher stops a
-    job whose loader process failed). Lives on the runtime's loop."""
-
-    def __init__(self, queue: BatchQueue):
-        self.queue = queue
-        self.capacity = queue.capacity
-        self.reproducible = queue.reproducible
-        self.error: BaseException | None = None
-        self._failed: asyncio.Event | None = None
-
-    async def fail(self, exc: BaseException) -> None:
-        self.error = exc
-        if self._failed is not None:
-            self._failed.set()
-
-    async def put(self, item: IngressBatch) -> None:
-        await self.queue.put(item)
-
-    async def done(self, loader: int, loader_count: int, sent: int) -> None:
-        await self.queue.done(loader, loader_count, sent)
-
-    async def get(self) -> IngressBatch | None:
-        """The next batch, None at the end of the stream; the loader's error once it failed."""
-        if self.error is not None:
-            raise self.error
-        if self._failed is None:
-            self._failed = asyncio.Event()
-        getter = asyncio.ensure_future(self.queue.get())
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait((getter, failed), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (getter, failed):
-                task.cancel()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-        assert self.error is not None
-        raise self.error
 
 
 class EmbeddedJob:
@@ -128,7 +84,7 @@ class EmbeddedJob:
         """The CPU class of the engine threads (``normal`` or ``background``)."""
         self._sessions = 0
         self._sessions_lock = threading.Lock()
-        self._queue: FailableBatchQueue | None = None
+        self._queue: BatchQueue | None = None
         self._queue_set = threading.Condition()
         self._loader: threading.Thread | None = None
         self.loader_error: BaseException | None = None
@@ -177,7 +133,7 @@ class EmbeddedJob:
                 apply_thread_cpu_priority("normal", runtime.native_id)
 
     # --- the batch queue ---------------------------------------------------------------
-    def attach_queue(self, queue: FailableBatchQueue, runtime: Runtime) -> None:
+    def attach_queue(self, queue: BatchQueue, runtime: Runtime) -> None:
         """The training loop's queue, where the data loader's batches go from now on."""
         with self._queue_set:
             self._queue = queue
@@ -185,12 +141,12 @@ class EmbeddedJob:
         if self.loader_error is not None:
             runtime.run(queue.fail(self.loader_error))
 
-    def detach_queue(self, queue: FailableBatchQueue) -> None:
+    def detach_queue(self, queue: BatchQueue) -> None:
         with self._queue_set:
             if self._queue is queue:
                 self._queue = None
 
-    def wait_queue(self, timeout_s: float) -> FailableBatchQueue:
+    def wait_queue(self, timeout_s: float) -> BatchQueue:
         """The training loop's batch queue, once its ``StreamingDataset`` opened it."""
         with self._queue_set:
             if not self._queue_set.wait_for(lambda: self._queue is not None, timeout_s):
@@ -290,7 +246,7 @@ class EmbeddedSession(Session):
     def __init__(self, runtime: Runtime, job: EmbeddedJob):
         super().__init__(runtime, job.client, None, None)  # type: ignore[arg-type]
         self.job = job
-        self._queue: FailableBatchQueue | None = None
+        self._queue: BatchQueue | None = None
         self._open = False  # counted in the job's open sessions (the loop thread's CPU class)
 
     @classmethod
@@ -307,7 +263,7 @@ class EmbeddedSession(Session):
 
     def ingress(
         self, *, rank: int, world_size: int, capacity: int, reproducible: bool
-    ) -> FailableBatchQueue:  # type: ignore[override]
+    ) -> BatchQueue:  # type: ignore[override]
         """This rank's batch queue, filled by the data loader of this process."""
         if self._queue is not None:
             queue = self._queue
@@ -325,10 +281,10 @@ class EmbeddedSession(Session):
                 f"embedded mode runs one NN-worker rank, not {world_size}: unset "
                 f"${ENV_EMBEDDED} to train on several ranks (services mode)"
             )
-        queue = FailableBatchQueue(BatchQueue(
+        queue = BatchQueue(
             capacity, rank=rank, world_size=world_size, reproducible=reproducible,
             skip=self.resume_skip, room_wait_s=DATA_SEND_TIMEOUT_S,
-        ))  # fmt: skip
+        )  # fmt: skip
         self._queue = queue
         self.job.attach_queue(queue, self.runtime)
         return queue

@@ -20,7 +20,8 @@ import time
 from typing import Protocol
 
 from pyrsia.services.nn_worker import job_checkpoint
-from pyrsia.services.nn_worker.embedded import FailableBatchQueue, get_embedded_job
+from pyrsia.services.nn_worker.embedded import get_embedded_job
+from pyrsia.services.nn_worker.ingress import BatchQueue
 from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import (
     BACKPRESSURE_BACKOFF_MAX_S,
@@ -74,7 +75,7 @@ class EmbeddedSender:
         self._sent = 0
         self._window = SendWindow(max_inflight)
         self._skip: frozenset[int] = frozenset()
-        self._queue: FailableBatchQueue | None = None
+        self._queue: BatchQueue | None = None
         self._order: asyncio.Lock | None = None  # made on the loop
         self._job = get_embedded_job()
 

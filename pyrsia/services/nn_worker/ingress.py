@@ -77,6 +77,7 @@ class BatchQueue:
         self._consumed: dict[int, int] = {}
         self._announced: dict[int, int] = {}
         self._loader_count: int | None = None
+        self._error: BaseException | None = None
         self._changed = asyncio.Condition()
 
     def __len__(self) -> int:
@@ -132,6 +133,12 @@ class BatchQueue:
         self._announced[loader] = sent
         await self._notify()
 
+    async def fail(self, exc: BaseException) -> None:
+        """End the stream with ``exc``: :meth:`get` raises it from now on (embedded mode's
+        data loader thread failed; in services mode the launcher stops the job instead)."""
+        self._error = exc
+        await self._notify()
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
@@ -165,9 +172,11 @@ class BatchQueue:
             self._expected += self.world_size
 
     async def get(self) -> IngressBatch | None:
-        """The next batch, or None at the end of the stream."""
+        """The next batch, or None at the end of the stream; the error of :meth:`fail`."""
         async with self._changed:
             while True:
+                if self._error is not None:
+                    raise self._error
                 item = self._pop_ready()
                 if item is not None:
                     self._consumed[item.loader] = self._consumed.get(item.loader, 0) + 1
