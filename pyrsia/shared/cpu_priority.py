@@ -67,12 +67,8 @@ def apply_cpu_priority(priority: str) -> str:
     if priority == "normal":
         return "normal"
     if hasattr(os, "SCHED_IDLE"):
-        param = os.sched_param(0)
-        for task in _threads():
-            try:
-                os.sched_setscheduler(task, os.SCHED_IDLE, param)
-            except ProcessLookupError:  # the thread ended meanwhile
-                continue
+        for task in _threads():  # a thread that ended meanwhile is left out
+            apply_thread_cpu_priority("background", task)
         applied = "SCHED_IDLE"
     else:  # macOS and other systems without the idle class
         os.nice(19 - os.nice(0))
