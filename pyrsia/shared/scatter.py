@@ -74,7 +74,7 @@ def _kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _blocks_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+def _blocks_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int] | None:
     """The compiled kernel of :func:`add_blocks_if_finite`; None without numba."""
     try:
         from pyrsia.shared.scatter_blocks import add_blocks
@@ -83,12 +83,16 @@ def _blocks_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | No
     return add_blocks
 
 
-def add_blocks_if_finite(index: np.ndarray, addresses: np.ndarray, out: np.ndarray) -> bool | None:
+def add_blocks_if_finite(
+    index: np.ndarray, addresses: np.ndarray, out: np.ndarray, row_strides: np.ndarray | None = None
+) -> bool | None:
     """``out[index[s, r]] += block_s[r]`` for every block ``s`` and row ``r``, read where the
     blocks are: no stacking copy (one per Census batch cost more than the sum itself).
 
-    ``addresses[s]`` is the address of block ``s``: a C-contiguous float32 ``(n, d)`` array
-    that the caller keeps alive for the call and whose layout it has checked
+    ``addresses[s]`` is the address of block ``s``: a float32 ``(n, d)`` array whose rows lie
+    ``row_strides[s]`` floats apart (default ``d``: C-contiguous) and whose values are
+    contiguous, e.g. a slot's gradient as a view of a concatenation's gradient. The caller
+    keeps the blocks alive for the call and has checked their layout
     (``pyrsia.services.nn_worker.features`` checks it on the gradient tensors).
     ``index`` int32/int64 ``(k, n)`` C-contiguous, values checked to lie in ``[0, len(out))``;
     ``out`` float32 ``(m, d)``, all zeros on entry. Returns True when every sum is finite;
@@ -99,13 +103,22 @@ def add_blocks_if_finite(index: np.ndarray, addresses: np.ndarray, out: np.ndarr
     kernel = _blocks_kernel()
     if kernel is None:  # pragma: no cover
         return None
-    if index.ndim != 2 or addresses.shape != (index.shape[0],) or out.ndim != 2:
+    k = index.shape[0] if index.ndim == 2 else -1
+    if row_strides is None:
+        row_strides = np.full(max(k, 0), out.shape[-1], np.int64)
+    if (
+        index.ndim != 2 or addresses.shape != (k,) or row_strides.shape != (k,) or out.ndim != 2
+        or (k and int(row_strides.min()) < out.shape[1])
+    ):  # fmt: skip
         raise InvalidInputError(
-            "index", "index (k, n), addresses (k,) and out (m, d)",
+            "index", "index (k, n), addresses (k,), row_strides (k,) of at least d, out (m, d)",
             message=f"add_blocks_if_finite: index {index.shape}, addresses {addresses.shape}, "
-            f"out {out.shape}",
+            f"row_strides {row_strides.tolist()}, out {out.shape}",
         )  # fmt: skip
-    code = kernel(np.ascontiguousarray(index), addresses.astype(np.int64, copy=False), out)
+    code = kernel(
+        np.ascontiguousarray(index), addresses.astype(np.int64, copy=False),
+        row_strides.astype(np.int64, copy=False), out,
+    )  # fmt: skip
     return _added(code, out, "add_blocks_if_finite")
 
 
