@@ -13,25 +13,33 @@ worker kernels seconds into the timed window of the end-to-end benchmark).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from pyrsia.shared.embedding_spec import OptimizerSpec
 
-def warm_ps() -> None:
-    """Run a tiny workload through the PS engine, with every optimizer."""
+
+def warm_ps(specs: Sequence[OptimizerSpec] | None = None) -> None:
+    """Run a tiny workload through the PS engine, with each optimizer of ``specs`` (default:
+    every kind; an embedded job warms only the one it registered)."""
     from pyrsia.services.embedding_ps.engine import EmbeddingStore
     from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, SGDSpec
     from pyrsia.shared.farmhash import farmhash64
 
     ids = np.arange(8, dtype=np.uint64)
     farmhash64(ids)
-    for spec in (
-        SGDSpec(lr=0.1),
-        SGDSpec(lr=0.1, momentum=0.9),
-        AdagradSpec(),
-        AdagradSpec(vectorwise_shared=True),
-        AdamSpec(),
-    ):
+    if specs is None:
+        specs = (
+            SGDSpec(lr=0.1),
+            SGDSpec(lr=0.1, momentum=0.9),
+            AdagradSpec(),
+            AdagradSpec(vectorwise_shared=True),
+            AdamSpec(),
+        )
+    for spec in specs:
         store = EmbeddingStore(capacity=4, num_shards=1, optimizer=spec)
         store.lookup(ids, 2, train=True)
         store.lookup(ids, 2, train=False)
