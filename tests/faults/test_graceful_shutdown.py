@@ -51,5 +51,10 @@ def test_sigterm_under_load_exits_0_within_5s(target, redis, tmp_path):
     logs = {n: job.log(n)[-2000:] for n in ("nn_worker", "data_loader")}
     assert all(rc == 0 for rc, _ in results), (measured, logs)
     assert all(s < SHUTDOWN_BUDGET_S for _, s in results), measured
-    if "nn_worker" in names:  # the rank drained its in-flight gradients, it was not killed
+    # The rank drained its in-flight gradients, it was not killed. Only checked when the NN
+    # worker alone gets SIGTERM: with every service signalled at once, the embedding worker
+    # may refuse the rank's gradients (503, shutting down) before the rank's own signal
+    # arrives: the rank then leaves its context through that error, and the signal may come
+    # after the context removed its handler (seen once in CI: exit 0, no SIGTERM line).
+    if names == ["nn_worker"]:
         assert "SIGTERM: stopping training" in job.log("nn_worker"), logs["nn_worker"]
