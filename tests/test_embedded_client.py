@@ -8,6 +8,10 @@ embedded side an ``EmbeddedClient`` built from the same YAML files.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -189,15 +193,12 @@ async def test_embedded_client_refuses_what_the_routes_refuse(configs):
 def test_registering_the_optimizer_loads_the_kernels_the_first_batches_need(tmp_path):
     """An embedded job loads its PS optimizer's and the worker's compiled kernels when the
     optimizer is registered, before the first batch (a fresh process: none loaded before)."""
-    import subprocess
-    import sys
-
     emb = tmp_path / "embedding_config.yml"
     emb.write_text("slots_config:\n  user: {dim: 4}\n")
     glob = tmp_path / "global_config.yml"
     glob.write_text("common_config:\n  job_type: Train\n")
     script = f"""
-import asyncio
+import asyncio, json
 from pyrsia.services.embedding_ps import kernels as ps
 from pyrsia.services.embedding_worker import kernels as ew
 from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
@@ -206,11 +207,11 @@ kernels = [ps.update_rows, ps.lookup_train, ew.dedup_prefixed, ew.all_finite]
 before = [len(k.signatures) for k in kernels]
 client = EmbeddedClient(load_embedding_config({str(emb)!r}), load_global_config({str(glob)!r}))
 asyncio.run(client.register_optimizer({ADAGRAD!r}))
-print(before, [len(k.signatures) for k in kernels])
+print(json.dumps([before, [len(k.signatures) for k in kernels]]))
 """
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    ).stdout.split("\n")[-2]
-    before, after = out.split("] [")
-    assert before == "[0, 0, 0, 0"
-    assert all(int(n) >= 1 for n in after.rstrip("]").split(", "))
+    ).stdout.splitlines()[-1]
+    before, after = json.loads(out)
+    assert before == [0, 0, 0, 0]
+    assert all(n >= 1 for n in after)
