@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyrsia.shared.scatter import add_blocks_if_finite, add_rows_if_finite
+from pyrsia.shared.scatter import add_blocks_if_finite, add_rows_if_finite, blocks_finite
 from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 log = logging.getLogger(__name__)
@@ -289,10 +289,44 @@ def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndar
 
 
 def nonfinite_slots(tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
-    """Names of the slots whose embedding gradient holds a NaN or an inf (one reduction per
-    slot), so a warning can say which embedding went wrong."""
-    grads = [(name, slot_gradient(t)) for name, t in tensors]
-    return [name for name, g in grads if g is not None and not bool(torch.isfinite(g).all())]
+    """Names of the slots whose embedding gradient holds a NaN or an inf, in ``tensors``'
+    order, so a warning can say which embedding went wrong.
+
+    CPU float32 gradients of one shape are checked together where they lie (one compiled
+    pass; ``torch.isfinite`` per slot took 1.5 ms on Census-Income's 33 strided views of
+    the concatenation's gradient), the others with one reduction each and a single read of
+    the answers (one device synchronization on a GPU, not one per slot); the slots are
+    looked at one by one only when something is not finite.
+    """
+    grads = [(name, g) for name, t in tensors if (g := slot_gradient(t)) is not None]
+    bad: set[str] = set()
+    rest: list[tuple[str, torch.Tensor]] = []
+    for shape, group in _row_blocks(grads, rest).items():
+        addresses = np.fromiter((g.data_ptr() for _, g in group), np.int64, len(group))
+        strides = np.fromiter((g.stride(0) for _, g in group), np.int64, len(group))
+        if blocks_finite(addresses, strides, shape) is not True:
+            rest += group
+    if rest:
+        finite = torch.stack([torch.isfinite(g.detach()).all() for _, g in rest]).tolist()
+        bad.update(name for (name, _), ok in zip(rest, finite, strict=True) if not ok)
+    return [name for name, _ in grads if name in bad]
+
+
+def _row_blocks(
+    grads: list[tuple[str, torch.Tensor]], rest: list[tuple[str, torch.Tensor]]
+) -> dict[tuple[int, int], list[tuple[str, torch.Tensor]]]:
+    """The gradients :func:`blocks_finite` reads in place (CPU float32 ``(n, d)``, values
+    contiguous, rows at least ``d`` apart), grouped by shape; the others go to ``rest``."""
+    groups: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
+    for name, g in grads:
+        if (
+            g.dtype is torch.float32 and g.layout is torch.strided and g.is_cpu and g.dim() == 2
+            and (g.stride(1) == 1 or g.shape[1] == 1) and g.stride(0) >= g.shape[1] >= 1
+        ):  # fmt: skip
+            groups.setdefault((g.shape[0], g.shape[1]), []).append((name, g))
+        else:
+            rest.append((name, g))
+    return groups
 
 
 def gradients_finite(tensors: list[tuple[str, torch.Tensor]]) -> bool:
