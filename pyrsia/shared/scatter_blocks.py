@@ -69,12 +69,12 @@ def blocks_finite(addresses, row_strides, n, d):  # pragma: no cover - compiled
     if k == 0:
         return True
     # side by side in one row-major array (a concatenation's gradient): a row is one run
-    width = d
+    side_by_side = True
     for s in range(1, k):
         if addresses[s] != addresses[0] + 4 * s * d or row_strides[s] != row_strides[0]:
-            width = 0
+            side_by_side = False
             break
-    if width:
+    if side_by_side:
         width = k * d
         for r in range(n):
             bits = numba.carray(

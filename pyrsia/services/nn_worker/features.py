@@ -268,14 +268,9 @@ def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndar
     slot cost ~10 µs of Python each, 33 per Census batch), read where autograd left them
     when they are plain CPU float32 arrays (stacking them first took longer than the sum);
     False, with ``summed`` still zero, when a NaN or inf is in any of them."""
-    n, dim = table.index.shape[1], table.dim
-    if all(
-        g.dtype is torch.float32 and g.layout is torch.strided and g.is_cpu
-        and g.shape == (n, dim) and (g.stride(1) == 1 or dim == 1) and g.stride(0) >= dim
-        for g in grads
-    ):  # fmt: skip
-        addresses = np.fromiter((g.data_ptr() for g in grads), np.int64, len(grads))
-        strides = np.fromiter((g.stride(0) for g in grads), np.int64, len(grads))
+    shape = (table.index.shape[1], table.dim)
+    if all(_rows_in_place(g) and g.shape == shape for g in grads):
+        addresses, strides = _addresses_and_strides(grads)
         finite = add_blocks_if_finite(table.index, addresses, summed, strides)
         if finite is not None:
             if not finite:
@@ -299,34 +294,39 @@ def nonfinite_slots(tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
     looked at one by one only when something is not finite.
     """
     grads = [(name, g) for name, t in tensors if (g := slot_gradient(t)) is not None]
-    bad: set[str] = set()
+    groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor]]] = {}
     rest: list[tuple[str, torch.Tensor]] = []
-    for shape, group in _row_blocks(grads, rest).items():
-        addresses = np.fromiter((g.data_ptr() for _, g in group), np.int64, len(group))
-        strides = np.fromiter((g.stride(0) for _, g in group), np.int64, len(group))
+    for name, g in grads:
+        if _rows_in_place(g):
+            groups.setdefault(tuple(g.shape), []).append((name, g))
+        else:
+            rest.append((name, g))
+    for shape, group in groups.items():
+        addresses, strides = _addresses_and_strides([g for _, g in group])
         if blocks_finite(addresses, strides, shape) is not True:
             rest += group
-    if rest:
-        finite = torch.stack([torch.isfinite(g.detach()).all() for _, g in rest]).tolist()
-        bad.update(name for (name, _), ok in zip(rest, finite, strict=True) if not ok)
+    if not rest:
+        return []
+    finite = torch.stack([torch.isfinite(g.detach()).all() for _, g in rest]).tolist()
+    bad = {name for (name, _), ok in zip(rest, finite, strict=True) if not ok}
     return [name for name, _ in grads if name in bad]
 
 
-def _row_blocks(
-    grads: list[tuple[str, torch.Tensor]], rest: list[tuple[str, torch.Tensor]]
-) -> dict[tuple[int, int], list[tuple[str, torch.Tensor]]]:
-    """The gradients :func:`blocks_finite` reads in place (CPU float32 ``(n, d)``, values
-    contiguous, rows at least ``d`` apart), grouped by shape; the others go to ``rest``."""
-    groups: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
-    for name, g in grads:
-        if (
-            g.dtype is torch.float32 and g.layout is torch.strided and g.is_cpu and g.dim() == 2
-            and (g.stride(1) == 1 or g.shape[1] == 1) and g.stride(0) >= g.shape[1] >= 1
-        ):  # fmt: skip
-            groups.setdefault((g.shape[0], g.shape[1]), []).append((name, g))
-        else:
-            rest.append((name, g))
-    return groups
+def _rows_in_place(g: torch.Tensor) -> bool:
+    """Whether the compiled kernels can read ``g`` where it lies: a CPU float32 ``(n, d)``
+    array whose rows hold their ``d`` values side by side, at least ``d`` apart (a slot's
+    gradient as a view of the model's concatenation gradient is one)."""
+    return (
+        g.dtype is torch.float32 and g.layout is torch.strided and g.is_cpu and g.dim() == 2
+        and (g.stride(1) == 1 or g.shape[1] == 1) and g.stride(0) >= g.shape[1] >= 1
+    )  # fmt: skip
+
+
+def _addresses_and_strides(grads: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``grads`` (checked by :func:`_rows_in_place`) starts, and its row stride."""
+    addresses = np.fromiter((g.data_ptr() for g in grads), np.int64, len(grads))
+    strides = np.fromiter((g.stride(0) for g in grads), np.int64, len(grads))
+    return addresses, strides
 
 
 def gradients_finite(tensors: list[tuple[str, torch.Tensor]]) -> bool:
