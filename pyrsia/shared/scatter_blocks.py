@@ -63,7 +63,7 @@ def blocks_finite(addresses, row_strides, n, d):  # pragma: no cover - compiled
     ``addresses[s]`` with rows ``row_strides[s]`` (>= d) floats apart, its values
     contiguous (the layout ``add_blocks`` reads). One pass, row by row across the blocks."""
     # an all-ones exponent (NaN or inf) carries into the top bit when 1 is added to it:
-    # or-ing those sums is order-free, so the loop vectorizes (a compare per value did not)
+    # or-ing those sums is order-free, so the loop vectorizes (a compare per value: 1.2x slower)
     k = addresses.shape[0]
     carry = np.uint32(0)
     if k == 0:
