@@ -65,27 +65,20 @@ def blocks_finite(addresses, row_strides, n, d):  # pragma: no cover - compiled
     # an all-ones exponent (NaN or inf) carries into the top bit when 1 is added to it:
     # or-ing those sums is order-free, so the loop vectorizes (a compare per value: 1.2x slower)
     k = addresses.shape[0]
-    carry = np.uint32(0)
     if k == 0:
         return True
-    # side by side in one row-major array (a concatenation's gradient): a row is one run
-    side_by_side = True
+    # side by side in one row-major array (a concatenation's gradient): read as one block
+    # whose rows are k * d wide, a row in one run (block by block: 194 against 41 us)
+    blocks, width = 1, k * d
     for s in range(1, k):
         if addresses[s] != addresses[0] + 4 * s * d or row_strides[s] != row_strides[0]:
-            side_by_side = False
+            blocks, width = k, d
             break
-    if side_by_side:
-        width = k * d
-        for r in range(n):
-            bits = numba.carray(
-                _pointer(addresses[0] + 4 * r * row_strides[0]), (width,), np.uint32
-            )
-            for j in range(width):
-                carry |= (bits[j] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
-        return (carry & np.uint32(0x80000000)) == 0
+    carry = np.uint32(0)
     for r in range(n):
-        for s in range(k):
-            bits = numba.carray(_pointer(addresses[s] + 4 * r * row_strides[s]), (d,), np.uint32)
-            for j in range(d):
+        for s in range(blocks):
+            row = _pointer(addresses[s] + 4 * r * row_strides[s])
+            bits = numba.carray(row, (width,), np.uint32)
+            for j in range(width):
                 carry |= (bits[j] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
     return (carry & np.uint32(0x80000000)) == 0
