@@ -213,3 +213,46 @@ def test_strided_offsets_and_zero_samples():
     assert pool_forward(empty, vectors)[0].shape == (0, 4)
     grads, skipped = pool_backward(empty, [np.zeros((0, 4), np.float32)])
     assert grads[4].shape == (0, 4) and skipped == []
+
+
+def _dedup_reference(schema, feats):
+    """Each slot's prefixed ids, and the unique ones in first-seen order (numpy, no kernel)."""
+    prefixes = schema.slot_prefixes()
+    keys = np.concatenate([add_prefix(ids, prefixes[name], 8) for name, ids, _ in feats])
+    _, first = np.unique(keys, return_index=True)
+    return keys, keys[np.sort(first)]
+
+
+@pytest.mark.parametrize("order", ["few_then_many", "many_then_few"])
+def test_dedup_gives_the_same_answer_whatever_the_last_batch_held(order):
+    """The dedup table is sized from the last batch's unique ids; a batch with far more
+    (the table fills up: another pass, sized for all ids) or far fewer is deduped all the same."""
+    schema = _schema(SlotConfig("a", 4), SlotConfig("b", 4))
+    rng = np.random.default_rng(11)
+    n = 3000
+    few = [(s, rng.integers(0, 7, n, dtype=np.uint64), single_id_offsets(n)) for s in "ab"]
+    many = [(s, rng.integers(0, 1 << 40, n, dtype=np.uint64), single_id_offsets(n)) for s in "ab"]
+    batches = [few, many] if order == "few_then_many" else [many, few]
+    for feats in batches * 2:
+        prepared = _prepare(schema, feats, replica_count=1)
+        keys, unique = _dedup_reference(schema, feats)
+        group = prepared.groups[4]
+        assert group.ids.tolist() == unique.tolist()  # first-seen order
+        for plan, (name, ids, _) in zip(prepared.slots, feats, strict=True):
+            assert (
+                group.ids[plan.inverse].tolist()
+                == add_prefix(ids, schema.slot_prefixes()[name], 8).tolist()
+            )
+
+
+def test_dedup_kernel_refuses_a_table_too_small_and_fills_one_large_enough():
+    from pyrsia.services.embedding_worker.kernels import dedup_prefixed
+
+    ids = np.arange(100, dtype=np.uint64)
+    starts = np.array([0, 100], np.int64)
+    prefixes = np.zeros(1, np.uint64)
+    spacing = np.uint64((1 << 56) - 1)
+    unique, inverse = np.empty(100, np.uint64), np.empty(100, np.int64)
+    assert dedup_prefixed(ids, starts, prefixes, spacing, unique, inverse, 10) == -1
+    assert dedup_prefixed(ids, starts, prefixes, spacing, unique, inverse, 100) == 100
+    assert unique.tolist() == ids.tolist() and inverse.tolist() == list(range(100))
