@@ -14,6 +14,7 @@ from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Labe
 from pyrsia.services.embedding_worker.gathering import (
     answer_embeddings,
     gather_backward,
+    gather_forward,
     gather_plan,
 )
 from pyrsia.services.embedding_worker.pooling import pool_backward, pool_forward
@@ -79,6 +80,20 @@ def test_only_single_id_summed_slots_without_hash_stack_are_gathered():
     plan = gather_plan(prepared)
     names = {dim: [prepared.slots[p].name for p in slots] for dim, slots in plan.groups}
     assert names == {4: ["user", "item"], 8: ["wide"]}
+
+
+def test_a_tables_rows_are_its_slots_rows_whether_or_not_every_slot_of_its_dim_is_gathered():
+    """Dim 8 holds one slot, gathered: its table's index is the dim group's rows as they
+    are; dim 4 holds gathered and pooled slots: the gathered slots' rows, one by one."""
+    prepared, vectors = prepared_and_vectors(mixed_batch(n=9, seed=2))
+    plan = gather_plan(prepared)
+    tables = {t.dim: t for t in gather_forward(prepared, plan, vectors)}
+    for dim, positions in plan.groups:
+        group = prepared.groups[dim]
+        assert (positions == group.members) == (dim == 8)
+        want = np.stack([prepared.slots[p].inverse for p in positions]).astype(np.int32)
+        assert tables[dim].index.dtype == np.int32
+        np.testing.assert_array_equal(tables[dim].index, want)
 
 
 def test_gathered_answer_holds_the_pooled_tensors_and_survives_the_wire():
@@ -308,3 +323,15 @@ async def test_gathered_training_through_the_worker_and_two_ps(services, configs
     after_user = dict(Embeddings.from_wire(after, batch_size=12).embeddings)["user"]
     # SGD lr=1: each user's row moves by minus its table row's gradient (loss scale undone)
     np.testing.assert_allclose(after_user, before - g[table.index[0]], rtol=1e-5, atol=1e-6)
+
+
+def test_a_prepared_batch_counts_the_rows_of_every_slot_once_through_its_dim_groups():
+    """The offloader's size of a batch: hash-stacked slots count a row per round, raw
+    slots their kept ids; every slot's rows are its dim group's, in order."""
+    from pyrsia.services.embedding_worker.replica import occurrence_count
+
+    prepared, _ = prepared_and_vectors(mixed_batch(n=11, seed=9))
+    assert occurrence_count(prepared) == sum(p.inverse.shape[0] for p in prepared.slots)
+    for group in prepared.groups.values():
+        rows = np.concatenate([prepared.slots[m].inverse for m in group.members])
+        np.testing.assert_array_equal(group.inverse, rows)

@@ -141,6 +141,11 @@ class DimGroup:
     dim: int
     ids: np.ndarray  # uint64 (n_unique,)
     replica_offsets: np.ndarray  # int64 (replica_count + 1,)
+    members: tuple[int, ...]
+    """The positions in the batch of the group's slots, in order."""
+    inverse: np.ndarray
+    """int64: each lookup row of the members, in order, as its row in ``ids`` (their
+    ``SlotPlan.inverse`` arrays are consecutive slices of it)."""
 
     def replica_slice(self, replica: int) -> slice:
         """The positions in ``ids`` (and in the group's vectors) owned by ``replica``."""
@@ -317,7 +322,8 @@ def _dedup_and_route(
             offsets = np.empty(replica_count + 1, dtype=np.int64)
             replica = replica_of(unique, replica_count)
             kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
-        groups[dim] = DimGroup(dim, by_replica, offsets)
+        groups[dim] = DimGroup(dim, by_replica, offsets, tuple(idx), inverse)
+        bounds = starts.tolist()
         for n, i in enumerate(idx):
-            inverses[i] = inverse[starts[n] : starts[n + 1]]
+            inverses[i] = inverse[bounds[n] : bounds[n + 1]]
     return groups, inverses

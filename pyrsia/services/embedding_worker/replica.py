@@ -182,8 +182,9 @@ def batch_id_count(batch: IDPart) -> int:
 
 
 def occurrence_count(prepared: PreparedBatch) -> int:
-    """Id occurrences of a prepared batch (the size of its pooling and of its backward)."""
-    return sum(p.inverse.shape[0] for p in prepared.slots)
+    """Id occurrences of a prepared batch (the size of its pooling and of its backward):
+    every slot's rows are in its dim group's."""
+    return sum(g.inverse.shape[0] for g in prepared.groups.values())
 
 
 def worker_metrics(reg: prom.CollectorRegistry, worker_ref: list[Worker]) -> dict[str, Any]:
