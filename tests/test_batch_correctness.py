@@ -171,6 +171,18 @@ def test_features_own_their_arrays():
             array[0] = 5
 
 
+def test_single_id_features_from_a_strided_column_or_in_data_name_order_are_the_same():
+    """The usual uint64 case skips the checks' conversions; a strided column of a 2-D array
+    and the ``(data, name)`` order PERSIA's docs show give the same owned contiguous ids."""
+    table = np.arange(12, dtype=np.uint64).reshape(4, 3)
+    column = table[:, 1]  # strided
+    for feature in (IDTypeFeatureWithSingleID("b", column), IDTypeFeatureWithSingleID(column, "b")):
+        assert feature.name == "b" and feature.ids.tolist() == [1, 4, 7, 10]
+        assert feature.ids.flags.c_contiguous and not feature.ids.flags.writeable
+        assert not np.shares_memory(feature.ids, table)
+        assert feature.offsets.tolist() == [0, 1, 2, 3, 4]
+
+
 # --------------------------------------------------------------------------- item 3: id dtypes
 
 

@@ -192,6 +192,23 @@ class IDTypeFeature(_IDFeature):
         return self._data
 
 
+_UINT64 = np.dtype(np.uint64)
+
+
+def _single_ids(name: Any, data: Any) -> tuple[str, np.ndarray]:
+    """The name and an owned uint64 copy of the ids of an :class:`IDTypeFeatureWithSingleID`
+    (either argument order), or the error naming what is wrong."""
+    name, data = _name_and_data("IDTypeFeatureWithSingleID", name, data)
+    if not name:
+        raise InvalidInputError("IDTypeFeatureWithSingleID.name", "a non-empty string", name)
+    field = f"IDTypeFeatureWithSingleID {name!r}: data"
+    if not isinstance(data, np.ndarray) or data.dtype.kind not in _ID_KINDS:
+        raise _id_dtype_error(field, data)
+    if data.ndim != 1:
+        raise _bad(field, IDS_ACCEPTED, data)
+    return name, _to_uint64(name, data, None, copy=True)
+
+
 class IDTypeFeatureWithSingleID(_IDFeature):
     """Exactly one id per sample, as one 1-D array: the cheap form of :class:`IDTypeFeature`.
 
@@ -200,19 +217,15 @@ class IDTypeFeatureWithSingleID(_IDFeature):
     """
 
     def __init__(self, name: str, data: np.ndarray):
-        name, data = _name_and_data("IDTypeFeatureWithSingleID", name, data)
-        if not name:
-            raise InvalidInputError("IDTypeFeatureWithSingleID.name", "a non-empty string", name)
-        field = f"IDTypeFeatureWithSingleID {name!r}: data"
-        if not isinstance(data, np.ndarray) or data.dtype.kind not in _ID_KINDS:
-            raise _id_dtype_error(field, data)
-        if data.ndim != 1:
-            raise _bad(field, IDS_ACCEPTED, data)
-        ids = _to_uint64(name, data, None, copy=True)  # one copy, owned by the feature
-        ids.setflags(write=False)
+        if type(name) is str and name and type(data) is np.ndarray and data.ndim == 1 \
+                and data.dtype == _UINT64:  # fmt: skip
+            ids = data.copy()  # the usual case (uint64 ids, in this order): nothing to convert
+        else:
+            name, ids = _single_ids(name, data)
+        ids.setflags(write=False)  # one copy, owned by the feature
         self.name = name
         self.ids = ids
-        self.offsets = single_id_offsets(len(data))  # shared, read-only; not sent on the wire
+        self.offsets = single_id_offsets(len(ids))  # shared, read-only; not sent on the wire
 
     @property
     def data(self) -> np.ndarray:
