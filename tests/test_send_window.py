@@ -26,6 +26,15 @@ def _finish_later(
     return timer
 
 
+def _window_with(limit: int, sends: int) -> tuple[SendWindow, list[concurrent.futures.Future]]:
+    """A window of ``limit`` with ``sends`` sends under way."""
+    window = SendWindow(limit)
+    futures = [concurrent.futures.Future() for _ in range(sends)]
+    for future in futures:
+        window.add(future)
+    return window, futures
+
+
 def test_make_room_waits_only_while_the_window_is_full():
     window = SendWindow(2)
     first, second = concurrent.futures.Future(), concurrent.futures.Future()
@@ -71,10 +80,7 @@ def test_a_send_cancelled_under_way_is_raised_as_cancelled():
 
 
 def test_drain_waits_for_every_send_and_raises_the_first_error():
-    window = SendWindow(3)
-    futures = [concurrent.futures.Future() for _ in range(3)]
-    for future in futures:
-        window.add(future)
+    window, futures = _window_with(3, 3)
     _finish_later(futures[0], 0.05)
     _finish_later(futures[1], 0.1)
     _finish_later(futures[2], 0.15)
@@ -88,10 +94,7 @@ def test_drain_waits_for_every_send_and_raises_the_first_error():
 
 
 def test_cancel_cancels_the_sends_under_way_and_empties_the_window():
-    window = SendWindow(2)
-    futures = [concurrent.futures.Future() for _ in range(2)]
-    for future in futures:
-        window.add(future)
+    window, futures = _window_with(2, 2)
     window.cancel()
     assert all(f.cancelled() for f in futures)
     assert len(window) == 0
