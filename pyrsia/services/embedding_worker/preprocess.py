@@ -278,8 +278,9 @@ def _dedup(
     ids: np.ndarray, starts: np.ndarray, prefixes: np.ndarray, spacing: np.uint64,
     unique: np.ndarray, inverse: np.ndarray, dim: int,
 ) -> int:  # fmt: skip
-    """``kernels.dedup_prefixed`` with a table sized for twice the unique ids of this dim's
-    last batch (1.5x that much room), for all ids when a batch holds more."""
+    """``kernels.dedup_prefixed`` with a table that takes twice the unique ids of this
+    dim's last batch (plus 16) before it is full; a batch holding more is deduped again
+    with a table for all its ids."""
     expected = 2 * _UNIQUE_IDS_LAST.get(dim, 0) + 16
     n_unique = kernels.dedup_prefixed(ids, starts, prefixes, spacing, unique, inverse, expected)
     if n_unique < 0:

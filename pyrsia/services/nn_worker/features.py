@@ -300,7 +300,7 @@ def nonfinite_slots(tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
     rest: list[tuple[str, torch.Tensor]] = []
     for shape, group in groups.items():
         layout = _layout_in_place([g for _, g in group], shape)
-        if layout is None or blocks_finite(*layout, shape) is not True:  # type: ignore[arg-type]
+        if layout is None or blocks_finite(*layout, shape) is not True:
             rest += group
     if not rest:
         return []
@@ -317,7 +317,7 @@ def _layout_in_place(
     ``d`` values side by side, at least ``d`` apart (a slot's gradient as a view of the
     model's concatenation gradient is one); else None. One pass of six reads per tensor:
     checking and then reading each (13 reads) took 43 µs for Census-Income's 33 slots, this
-    18 (isolated; about twice that inside the training job)."""
+    18 (isolated; the gradient payload's CPU per batch fell by 40-60 µs in the e2e job)."""
     if len(shape) != 2 or shape[1] < 1:
         return None
     d = shape[1]
