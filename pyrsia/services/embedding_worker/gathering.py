@@ -11,6 +11,7 @@ by the loss scale and adds it to the pooled slots' per-id gradients.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from pyrsia.services.embedding_worker import kernels
 from pyrsia.services.embedding_worker.pooling import check_slot_gradients, pool_forward
-from pyrsia.services.embedding_worker.preprocess import PreparedBatch, SlotPlan
+from pyrsia.services.embedding_worker.preprocess import BatchLayout, PreparedBatch, SlotPlan
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.wire.batch import single_id_offsets
 from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
@@ -26,19 +27,47 @@ from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
 @dataclass(frozen=True, eq=False)
 class GatherPlan:
-    """The gathered slots of one batch, per dim group (positions in ``prepared.slots``)."""
+    """The gathered slots of one batch, per dim group (positions in the batch's slots).
+
+    The plan of a batch of ``PreparedBatch.single_ids`` is made once per ``BatchLayout`` and
+    shared by every batch of that layout, with what its answers and gradients derive from
+    it (the properties below, each worked out on first use).
+    """
 
     groups: tuple[tuple[int, tuple[int, ...]], ...]  # (dim, slot positions), answer order
+    names: tuple[str, ...]
+    """The batch's slot names, in order (``PreparedBatch.slot_names``)."""
 
     @functools.cached_property
     def positions(self) -> frozenset[int]:
         return frozenset(p for _, slots in self.groups for p in slots)
 
-    def slot_names(self, prepared: PreparedBatch) -> list[str]:
-        return [prepared.slots[p].name for _, slots in self.groups for p in slots]
+    @functools.cached_property
+    def table_slots(self) -> tuple[tuple[str, ...], ...]:
+        """Each table's slot names, in its index's row order."""
+        return tuple(tuple(self.names[p] for p in slots) for _, slots in self.groups)
+
+    @functools.cached_property
+    def gathered_names(self) -> frozenset[str]:
+        return frozenset(name for slots in self.table_slots for name in slots)
+
+    @functools.cached_property
+    def where(self) -> dict[int, tuple[int, int]]:
+        """Position of a gathered slot -> (its table, its row of the table's index)."""
+        return {p: (t, k) for t, (_, slots) in enumerate(self.groups) for k, p in enumerate(slots)}
+
+    @functools.cached_property
+    def entries(self) -> tuple[tuple[str, tuple[int, int]], ...] | None:
+        """A ``SlotEmbeddings``' entries when every slot is gathered (they are the same for
+        every batch of the plan); None when some slot is pooled."""
+        if len(self.positions) != len(self.names):
+            return None
+        return tuple((name, self.where[i]) for i, name in enumerate(self.names))
 
 
-NO_GATHER = GatherPlan(())
+def no_gather(prepared: PreparedBatch) -> GatherPlan:
+    """The plan of an answer with every slot pooled."""
+    return GatherPlan((), prepared.slot_names)
 
 
 @dataclass(frozen=True)
@@ -63,14 +92,25 @@ def is_gather(plan: SlotPlan) -> bool:
     )
 
 
+_LAYOUT_PLANS: weakref.WeakKeyDictionary[BatchLayout, GatherPlan] = weakref.WeakKeyDictionary()
+"""The plan of the single-id batches of each layout (every slot gathered)."""
+
+
 def gather_plan(prepared: PreparedBatch) -> GatherPlan:
     """Every gather slot of the batch, grouped by dim in the batch's group order."""
+    if prepared.single_ids:  # every slot is a gather: one plan per layout
+        layout = prepared.layout
+        plan = _LAYOUT_PLANS.get(layout)
+        if plan is None:
+            groups = tuple((dim, positions) for dim, positions in layout.members.items())
+            plan = _LAYOUT_PLANS[layout] = GatherPlan(groups, layout.names)
+        return plan
     members: dict[int, list[int]] = {}
     for position, plan in enumerate(prepared.slots):
         if is_gather(plan):
             members.setdefault(plan.dim, []).append(position)
     order = [dim for dim in prepared.groups if dim in members]
-    return GatherPlan(tuple((dim, tuple(members[dim])) for dim in order))
+    return GatherPlan(tuple((dim, tuple(members[dim])) for dim in order), prepared.slot_names)
 
 
 def gather_forward(
@@ -78,7 +118,7 @@ def gather_forward(
 ) -> tuple[EmbeddingTable, ...]:
     """One table per gathered dim group: the group's unique vectors and each slot's rows."""
     tables = []
-    for dim, positions in plan.groups:
+    for (dim, positions), names in zip(plan.groups, plan.table_slots, strict=True):
         group = prepared.groups[dim]
         if positions == group.members:
             # every slot of the dim is gathered: their rows, in order, are the group's (one
@@ -88,7 +128,6 @@ def gather_forward(
             index = np.empty((len(positions), prepared.batch_size), dtype=np.int32)
             for k, position in enumerate(positions):  # a loop over slots, not ids
                 index[k] = prepared.slots[position].inverse
-        names = tuple(prepared.slots[p].name for p in positions)
         tables.append(EmbeddingTable(dim, vectors_by_dim[dim], index, names))
     return tuple(tables)
 
@@ -98,16 +137,19 @@ def answer_embeddings(
 ) -> tuple[tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan]:
     """A lookup's answer: one pooled tensor per slot, or with ``gathered`` a ``SlotEmbeddings``
     whose gather slots come as tables; and the plan its gradients will follow."""
-    plan = gather_plan(prepared) if gathered else NO_GATHER
-    pooled = pool_forward(prepared, vectors_by_dim, plan.positions)
+    plan = gather_plan(prepared) if gathered else no_gather(prepared)
     if not plan.groups:
-        return tuple((s.name, t) for s, t in zip(prepared.slots, pooled, strict=True)), plan
+        pooled = pool_forward(prepared, vectors_by_dim)
+        return tuple(zip(prepared.slot_names, pooled, strict=True)), plan  # type: ignore[arg-type]
     tables = gather_forward(prepared, plan, vectors_by_dim)
-    where = {p: (t, k) for t, (_, slots) in enumerate(plan.groups) for k, p in enumerate(slots)}
-    entries = [
-        (s.name, where[i] if t is None else t)
-        for i, (s, t) in enumerate(zip(prepared.slots, pooled, strict=True))
-    ]
+    entries = plan.entries
+    if entries is None:  # some slots pooled
+        pooled = pool_forward(prepared, vectors_by_dim, plan.positions)
+        where = plan.where
+        entries = tuple(
+            (name, where[i] if t is None else t)
+            for i, (name, t) in enumerate(zip(plan.names, pooled, strict=True))
+        )
     return SlotEmbeddings(entries, tables), plan
 
 
@@ -121,21 +163,22 @@ def check_gradients(
     """Everything ``/gradients`` checks before the batch leaves the awaiting buffer: pooled
     slots' gradients by name and shape, and the tables of the gathered ones."""
     prepared, plan = awaited.prepared, awaited.gather
-    gathered = set(plan.slot_names(prepared))
-    pooled_names = [n for n in prepared.slot_names if n not in gathered]
-    unknown = set(by_name) - set(pooled_names)
-    if unknown:
-        raise InvalidInputError(
-            "gradients", f"pooled slots of batch {batch_id}: {pooled_names}", sorted(unknown)
-        )
-    check_slot_gradients(prepared, by_name)
+    gathered = plan.gathered_names
+    if by_name:  # a fully gathered answer has no pooled slot to check
+        pooled_names = [n for n in prepared.slot_names if n not in gathered]
+        unknown = set(by_name) - set(pooled_names)
+        if unknown:
+            raise InvalidInputError(
+                "gradients", f"pooled slots of batch {batch_id}: {pooled_names}", sorted(unknown)
+            )
+        check_slot_gradients(prepared, by_name)
     _check_gradient_tables(prepared, plan, gathered, tables, skipped)
 
 
 def _check_gradient_tables(
     prepared: PreparedBatch,
     plan: GatherPlan,
-    gathered: set[str],
+    gathered: frozenset[str],
     tables: Sequence[tuple[int, np.ndarray]] | None,
     skipped: Sequence[str],
 ) -> None:
@@ -176,8 +219,7 @@ def gather_backward(
     """
     skipped_all = list(skipped)
     nonfinite: list[str] = []
-    for t, (dim, positions) in enumerate(plan.groups):
-        names = [prepared.slots[p].name for p in positions]
+    for t, ((dim, _), names) in enumerate(zip(plan.groups, plan.table_slots, strict=True)):
         if tables is None:
             skipped_all += [n for n in names if n not in skipped]
             continue

@@ -40,6 +40,8 @@ def pool_forward(
     ``prepared.groups[dim].ids[k]``. Slots at the positions in ``exclude`` (answered as
     tables, ``gathering.py``) get None.
     """
+    if len(exclude) == len(prepared.slot_names):  # every slot answered as a table
+        return [None] * len(exclude)
     out: list[np.ndarray | None] = []
     for position, plan in enumerate(prepared.slots):
         if position in exclude:
@@ -82,6 +84,8 @@ def pool_backward(
         dim: np.zeros((g.ids.shape[0], dim), dtype=np.float32) for dim, g in prepared.groups.items()
     }
     skipped: list[str] = []
+    if len(exclude) == len(prepared.slot_names):  # every slot answered as a table
+        return grads, skipped
     for position, (plan, grad) in enumerate(zip(prepared.slots, slot_grads, strict=True)):
         if position in exclude:
             continue
@@ -112,6 +116,8 @@ def check_slot_gradients(prepared: PreparedBatch, by_name: dict[str, Any]) -> No
     The worker checks a ``/gradients`` body with it before it takes the batch out of the
     awaiting buffer, so a refused body leaves the batch there for a corrected retry.
     """
+    if not by_name:
+        return
     for plan in prepared.slots:
         if by_name.get(plan.name) is not None:
             _check_grad(plan, by_name[plan.name])

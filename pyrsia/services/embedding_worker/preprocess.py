@@ -31,7 +31,7 @@ from pyrsia.services.embedding_worker import kernels
 from pyrsia.shared.constants import MAX_MESSAGE_BYTES
 from pyrsia.shared.errors import ConfigError, InvalidInputError
 from pyrsia.shared.farmhash import farmhash64, replica_of
-from pyrsia.shared.wire.batch import IDFeature
+from pyrsia.shared.wire.batch import single_id_offsets
 
 FEATURES_FIELD = "batch.id_type_features"
 
@@ -48,6 +48,18 @@ class _Slot(Protocol):
     sqrt_scaling: bool
     sample_fixed_size: int
     hash_stack_config: _HashStack
+
+
+class IDColumns(Protocol):
+    """One id-type feature as preprocessing reads it: ``pyrsia.shared.wire.batch.IDFeature``,
+    or the features of a ``persia.embedding.data.PersiaBatch`` (checked when it was built)."""
+
+    name: str
+    ids: np.ndarray  # uint64 (n,)
+    offsets: np.ndarray  # int64 (batch_size + 1,)
+
+    @property
+    def batch_size(self) -> int: ...
 
 
 class _Schema(Protocol):
@@ -153,25 +165,138 @@ class DimGroup:
 
 
 @dataclass(frozen=True, eq=False)
+class BatchLayout:
+    """What a batch's list of slot names decides under one schema: each slot's config, and
+    the slots and index prefixes of each dim group.
+
+    A data loader sends the same slots batch after batch, so :func:`batch_layout` works this
+    out once per list of names and schema instead of once per slot and batch.
+    """
+
+    names: tuple[str, ...]
+    configs: tuple[Any, ...]
+    """Each slot's config (``slots_config``), in the batch's order."""
+    members: dict[int, tuple[int, ...]]
+    """dim -> the positions of its slots, dims in order of first appearance."""
+    prefixes: dict[int, np.ndarray]
+    """dim -> the uint64 index prefix of each of its slots, in ``members`` order."""
+    spacing: np.uint64
+    """``2^(64 - feature_index_prefix_bit) - 1``: ids are taken modulo it before the prefix."""
+    plain: bool
+    """Every slot is summed and has no hash stack: in a batch of one id per sample in every
+    slot, each slot's output is a plain gather of its dim group's vectors (``gathering.py``)."""
+    width: int
+    """The sum of the slots' dims: a plain batch's answer holds ``4 * width`` bytes per sample."""
+
+    def single_id_plans(self, batch_size: int, groups: dict[int, DimGroup]) -> tuple[SlotPlan, ...]:
+        """The plans of a plain batch of one id per sample: the k-th slot of a dim group owns
+        rows ``k * batch_size`` to ``(k + 1) * batch_size`` of the group's ``inverse``."""
+        offsets, scale = single_id_offsets(batch_size), _ones(batch_size)
+        plans: list[Any] = [None] * len(self.names)
+        for dim, positions in self.members.items():
+            inverse = groups[dim].inverse
+            for k, position in enumerate(positions):
+                config = self.configs[position]
+                plans[position] = SlotPlan(
+                    config.name, dim, True, int(config.sample_fixed_size), batch_size, 1,
+                    offsets, inverse[k * batch_size : (k + 1) * batch_size], scale,
+                )  # fmt: skip
+        return tuple(plans)
+
+
+@dataclass(frozen=True, eq=False)
 class PreparedBatch:
     """A batch's ids after preprocessing: what to look up where, and how to pool it."""
 
     batch_size: int
     replica_count: int
-    slots: tuple[SlotPlan, ...]  # in the batch's feature order
+    layout: BatchLayout
     groups: dict[int, DimGroup]  # dim -> group, in order of first appearance
+    plans: tuple[SlotPlan, ...] | None = None
+    """Each slot's plan, in the batch's feature order; None for a batch of :attr:`single_ids`,
+    whose plans are made from its groups when :attr:`slots` is first read."""
+
+    @functools.cached_property
+    def slots(self) -> tuple[SlotPlan, ...]:
+        """Each slot's plan, in the batch's feature order."""
+        if self.plans is not None:
+            return self.plans
+        return self.layout.single_id_plans(self.batch_size, self.groups)
+
+    @property
+    def single_ids(self) -> bool:
+        """Whether every slot is plain (``BatchLayout.plain``) with one id per sample: the
+        k-th slot of a dim group owns the k-th ``batch_size`` rows of the group's ``inverse``,
+        and the batch's lookup and gradients need no per-slot plan."""
+        return self.plans is None
 
     @property
     def slot_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.slots)
+        return self.layout.names
 
     @property
     def num_unique_ids(self) -> int:
         return sum(g.ids.shape[0] for g in self.groups.values())
 
 
+_LAYOUTS: dict[int, tuple[Any, dict[tuple[str, ...], BatchLayout]]] = {}
+"""id(schema) -> (schema, its layouts by list of names); the entry holds the schema, so its id
+is not reused while the entry lives."""
+_MAX_SCHEMAS = 16
+_MAX_LAYOUTS = 64
+
+
+def batch_layout(schema: _Schema, names: tuple[str, ...]) -> BatchLayout:
+    """The layout of a batch of the slots ``names`` (in this order) under ``schema``; an
+    ``InvalidInputError`` naming ``batch.id_type_features[i].name`` for a name that
+    ``slots_config`` does not define."""
+    entry = _LAYOUTS.get(id(schema))
+    if entry is None or entry[0] is not schema:
+        if len(_LAYOUTS) >= _MAX_SCHEMAS:
+            _LAYOUTS.clear()
+        entry = _LAYOUTS[id(schema)] = (schema, {})
+    layouts = entry[1]
+    layout = layouts.get(names)
+    if layout is None:
+        layout = _make_layout(schema, names)  # raises before anything is kept
+        if len(layouts) >= _MAX_LAYOUTS:
+            layouts.clear()
+        layouts[names] = layout
+    return layout
+
+
+def _make_layout(schema: _Schema, names: tuple[str, ...]) -> BatchLayout:
+    known = set(schema.slot_names)
+    for i, name in enumerate(names):
+        if name not in known:
+            raise InvalidInputError(
+                f"{FEATURES_FIELD}[{i}].name", "a slot name from slots_config", name
+            )
+    configs = tuple(schema.slot(name) for name in names)
+    prefix_of = schema.slot_prefixes()
+    members: dict[int, list[int]] = {}
+    for i, config in enumerate(configs):
+        members.setdefault(int(config.dim), []).append(i)
+    bits = int(schema.feature_index_prefix_bit)
+    return BatchLayout(
+        names=names,
+        configs=configs,
+        members={dim: tuple(idx) for dim, idx in members.items()},
+        prefixes={
+            dim: np.array([prefix_of[names[i]] for i in idx], dtype=np.uint64)
+            for dim, idx in members.items()
+        },
+        spacing=np.uint64((1 << (64 - bits)) - 1),
+        plain=all(
+            c.embedding_summation and int(c.hash_stack_config.hash_stack_rounds) <= 1
+            for c in configs
+        ),
+        width=sum(int(c.dim) for c in configs),
+    )
+
+
 def prepare_batch(
-    schema: _Schema, features: Sequence[IDFeature], replica_count: int
+    schema: _Schema, features: Sequence[IDColumns], replica_count: int
 ) -> PreparedBatch:
     """Preprocess a batch's id features (checked by ``IDPart.from_wire``) for lookup.
 
@@ -179,14 +304,17 @@ def prepare_batch(
     order. The one check left here needs the schema: every feature names a slot of
     ``slots_config`` (``InvalidInputError`` naming ``batch.id_type_features[i].name``).
     """
-    _check_slots(schema, features)
+    layout = batch_layout(schema, tuple([f.name for f in features]))
     batch_size = features[0].batch_size if features else 0
-    prefixes = schema.slot_prefixes()
+    replica_count = int(replica_count)
+    if features and layout.plain:
+        single = single_id_offsets(batch_size)
+        if all(f.offsets is single for f in features):
+            return _prepare_single_ids(layout, features, batch_size, replica_count)
 
     lookups: list[np.ndarray] = []
     partial: list[tuple[Any, int, np.ndarray, np.ndarray]] = []
-    for feature in features:
-        slot = schema.slot(feature.name)
+    for feature, slot in zip(features, layout.configs, strict=True):
         # contiguous for the compiled kernels (decoded wire arrays already are: no copy)
         kept = np.ascontiguousarray(feature.ids)
         kept_offsets = offsets = np.ascontiguousarray(feature.offsets)
@@ -200,13 +328,13 @@ def prepare_batch(
         scale = _scale(slot, offsets, rounds, batch_size)
         partial.append((slot, max(rounds, 1), kept_offsets, scale))
 
-    groups, inverses = _dedup_and_route(
-        [int(p[0].dim) for p in partial],
-        lookups,
-        [prefixes[f.name] for f in features],
-        int(schema.feature_index_prefix_bit),
-        int(replica_count),
-    )
+    groups: dict[int, DimGroup] = {}
+    inverses: list[np.ndarray] = [_NO_ROWS] * len(features)
+    for dim, idx in layout.members.items():
+        group, starts = _dedup_group(layout, dim, [lookups[i] for i in idx], replica_count)
+        groups[dim] = group
+        for n, i in enumerate(idx):
+            inverses[i] = group.inverse[starts[n] : starts[n + 1]]
     plans = tuple(
         SlotPlan(
             name=slot.name,
@@ -221,22 +349,34 @@ def prepare_batch(
         )
         for (slot, rounds, kept_offsets, scale), inverse in zip(partial, inverses, strict=True)
     )
-    answer_bytes = sum(4 * math.prod(p.output_shape) for p in plans)
-    if answer_bytes > MAX_MESSAGE_BYTES:  # raw slots multiply the ids: refuse before pooling
+    _check_answer_bytes(sum(4 * math.prod(p.output_shape) for p in plans))
+    return PreparedBatch(batch_size, replica_count, layout, groups, plans)
+
+
+def _prepare_single_ids(
+    layout: BatchLayout, features: Sequence[IDColumns], batch_size: int, replica_count: int
+) -> PreparedBatch:
+    """:func:`prepare_batch` of a plain batch of one id per sample: per dim group one
+    concatenation and one dedup, nothing per slot."""
+    _check_answer_bytes(4 * batch_size * layout.width)
+    groups = {
+        dim: _dedup_group(layout, dim, [features[i].ids for i in idx], replica_count)[0]
+        for dim, idx in layout.members.items()
+    }
+    return PreparedBatch(batch_size, replica_count, layout, groups)
+
+
+def _check_answer_bytes(answer_bytes: int) -> None:
+    """Raw slots multiply the ids: a batch whose answer could not be sent is refused before
+    anything is looked up."""
+    if answer_bytes > MAX_MESSAGE_BYTES:
         raise InvalidInputError(
             "batch", f"a batch whose embeddings fit in {MAX_MESSAGE_BYTES} bytes",
             f"{answer_bytes} bytes",
         )  # fmt: skip
-    return PreparedBatch(batch_size, int(replica_count), plans, groups)
 
 
-def _check_slots(schema: _Schema, features: Sequence[IDFeature]) -> None:
-    known = set(schema.slot_names)
-    for i, feature in enumerate(features):
-        if feature.name not in known:
-            raise InvalidInputError(
-                f"{FEATURES_FIELD}[{i}].name", "a slot name from slots_config", feature.name
-            )
+_NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 def _truncate(ids: np.ndarray, offsets: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -291,40 +431,26 @@ def _dedup(
     return n_unique
 
 
-def _dedup_and_route(
-    dims: list[int],
-    lookups: list[np.ndarray],
-    prefixes: list[int],
-    bits: int,
-    replica_count: int,
-) -> tuple[dict[int, DimGroup], list[np.ndarray]]:
-    """Prefix and dedup the ids of all slots of one dim together; group them by PS replica."""
-    members: dict[int, list[int]] = {}
-    for i, dim in enumerate(dims):
-        members.setdefault(dim, []).append(i)
-    spacing = np.uint64((1 << (64 - bits)) - 1)
-    groups: dict[int, DimGroup] = {}
-    inverses: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(dims)
-    for dim, idx in members.items():
-        ids = lookups[idx[0]] if len(idx) == 1 else np.concatenate([lookups[i] for i in idx])
-        ids = np.ascontiguousarray(ids, dtype=np.uint64)
-        starts = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum([lookups[i].shape[0] for i in idx], out=starts[1:])
-        slot_prefixes = np.array([prefixes[i] for i in idx], dtype=np.uint64)
-        unique = np.empty(ids.shape[0], dtype=np.uint64)
-        inverse = np.empty(ids.shape[0], dtype=np.int64)
-        n_unique = _dedup(ids, starts, slot_prefixes, spacing, unique, inverse, dim)
-        if replica_count == 1:  # one replica owns every id: nothing to hash or reorder
-            by_replica = unique[:n_unique].copy()  # a copy: the buffer is sized for all ids
-            offsets = np.array([0, n_unique], dtype=np.int64)
-        else:
-            unique = unique[:n_unique]
-            by_replica = np.empty(n_unique, dtype=np.uint64)
-            offsets = np.empty(replica_count + 1, dtype=np.int64)
-            replica = replica_of(unique, replica_count)
-            kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
-        groups[dim] = DimGroup(dim, by_replica, offsets, tuple(idx), inverse)
-        bounds = starts.tolist()
-        for n, i in enumerate(idx):
-            inverses[i] = inverse[bounds[n] : bounds[n + 1]]
-    return groups, inverses
+def _dedup_group(
+    layout: BatchLayout, dim: int, lookups: list[np.ndarray], replica_count: int
+) -> tuple[DimGroup, list[int]]:
+    """Prefix and dedup the ids of the slots of one dim together, grouped by PS replica; and
+    where each slot's rows start in the group's ``inverse`` (and end: one more entry)."""
+    ids = lookups[0] if len(lookups) == 1 else np.concatenate(lookups)
+    ids = np.ascontiguousarray(ids, dtype=np.uint64)
+    starts = np.zeros(len(lookups) + 1, dtype=np.int64)
+    np.cumsum([part.shape[0] for part in lookups], out=starts[1:])
+    unique = np.empty(ids.shape[0], dtype=np.uint64)
+    inverse = np.empty(ids.shape[0], dtype=np.int64)
+    n_unique = _dedup(ids, starts, layout.prefixes[dim], layout.spacing, unique, inverse, dim)
+    if replica_count == 1:  # one replica owns every id: nothing to hash or reorder
+        by_replica = unique[:n_unique].copy()  # a copy: the buffer is sized for all ids
+        offsets = np.array([0, n_unique], dtype=np.int64)
+    else:
+        unique = unique[:n_unique]
+        by_replica = np.empty(n_unique, dtype=np.uint64)
+        offsets = np.empty(replica_count + 1, dtype=np.int64)
+        replica = replica_of(unique, replica_count)
+        kernels.group_by_replica(unique, replica, replica_count, inverse, by_replica, offsets)
+    group = DimGroup(dim, by_replica, offsets, layout.members[dim], inverse)
+    return group, starts.tolist()

@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import prometheus_client as prom
@@ -28,7 +29,7 @@ from pyrsia.services.embedding_worker.gathering import (
     gather_backward,
 )
 from pyrsia.services.embedding_worker.pooling import pool_backward
-from pyrsia.services.embedding_worker.preprocess import PreparedBatch, prepare_batch
+from pyrsia.services.embedding_worker.preprocess import IDColumns, PreparedBatch, prepare_batch
 from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.services.embedding_worker.routing import (
     replica_lookups,
@@ -46,6 +47,16 @@ log = logging.getLogger(__name__)
 
 UNIQUE_RATE_SAMPLING = 8
 """Distinct ids per slot are counted on every 8th batch (the count costs a pass over the ids)."""
+
+
+class IDHalf(Protocol):
+    """A batch's id half as :meth:`Worker.prepare` reads it: a checked ``IDPart``, or in
+    embedded mode the ``PersiaBatch`` itself (its constructor checked the same)."""
+
+    requires_grad: bool
+
+    @property
+    def id_type_features(self) -> Sequence[IDColumns]: ...
 
 
 @dataclass
@@ -72,7 +83,7 @@ class Worker:
     lookups: itertools.count = field(default_factory=itertools.count)
     counters: dict[str | int, Any] = field(default_factory=dict)  # labelled metric children
 
-    def prepare(self, batch: IDPart) -> _Pending:
+    def prepare(self, batch: IDHalf) -> _Pending:
         """Preprocess a checked id half (hash stack, prefix, dedup, routing)."""
         prepared = prepare_batch(self.schema, batch.id_type_features, self.ps.replica_count)
         return _Pending(prepared, batch.requires_grad)
@@ -106,11 +117,13 @@ class Worker:
         out, gather, uniques = await self.offload.run(occurrence_count(prepared), pool)
         if metrics is not None:
             metrics["lookup_latency"].observe(time.perf_counter() - started)
-            slots = prepared.slots
+            names = prepared.slot_names
+            if prepared.single_ids:  # one id per sample and slot
+                counts = np.full(len(names), prepared.batch_size, np.float64)
+            else:
+                counts = np.fromiter((p.inverse.shape[0] for p in prepared.slots), np.float64)
             metrics["slot_ids"].add(
-                prepared.slot_names,
-                np.fromiter((p.inverse.shape[0] for p in slots), np.float64, len(slots)),
-                None if uniques is None else np.asarray(uniques, np.float64),
+                names, counts, None if uniques is None else np.asarray(uniques, np.float64)
             )
             for dim, group in prepared.groups.items():
                 self._dim_counter(dim).inc(group.ids.shape[0])
@@ -149,10 +162,9 @@ class Worker:
         started = time.perf_counter()
 
         def backward() -> tuple[list, list[str]]:
-            grads, skipped = pool_backward(
-                prepared, [by_name.get(n) for n in prepared.slot_names], msg.loss_scale,
-                plan.positions,
-            )  # fmt: skip
+            names = prepared.slot_names
+            slot_grads = [by_name.get(n) for n in names] if by_name else [None] * len(names)
+            grads, skipped = pool_backward(prepared, slot_grads, msg.loss_scale, plan.positions)
             nan_skipped = [n for n in skipped if n in by_name]
             if plan.groups:
                 more, nonfinite = gather_backward(

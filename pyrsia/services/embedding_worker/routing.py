@@ -57,16 +57,16 @@ def replica_updates(
     in some slot, so without skipped slots the payloads are plain slices.
     """
     skipped = set(skipped_slots)
+    names = prepared.slot_names
     touched: dict[int, np.ndarray | None] = {}
     for dim, group in prepared.groups.items():
-        plans = [p for p in prepared.slots if p.dim == dim]
-        if not any(p.name in skipped for p in plans):
+        if not skipped or not any(names[i] in skipped for i in group.members):
             touched[dim] = None  # every id of the group got a gradient
             continue
         mask = np.zeros(group.ids.shape[0], dtype=bool)
-        for plan in plans:
-            if plan.name not in skipped:
-                mask[plan.inverse] = True
+        for i in group.members:
+            if names[i] not in skipped:
+                mask[prepared.slots[i].inverse] = True
         touched[dim] = mask
     out: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
     for k in range(prepared.replica_count):

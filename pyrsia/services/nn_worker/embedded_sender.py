@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Protocol
 
+from pyrsia.services.embedding_worker.replica import IDHalf
 from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.embedded import get_embedded_job
 from pyrsia.services.nn_worker.ingress import BatchQueue
@@ -31,17 +32,16 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import BackPressureError, ConfigError
 from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
-from pyrsia.shared.wire.batch import DensePart, IDPart
+from pyrsia.shared.wire.batch import DensePart
 from pyrsia.shared.wire.ingress import IngressBatch
 
 log = logging.getLogger(__name__)
 
 
-class SplittableBatch(Protocol):
+class SplittableBatch(IDHalf, Protocol):
     """What the sender needs of a batch (``persia.embedding.data.PersiaBatch`` is one: its
-    constructor checked every field)."""
-
-    def id_part(self) -> IDPart: ...
+    constructor checked every field). The worker preprocesses its id features as they are:
+    ``id_part()``'s conversion of each feature to the wire type is what HTTP needs."""
 
     def dense_part(self) -> DensePart: ...
 
@@ -117,7 +117,7 @@ class EmbeddedSender:
             return
         self._window.make_room()
         worker = self._job.client.worker
-        pending = worker.prepare(batch.id_part())  # on this thread; kernels release the GIL
+        pending = worker.prepare(batch)  # on this thread; kernels release the GIL
         item = IngressBatch(self.replica_index, batch_id, 0, batch.dense_part())
         self._sent += 1
         self._window.add(get_runtime().submit(self._hand_over(batch_id, pending, item)))

@@ -103,21 +103,30 @@ def _gathered_tensors(
 ) -> list[tuple[str, torch.Tensor]]:
     """Slot tensors of a gathered answer: pooled slots copied, each table gathered in one op
     into a ``(slots, batch, dim)`` block whose rows are the slots' (leaf) tensors."""
+    table = embeddings.single_table
+    if table is not None:  # every slot, in order (one dim: Census-Income, Criteo)
+        return list(zip(table.slots, _table_tensors(table, leaves=leaves, pin=pin), strict=True))
     out: list = [None] * len(embeddings)
     for position, name, data in embeddings.pooled:
         out[position] = (name, _cpu_copy(_float32(data), pin=pin).requires_grad_(leaves))
     where = {name: i for i, name in enumerate(embeddings.names)}
     for table in embeddings.tables:
-        # np.take reads the read-only wire arrays in place and writes a fresh array: half
-        # the CPU of copying both for torch's index_select, which copies row by row
-        gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
-        block = torch.from_numpy(gathered.reshape(len(table.slots), -1, table.dim))
-        if pin:
-            block = block.pin_memory()
-        rows = slot_rows(block) if leaves else block.unbind(0)
+        rows = _table_tensors(table, leaves=leaves, pin=pin)
         for name, tensor in zip(table.slots, rows, strict=True):
             out[where[name]] = (name, tensor)
     return out
+
+
+def _table_tensors(table: EmbeddingTable, *, leaves: bool, pin: bool) -> tuple[torch.Tensor, ...]:
+    """A table's slot tensors: one gather into a ``(slots, batch, dim)`` block, whose rows
+    they are."""
+    # np.take reads the read-only wire arrays in place and writes a fresh array: half the CPU
+    # of copying both for torch's index_select, which copies row by row
+    gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
+    block = torch.from_numpy(gathered.reshape(len(table.slots), -1, table.dim))
+    if pin:
+        block = block.pin_memory()
+    return slot_rows(block) if leaves else block.unbind(0)
 
 
 class _SlotRows(torch.autograd.Function):
@@ -234,33 +243,67 @@ def gradient_payload(
     """
     if not tables:
         return GradientPayload(gradient_arrays(tensors))
+    if _all_in_one_table(tensors, tables):  # the usual case: one table, no pooled slot
+        return _table_payload(tables[0], [slot_gradient(t) for _, t in tensors])
     gathered = {name for table in tables for name in table.slots}
     payload = GradientPayload(gradient_arrays([(n, t) for n, t in tensors if n not in gathered]))
     by_name = dict(tensors)
-    payload.tables, skipped, nonfinite = [], [], []
-    for table in tables:
-        summed = np.zeros((table.rows, table.dim), np.float32)
-        grads = [slot_gradient(by_name[name]) for name in table.slots]
-        if all(g is not None for g in grads) and _sum_table(table, grads, summed):
-            payload.tables.append((table.dim, summed))  # the usual case: one copy, one kernel
+    sums = [
+        _table_sum(table, [slot_gradient(by_name[name]) for name in table.slots])
+        for table in tables
+    ]
+    payload.tables = [
+        (table.dim, summed) for table, (summed, _, _) in zip(tables, sums, strict=True)
+    ]
+    skipped = [name for _, names, _ in sums for name in names]
+    _warn_skipped(skipped, [name for _, _, names in sums for name in names])
+    payload.skipped_slots = tuple(skipped)
+    return payload
+
+
+def _all_in_one_table(
+    tensors: list[tuple[str, torch.Tensor]], tables: Sequence[EmbeddingTable]
+) -> bool:
+    """Whether the one table holds every slot of ``tensors``, in their order."""
+    if len(tables) != 1 or len(tables[0].slots) != len(tensors):
+        return False
+    return all(name == slot for (name, _), slot in zip(tensors, tables[0].slots, strict=True))
+
+
+def _table_payload(table: EmbeddingTable, grads: list[torch.Tensor | None]) -> GradientPayload:
+    """The payload of a batch whose slots are all in ``table``, ``grads`` in its slot order."""
+    summed, skipped, nonfinite = _table_sum(table, grads)
+    _warn_skipped(skipped, nonfinite)
+    return GradientPayload([], [(table.dim, summed)], tuple(skipped))
+
+
+def _table_sum(
+    table: EmbeddingTable, grads: list[torch.Tensor | None]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """The table's summed gradient per unique vector; the slots left out of it (no gradient,
+    or a NaN or inf in it) and, of those, the non-finite ones."""
+    summed = np.zeros((table.rows, table.dim), np.float32)
+    if all(g is not None for g in grads) and _sum_table(table, grads, summed):  # type: ignore[arg-type]
+        return summed, [], []  # the usual case: one copy, one kernel
+    skipped, nonfinite = [], []
+    for k, (name, grad) in enumerate(zip(table.slots, grads, strict=True)):
+        if grad is None:
+            skipped.append(name)
             continue
-        for k, (name, grad) in enumerate(zip(table.slots, grads, strict=True)):
-            if grad is None:
-                skipped.append(name)
-                continue
-            rows = grad.detach().to(torch.float32).cpu().numpy()
-            if not add_rows_if_finite(table.index[k], rows, summed):
-                skipped.append(name)
-                nonfinite.append(name)
-        payload.tables.append((table.dim, summed))
+        rows = grad.detach().to(torch.float32).cpu().numpy()
+        if not add_rows_if_finite(table.index[k], rows, summed):
+            skipped.append(name)
+            nonfinite.append(name)
+    return summed, skipped, nonfinite
+
+
+def _warn_skipped(skipped: list[str], nonfinite: list[str]) -> None:
     if skipped:
         log.warning(
             "embedding slots left out of this batch's embedding update: %s "
             "(NaN or inf in the embedding gradient of: %s; the others got no gradient)",
             skipped, nonfinite,
         )  # fmt: skip
-    payload.skipped_slots = tuple(skipped)
-    return payload
 
 
 def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndarray) -> bool:

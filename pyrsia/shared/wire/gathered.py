@@ -80,6 +80,15 @@ class SlotEmbeddings(Sequence[tuple[str, np.ndarray]]):
         return (self[i] for i in range(len(self)))
 
     @property
+    def single_table(self) -> EmbeddingTable | None:
+        """The table, when one table holds every slot: its index rows are the slots, in
+        order (a table's rows follow the entries that name it); else None."""
+        tables = self.tables
+        if len(tables) == 1 and len(tables[0].slots) == len(self._entries):
+            return tables[0]
+        return None
+
+    @property
     def names(self) -> list[str]:
         """The slot names, in slot order."""
         return [name for name, _ in self._entries]
