@@ -20,8 +20,9 @@ from pyrsia.services.embedding_worker.gathering import (
     gather_backward,
     gather_plan,
 )
+from pyrsia.services.embedding_worker.plans import batch_layout
 from pyrsia.services.embedding_worker.pooling import pool_backward
-from pyrsia.services.embedding_worker.preprocess import batch_layout, prepare_batch
+from pyrsia.services.embedding_worker.preprocess import prepare_batch
 from pyrsia.services.embedding_worker.routing import replica_updates
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
 from pyrsia.shared.config_schema import EmbeddingSchema

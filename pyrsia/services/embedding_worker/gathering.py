@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyrsia.services.embedding_worker import kernels
+from pyrsia.services.embedding_worker.plans import BatchLayout, PreparedBatch, SlotPlan
 from pyrsia.services.embedding_worker.pooling import check_slot_gradients, pool_forward
-from pyrsia.services.embedding_worker.preprocess import BatchLayout, PreparedBatch, SlotPlan
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.wire.batch import single_id_offsets
 from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pyrsia.services.embedding_worker import kernels
-from pyrsia.services.embedding_worker.preprocess import PreparedBatch, SlotPlan
+from pyrsia.services.embedding_worker.plans import PreparedBatch, SlotPlan
 from pyrsia.shared.errors import InvalidInputError
 
 

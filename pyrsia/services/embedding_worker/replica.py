@@ -28,8 +28,9 @@ from pyrsia.services.embedding_worker.gathering import (
     check_gradients,
     gather_backward,
 )
+from pyrsia.services.embedding_worker.plans import PreparedBatch
 from pyrsia.services.embedding_worker.pooling import pool_backward
-from pyrsia.services.embedding_worker.preprocess import IDColumns, PreparedBatch, prepare_batch
+from pyrsia.services.embedding_worker.preprocess import IDColumns, prepare_batch
 from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.services.embedding_worker.routing import (
     replica_lookups,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pyrsia.services.embedding_worker.preprocess import PreparedBatch
+from pyrsia.services.embedding_worker.plans import PreparedBatch
 
 __all__ = ["replica_lookups", "replica_updates", "scatter_responses"]
 
