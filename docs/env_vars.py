@@ -42,6 +42,12 @@ ENV_MEANINGS: dict[str, str] = {
     "`--max-request-bytes` is not given; default 1 GiB",
     "PYRSIA_BODY_TIMEOUT_S": "longest gap in a request body, and the grace before the "
     "minimum body rate applies (default 30 s)",
+    "PYRSIA_HEADER_TIMEOUT_S": "longest a connection may take to send a request line and "
+    "headers, from its first byte or its accept, before it is closed (default 10 s)",
+    "PYRSIA_IDLE_TIMEOUT_S": "longest a keep-alive connection may sit idle between requests "
+    "before it is closed (default 75 s)",
+    "PYRSIA_MAX_CONNECTIONS": "client connections one service holds at once (default half its "
+    "file-descriptor limit, at most 4096); beyond it the longest-idle one is closed, or 503",
 }
 
 OTHER_ENV: list[tuple[str, str]] = [

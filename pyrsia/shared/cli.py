@@ -19,14 +19,21 @@ from pyrsia.shared.constants import (
     ENV_BODY_TIMEOUT_S,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
+    ENV_HEADER_TIMEOUT_S,
+    ENV_IDLE_TIMEOUT_S,
     ENV_INSECURE,
     ENV_LOG_LEVEL,
+    ENV_MAX_CONNECTIONS,
     ENV_MAX_INFLIGHT_REQUEST_BYTES,
     ENV_MAX_MESSAGE_BYTES,
     ENV_VERBOSE,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS_CAP,
 )
 from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
 from pyrsia.shared.http_body import body_timeout_s, max_inflight_request_bytes
+from pyrsia.shared.http_connections import ConnectionLimits
 from pyrsia.shared.http_server import max_message_bytes
 from pyrsia.shared.redaction import redact
 
@@ -144,6 +151,41 @@ def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
         help=f"a request body with a gap this long, or under 1 MiB/s after this long, is "
         f"dropped and its client disconnected (default ${ENV_BODY_TIMEOUT_S}, else 30)",
     )
+    _add_connection_flags(parser)
+
+
+def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """``--header-timeout-s``, ``--idle-timeout-s``, ``--max-connections``
+    (``pyrsia.shared.http_connections``)."""
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_HEADER_TIMEOUT_S,
+        help=f"a connection that has not sent a whole request line and headers this long after "
+        f"its first byte (or its accept) is closed (default ${ENV_HEADER_TIMEOUT_S}, else "
+        f"{HEADER_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_IDLE_TIMEOUT_S,
+        help=f"a keep-alive connection idle this long between requests is closed "
+        f"(default ${ENV_IDLE_TIMEOUT_S}, else {IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        action=_ToEnvironment,
+        env=ENV_MAX_CONNECTIONS,
+        help=f"client connections held at once; beyond it the longest-idle one is closed, or "
+        f"the new one gets 503 when all are busy (default ${ENV_MAX_CONNECTIONS}, else half "
+        f"the file-descriptor limit, at most {MAX_CONNECTIONS_CAP})",
+    )
 
 
 def check_server_security_flags(args: argparse.Namespace) -> None:
@@ -165,8 +207,12 @@ def check_server_security_flags(args: argparse.Namespace) -> None:
     try:  # checked here, so that a bad value is one line and exit 2, not a traceback
         max_inflight_request_bytes(args.max_request_bytes)
         body_timeout_s()
+        ConnectionLimits.from_env()
     except ConfigError as exc:
-        raise UsageError(f"{exc} (--max-inflight-request-bytes, --body-timeout-s)") from exc
+        raise UsageError(
+            f"{exc} (--max-inflight-request-bytes, --body-timeout-s, --header-timeout-s, "
+            "--idle-timeout-s, --max-connections)"
+        ) from exc
 
 
 def check_replica_flags(args: argparse.Namespace) -> None:

@@ -147,6 +147,16 @@ BODY_TIMEOUT_S = 30.0
 """Longest gap in a request body, and the grace before ``BODY_MIN_RATE`` applies."""
 BODY_MIN_RATE = 1 << 20
 """Least average rate (bytes/s) of a request body once its first ``BODY_TIMEOUT_S`` are over."""
+ENV_HEADER_TIMEOUT_S = "PYRSIA_HEADER_TIMEOUT_S"
+HEADER_TIMEOUT_S = 10.0
+"""Longest a connection may take to send a request line and headers (from its first byte, or
+from the accept) before the server closes it (``pyrsia.shared.http_connections``)."""
+ENV_IDLE_TIMEOUT_S = "PYRSIA_IDLE_TIMEOUT_S"
+IDLE_TIMEOUT_S = 75.0
+"""Longest a keep-alive connection may sit idle between requests before the server closes it."""
+ENV_MAX_CONNECTIONS = "PYRSIA_MAX_CONNECTIONS"
+MAX_CONNECTIONS_CAP = 4096
+"""Default bound on one service's connections: half its file-descriptor limit, at most this."""
 
 # --- HTTP --------------------------------------------------------------------------------
 DEFAULT_BIND_HOST = "127.0.0.1"

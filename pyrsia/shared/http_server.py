@@ -48,6 +48,7 @@ from pyrsia.shared.http_body import (
     max_inflight_request_bytes,
     read_payload,
 )
+from pyrsia.shared.http_connections import ConnectionGuard, ConnectionLimits
 from pyrsia.shared.http_middleware import (
     BODY_DROPPED,
     CHUNKED_HOLD,
@@ -58,6 +59,8 @@ from pyrsia.shared.redaction import redact_value
 from pyrsia.shared.service_state import METRICS, STATE, ServiceState
 
 log = logging.getLogger(__name__)
+
+CONNECTIONS = web.AppKey("pyrsia_connections", ConnectionGuard)
 
 Handler = Callable[[web.Request, Any], Awaitable[Any]]
 
@@ -164,15 +167,18 @@ def make_app(
     ``PYRSIA_BODY_TIMEOUT_S`` the gaps in one (``pyrsia.shared.http_body``; a bad value is a
     ``ConfigError`` naming the variable).
     ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``) makes every route require it (401).
+    ``PYRSIA_HEADER_TIMEOUT_S``, ``PYRSIA_IDLE_TIMEOUT_S`` and ``PYRSIA_MAX_CONNECTIONS``
+    bound the connections ``serve`` holds (``pyrsia.shared.http_connections``).
     """
     client_max_size = client_max_size or max_message_bytes()
     inflight = InflightBytes(max_inflight_request_bytes(client_max_size))
     timeout_s = body_timeout_s()
+    guard = ConnectionGuard(ConnectionLimits.from_env())
     if auth_token is _FROM_ENV:
         auth_token = auth_token_from_env()
-    middlewares = [error_middleware]
+    middlewares = [guard.middleware(), error_middleware]
     if auth_token is not None:
-        middlewares.insert(0, auth_middleware(auth_token))
+        middlewares.insert(1, auth_middleware(auth_token))
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     state = ServiceState(
         name=name,
@@ -182,7 +188,9 @@ def make_app(
     )
     state.idle.set()
     app[STATE] = state
+    app[CONNECTIONS] = guard
     app[METRICS] = _body_metrics(state, prom.CollectorRegistry())
+    guard.register_metrics(app[METRICS])
     # process_resident_memory_bytes, process_start_time_seconds, process_cpu_seconds_total:
     # read from /proc at scrape time (memory and uptime in `persia-launcher status`)
     prom.ProcessCollector(registry=app[METRICS])
@@ -248,6 +256,19 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+async def listen(runner: web.AppRunner, host: str, port: int) -> tuple[asyncio.Server, int]:
+    """Listen on ``host:port`` for ``runner``'s app (set up); return the server and its port.
+
+    Used instead of ``web.TCPSite``: every connection goes through the app's
+    ``ConnectionGuard`` (a head deadline, an idle deadline and the service's bound,
+    ``pyrsia.shared.http_connections``). Close the server before ``runner.cleanup()``.
+    """
+    factory = runner.app[CONNECTIONS].protocol_factory(runner.server)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(factory, host, port, reuse_address=True)
+    return listener, listener.sockets[0].getsockname()[1]
+
+
 async def serve(
     app: web.Application,
     host: str,
@@ -272,10 +293,9 @@ async def serve(
         app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_CANCEL_S
     )
     await runner.setup()
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        listener, bound = await listen(runner, host, port)
         log.info("%s listening on %s:%d", app[STATE].name, host, bound)
         if on_started is not None:
             await on_started(bound)
@@ -285,6 +305,8 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
     log.info("%s stopped", app[STATE].name)
 

@@ -40,7 +40,7 @@ from pyrsia.shared.constants import (
     SHUTDOWN_CANCEL_S,
 )
 from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
-from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler
+from pyrsia.shared.http_server import METRICS, STATE, listen, make_app, msgpack_handler
 from pyrsia.shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.service_runner import advertise_host
@@ -234,6 +234,7 @@ class Ingress:
         self.port = port
         self.address: str | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._registry: Registry | None = None
 
     async def start(self) -> str:
@@ -258,9 +259,7 @@ class Ingress:
         await runner.setup()
         self._runner = runner
         try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
-            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self._listener, bound = await listen(runner, self.host, self.port)
             self.address = f"{advertise_host(self.host)}:{bound}"
             registry = Registry(self.settings)
             self._registry = registry
@@ -285,6 +284,9 @@ class Ingress:
         registry, self._registry = self._registry, None
         if registry is not None:
             await registry.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
