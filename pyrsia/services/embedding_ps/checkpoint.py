@@ -43,6 +43,8 @@ from pyrsia.services.embedding_ps.checkpoint_files import (
     write_npy_files,
 )
 from pyrsia.services.embedding_ps.checkpoint_verify import check_dims, check_replica, verify_parts
+from pyrsia.services.embedding_ps.manifest_seal import seal
+from pyrsia.services.embedding_ps.manifest_seal import verify as verify_seal
 from pyrsia.services.embedding_ps.optimizers import state_layout, state_width
 from pyrsia.shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from pyrsia.shared.embedding_spec import OptimizerSpec, optimizer_from_dict, optimizer_to_dict
@@ -167,6 +169,7 @@ def _write_part(
         "dims": dims,
     }
     fsync_dir(directory)
+    manifest = seal(manifest)
     write_json(directory / f"replica_{replica_index}.manifest.json", manifest)
     return manifest
 
@@ -198,14 +201,17 @@ def read_manifests(directory: str | Path) -> list[dict]:
     directory = Path(directory)
     if not directory.is_dir():
         raise InvalidInputError("directory", "an existing checkpoint directory", str(directory))
-    manifests = {}
+    manifests, unsealed = {}, []
     for path in directory.iterdir():
         m = _MANIFEST.match(path.name)
         if m:
             index = int(m.group(1))
-            manifests[index] = _read_manifest(path, index)
+            manifests[index] = _read_manifest(path, index, unsealed)
     if not manifests:
         _refuse_no_manifest(directory)
+    if unsealed:
+        log.warning("checkpoint %s: %s written without a manifest checksum (an older dump); "
+                    "checked for consistency only", directory, ", ".join(sorted(unsealed)))  # fmt: skip
     counts = {m["replica_count"] for m in manifests.values()}
     if len(counts) != 1:
         raise InvalidInputError(
@@ -220,9 +226,10 @@ def read_manifests(directory: str | Path) -> list[dict]:
     return [manifests[i] for i in range(count)]
 
 
-def _read_manifest(path: Path, index: int) -> dict:
+def _read_manifest(path: Path, index: int, unsealed: list[str]) -> dict:
     """Replica ``index``'s manifest at ``path``, checked: readable JSON of this format and
-    version, naming itself replica ``index`` of a replica_count above it, with valid dims."""
+    version, naming itself replica ``index`` of a replica_count above it, with valid dims and
+    its own checksum (``manifest_seal.py``); its name goes to ``unsealed`` when it has none."""
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -250,6 +257,8 @@ def _read_manifest(path: Path, index: int) -> dict:
             {k: manifest.get(k) for k in ("replica_index", "replica_count")},
         )
     check_dims(manifest.get("dims"), path.name)
+    if not verify_seal(manifest, path.name, "directory"):
+        unsealed.append(path.name)
     return manifest
 
 

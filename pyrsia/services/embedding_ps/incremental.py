@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pyrsia.services.embedding_ps.checkpoint_verify import check_dims, read_pair
+from pyrsia.services.embedding_ps.manifest_seal import verify as verify_seal
 from pyrsia.services.embedding_ps.optimizers import state_layout
 from pyrsia.services.embedding_ps.packets import FORMAT_VERSION, PACKET_FORMAT
 from pyrsia.shared.embedding_spec import optimizer_from_dict
@@ -81,7 +82,9 @@ def read_packet(store: EmbeddingStore, packet: Path) -> tuple[dict | None, dict[
         raise InvalidInputError("packet", f"a {PACKET_FORMAT} version {FORMAT_VERSION} manifest", packet.name)  # fmt: skip
     raw = manifest.get("optimizer")
     entries = {}
-    for dim, info in check_dims(manifest["dims"], f"{packet.name}/manifest.json").items():
+    dims = check_dims(manifest["dims"], f"{packet.name}/manifest.json")
+    verify_seal(manifest, f"{packet.name}/manifest.json", "packet")
+    for dim, info in dims.items():
         entries[dim] = read_pair(packet, info, dim)  # header, size and CRC-32 checked
     return raw, entries
 

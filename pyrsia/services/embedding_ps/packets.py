@@ -21,6 +21,8 @@ import numpy as np
 
 from pyrsia.services.embedding_ps.checkpoint_files import fsync_dir, write_entries, write_json
 from pyrsia.services.embedding_ps.checkpoint_verify import check_dims, check_replica, read_pair
+from pyrsia.services.embedding_ps.manifest_seal import seal
+from pyrsia.services.embedding_ps.manifest_seal import verify as verify_seal
 from pyrsia.shared.constants import EMBEDDING_CHECKPOINT_FORMAT, EMBEDDING_CHECKPOINT_VERSION
 from pyrsia.shared.embedding_spec import optimizer_to_dict
 from pyrsia.shared.errors import ConflictError, InvalidInputError
@@ -93,7 +95,7 @@ class IncrementalWriter:
             "entries": sum(d["entries"] for d in dims.values()),
             "dims": dims,
         }
-        write_json(tmp / "manifest.json", manifest)
+        write_json(tmp / "manifest.json", seal(manifest))
         (tmp / "done").write_text("")
         fsync_dir(tmp)
         final = self.directory / name
@@ -118,6 +120,7 @@ def apply_packet(
     except (OSError, ValueError) as exc:
         raise InvalidInputError("packet", "a readable manifest.json", str(exc)) from exc
     dims = check_dims(manifest.get("dims") if isinstance(manifest, dict) else None, packet.name)
+    verify_seal(manifest, f"{packet.name}/manifest.json", "packet")
     pairs = []
     for dim, info in dims.items():  # every file checked before the store changes
         if info["width"] != store._width(dim):
