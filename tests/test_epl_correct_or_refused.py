@@ -77,6 +77,30 @@ def test_micro_batch_updates_batchnorm_once_per_micro_batch():
     torch.testing.assert_close(model.bn.running_var, plain.bn.running_var, rtol=0, atol=1e-6)
 
 
+def test_micro_batches_with_batchnorm_warn_once_naming_the_modules(caplog):
+    """Issue 49: BatchNorm normalizes each micro-batch with its own statistics, so the
+    gradients are not the whole batch's; the first micro-batched step says so, once."""
+    model = BNModel()
+    model.extra = nn.Sequential(nn.BatchNorm1d(8))  # a nested one is named by its path
+    ctx = make_ctx(model, _config({"pipeline.num_micro_batch": 2}))
+    with caplog.at_level(logging.WARNING, logger="persia"):
+        for step in range(3):
+            _train_step(ctx, seed=step)
+    notes = [r.getMessage() for r in caplog.records if "BatchNorm" in r.getMessage()]
+    assert len(notes) == 1, notes
+    assert "bn" in notes[0] and "extra.0" in notes[0] and "pipeline.num_micro_batch=2" in notes[0]
+    assert "not the whole batch's" in notes[0]
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_no_batchnorm_warning_without_batchnorm_or_micro_batches(caplog, micro):
+    model = BNModel() if micro == 1 else DeepModel()
+    ctx = make_ctx(model, _config({"pipeline.num_micro_batch": micro}))
+    with caplog.at_level(logging.WARNING, logger="persia"):
+        _train_step(ctx, seed=0)
+    assert not [r for r in caplog.records if "BatchNorm" in r.getMessage()]
+
+
 class BNBlock(nn.Module):
     def __init__(self, width: int):
         super().__init__()

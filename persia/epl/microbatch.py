@@ -11,8 +11,8 @@ micro-batch's activations alive at a time without seeing the loss function::
                                          backward(d loss / d out_i)  -> grads accumulate
                   one optimizer step
 
-The gradients are the whole batch's (exactly: d loss / d output is split, not
-approximated), whatever the loss' reduction. The price is one extra forward pass
+Without layers that look across samples, the gradients are the whole batch's (exactly:
+d loss / d output is split, not approximated), whatever the loss' reduction. The price is one extra forward pass
 per micro-batch (EPL's own gradient accumulation runs the loss per micro-batch
 instead). The RNG state of each micro-batch is replayed, so dropout masks match.
 Under DDP the gradients are all-reduced once, with the last micro-batch (``no_sync``).
@@ -21,12 +21,15 @@ micro-batch is one ``session.run`` of the model (``epl/runtime/gradient_accumula
 each micro-batch passes through the model in training mode once per step, so BatchNorm's
 running statistics and ``num_batches_tracked`` move once per micro-batch (N times per
 batch), computed on the micro-batch; the re-run in backward restores every buffer it
-writes (:func:`persia.epl.buffers.buffers_kept`).
+writes (:func:`persia.epl.buffers.buffers_kept`). Normalizing with a micro-batch's statistics
+also makes the gradients differ from the whole batch's, so the first micro-batched step of a
+model with BatchNorm logs one warning naming its BatchNorm modules.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -34,6 +37,15 @@ from torch import nn
 
 from persia.epl.buffers import buffers_kept
 from pyrsia.shared.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+
+def batchnorm_names(model: nn.Module) -> list[str]:
+    """The dotted names of ``model``'s BatchNorm modules (any ``_BatchNorm``: 1d/2d/3d, lazy,
+    ``SyncBatchNorm``)."""
+    return [name or type(model).__name__ for name, m in model.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)]  # fmt: skip
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -135,10 +147,23 @@ class EplModel(nn.Module):
         self._user_model = [model]  # a list: not registered twice as a submodule
         self.num_micro_batch = num_micro_batch
         self._first_step_check = first_step_check
+        self._batchnorm_noted = False
 
     @property
     def module(self) -> nn.Module:
         return self._user_model[0]
+
+    def _note_batchnorm(self) -> None:
+        """Once, on the first micro-batched step: BatchNorm makes the gradients differ."""
+        names = batchnorm_names(self.module)
+        if names:
+            log.warning(
+                "pipeline.num_micro_batch=%d with BatchNorm (%s): each micro-batch is normalized "
+                "with its own mean and variance, so the gradients are not the whole batch's, "
+                "and the running statistics move once per micro-batch (as in EPL). Use "
+                "pipeline.num_micro_batch=1, or GroupNorm/LayerNorm, for whole-batch gradients",
+                self.num_micro_batch, ", ".join(names),
+            )  # fmt: skip
 
     def forward(self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]):
         training = self.training and torch.is_grad_enabled()
@@ -147,6 +172,9 @@ class EplModel(nn.Module):
             check(list(non_id), list(embeddings))
         if not training or self.num_micro_batch == 1:
             return self.runner(non_id, embeddings)
+        if not self._batchnorm_noted:
+            self._batchnorm_noted = True
+            self._note_batchnorm()
         inputs = [*non_id, *embeddings]
         if not inputs:
             raise InvalidInputError(
