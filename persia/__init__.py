@@ -4,7 +4,7 @@ Submodules, as in PERSIA: ``persia.ctx`` (contexts), ``persia.data`` (datasets a
 data loader), ``persia.embedding`` (embedding config, batch types, optimizers),
 ``persia.env``, ``persia.errors`` (the exception tree), ``persia.distributed``, ``persia.logger``, ``persia.utils``,
 ``persia.service``, ``persia.prelude`` (the Python equivalents of PERSIA's Rust-core names) and
-``persia.helper`` (a local job for tests). ``persia.get_rank()`` and the other
+``persia.helper`` (a local job for tests), ``persia.version`` (``__version__``). ``persia.get_rank()`` and the other
 ``persia.env`` getters are there too, as PERSIA's ``from .env import *`` put them. They are imported on first use, so ``import persia`` stays cheap.
 It reads one variable, ``LOG_LEVEL``: the level of the stderr handler it gives the ``persia``
 logger when the script has not configured logging (``persia.logger.install_library_handler``),
@@ -16,9 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
-
 from persia.logger import install_library_handler
+from persia.version import __version__
 
 install_library_handler()
 
@@ -35,6 +34,7 @@ __all__ = [
     "prelude",
     "service",
     "utils",
+    "version",
 ]
 
 

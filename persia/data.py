@@ -112,8 +112,6 @@ class DataLoader:
     Arguments:
         dataset: a :class:`StreamingDataset` or an :class:`IterableDataset`.
         forward_buffer_size: looked-up batches kept ready ahead of the loop.
-        is_training: with False, batches are looked up without gradients even inside a
-            TrainCtx (PERSIA's argument); in a plain BaseCtx lookups never train.
         timeout_ms: longest wait for the next batch; then the loop ends with a warning
             naming the timeout and the batches yielded, as PERSIA's did.
         num_workers: embedding lookups in flight at once.
@@ -121,11 +119,14 @@ class DataLoader:
             size, ...); with ``embedding_staleness=1`` a run repeats bit for bit.
         embedding_staleness: most training batches whose embeddings are out while their
             gradients are not yet applied (None: no bound).
+        is_training: keyword only (PERSIA's current DataLoader no longer takes it, and its
+            positional order is the one above): with False, batches are looked up without
+            gradients even inside a TrainCtx; in a plain BaseCtx lookups never train.
     """
 
-    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10, is_training: bool = True,
+    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10,
                  timeout_ms: int = 1000 * 60 * 10, num_workers: int = 10, reproducible: bool = False,
-                 embedding_staleness: int | None = None):  # fmt: skip
+                 embedding_staleness: int | None = None, *, is_training: bool = True):  # fmt: skip
         if not isinstance(dataset, IterableDatasetBase):
             raise InvalidTypeError(
                 "dataset", "persia.data.StreamingDataset or IterableDataset", type(dataset).__name__

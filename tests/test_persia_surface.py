@@ -130,7 +130,6 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
     ("persia.data", "DataLoader"): [
         "dataset",
         "forward_buffer_size",
-        "is_training",
         "timeout_ms",
         "num_workers",
         "reproducible",
