@@ -6,7 +6,9 @@ slots) the hand-off itself (submit, a thread wake-up, the future's wake-up of th
 costs several times the kernels' CPU, so work on at most ``INLINE_WORK_MAX_IDS`` ids runs
 on the loop directly, but only while the pool is idle: a pool job may hold a lock the
 small one would wait for (a PS /dump holds every shard's), and waiting for it on the loop
-would stall every other request.
+would stall every other request. Nor while a kernel warm-up is still running
+(``pyrsia.shared.warming``): a first call then waits for the compilation, which on a cold
+start takes tens of seconds, and on the loop it would stop the service's heartbeat.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures import Executor, Future
 from typing import TypeVar
 
 from pyrsia.shared.constants import INLINE_WORK_MAX_IDS
+from pyrsia.shared.warming import warming_in_progress
 
 T = TypeVar("T")
 
@@ -40,11 +43,13 @@ class Offloader:
             self._running -= 1
 
     async def run(self, n_ids: int | None, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)``; inline when ``n_ids <= max_inline_ids`` and the pool is idle.
+        """``fn(*args)``; inline when ``n_ids <= max_inline_ids``, the pool is idle and no
+        kernel warm-up is running.
 
         ``n_ids=None`` always uses the pool (dumps, loads, scans: unbounded work).
         """
-        if n_ids is not None and n_ids <= self.max_inline_ids and self._running == 0:
+        if (n_ids is not None and n_ids <= self.max_inline_ids and self._running == 0
+                and not warming_in_progress()):  # fmt: skip
             return fn(*args)
         future = self.executor.submit(fn, *args)
         with self._lock:
