@@ -199,15 +199,15 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
         method, _, pushed = gateway.pushes(path)[-1]
     assert not errors, errors
     assert scraped["pyrsia_nn_worker_steps"] == STEPS
-    assert scraped["pyrsia_nn_worker_samples"] == STEPS * batch_rows
+    assert scraped["pyrsia_nn_worker_samples_total"] == STEPS * batch_rows
     assert scraped["pyrsia_nn_worker_loss"] == pytest.approx(losses[-1], rel=1e-6)
-    assert scraped["pyrsia_nn_worker_skipped_embedding_updates"] == 0
+    assert scraped["pyrsia_nn_worker_skipped_embedding_updates_total"] == 0
     assert scraped["pyrsia_nn_worker_loss_scale"] == 1
     assert 0 <= scraped["pyrsia_nn_worker_gradients_in_flight"] <= 10
-    assert scraped["pyrsia_nn_worker_lookup_wait_seconds"] >= 0
+    assert scraped["pyrsia_nn_worker_lookup_wait_seconds_total"] >= 0
     assert "pyrsia_nn_worker_samples_per_second" in scraped
     for phase in ("autograd", "gradient_send", "dense_step"):
-        assert scraped[f'pyrsia_nn_worker_step_phase_seconds{{phase="{phase}"}}'] > 0, phase
+        assert scraped[f'pyrsia_nn_worker_step_phase_seconds_total{{phase="{phase}"}}'] > 0, phase
     assert method == "PUT"
     assert _parse(pushed)["pyrsia_nn_worker_steps"] == STEPS  # the final push: every step
 

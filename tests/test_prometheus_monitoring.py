@@ -95,7 +95,7 @@ def test_dashboard_expressions_use_only_metrics_the_code_defines():
             assert 'job=~"$job"' in matchers, f"{title}: {name} not filtered by $job"
     ranks = {n for _, e in exprs for n, _ in SELECTOR.findall(e) if n.startswith("pyrsia_nn_")}
     assert ranks >= {"pyrsia_nn_worker_samples_per_second", "pyrsia_nn_worker_loss",
-                     "pyrsia_nn_worker_step_phase_seconds",
+                     "pyrsia_nn_worker_step_phase_seconds_total",
                      "pyrsia_nn_worker_gradients_in_flight"}, ranks  # fmt: skip
 
 

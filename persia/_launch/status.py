@@ -224,7 +224,7 @@ def _figures(proc: Process, before: Process | None) -> tuple[str, str, str]:
             detail.append(f"step {step:.0f}")
         if loss is not None and not math.isnan(loss):
             detail.append(f"loss {loss:.4g}")
-        skipped = proc.value("pyrsia_nn_worker_skipped_embedding_updates")
+        skipped = proc.value("pyrsia_nn_worker_skipped_embedding_updates_total")
         if skipped:
             detail.append(f"{skipped:.0f} skipped")
         throughput = "" if rate is None else f"{_si(rate)} samples/s"

@@ -18,10 +18,12 @@ lets ``/metrics`` show the previous loss instead of waiting on the event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import prometheus_client as prom
 import torch
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from pyrsia.services.nn_worker.step_clock import StepClock
 
@@ -121,16 +123,14 @@ class RankStats:
 
 def register_rank_metrics(stats: RankStats, registry: prom.CollectorRegistry) -> None:
     """Expose ``stats`` on ``registry``; every value is read at scrape time (one literal
-    ``prom.Gauge`` per metric, so docs/gen_reference.py lists each)."""
+    ``prom.Gauge`` or ``CounterMetricFamily`` per metric, so docs/gen_reference.py lists each;
+    the cumulative series are counters, exposed with ``_total``)."""
     r = registry
     prom.Gauge(
         "pyrsia_nn_worker_steps",
         "training steps this rank has taken (counting those restored by --resume)",
         registry=r,
     ).set_function(lambda: stats.steps)
-    prom.Gauge(
-        "pyrsia_nn_worker_samples", "samples trained by this rank (cumulative)", registry=r
-    ).set_function(lambda: stats.samples)
     prom.Gauge(
         "pyrsia_nn_worker_samples_per_second",
         "samples/s of this rank over the last second or more",
@@ -142,31 +142,31 @@ def register_rank_metrics(stats: RankStats, registry: prom.CollectorRegistry) ->
         registry=r,
     ).set_function(lambda: stats.in_flight())
     prom.Gauge(
-        "pyrsia_nn_worker_lookup_wait_seconds",
-        "seconds the training loop waited for its next looked-up batch (cumulative)",
-        registry=r,
-    ).set_function(lambda: stats.lookup_wait_s)
-    prom.Gauge(
-        "pyrsia_nn_worker_skipped_embedding_updates",
-        "steps whose embedding update was skipped for non-finite gradients (cumulative)",
-        registry=r,
-    ).set_function(lambda: stats.skipped_updates)
-    prom.Gauge(
         "pyrsia_nn_worker_loss_scale", "the loss scale of the last step (1 without AMP)", registry=r
     ).set_function(lambda: stats.loss_scale)
     prom.Gauge(
         "pyrsia_nn_worker_loss", "the last sampled training loss (NaN before the first)", registry=r
     ).set_function(lambda: _or_nan(stats.last_loss()))
-    phases = prom.Gauge(
-        "pyrsia_nn_worker_step_phase_seconds",
-        "wall seconds of TrainCtx.backward's phases (cumulative)",
-        ["phase"],
-        registry=r,
-    )
-    for phase in PHASES:
-        phases.labels(phase=phase).set_function(
-            lambda phase=phase: stats.phase_seconds().get(phase, 0.0)
-        )  # fmt: skip
+    r.register(_RankCounters(stats))
+
+
+class _RankCounters(Collector):
+    """The rank's cumulative series, typed counter (``rate()`` then sees a restarted rank's
+    reset as one), read from its :class:`RankStats` at each scrape."""
+
+    def __init__(self, stats: RankStats):
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        s = self.stats
+        yield CounterMetricFamily("pyrsia_nn_worker_samples", "samples trained by this rank", value=s.samples)  # fmt: skip
+        yield CounterMetricFamily("pyrsia_nn_worker_lookup_wait_seconds", "seconds the training loop waited for its next looked-up batch", value=s.lookup_wait_s)  # fmt: skip
+        yield CounterMetricFamily("pyrsia_nn_worker_skipped_embedding_updates", "steps whose embedding update was skipped for non-finite gradients", value=s.skipped_updates)  # fmt: skip
+        phases = CounterMetricFamily("pyrsia_nn_worker_step_phase_seconds", "wall seconds of TrainCtx.backward's phases", labels=["phase"])  # fmt: skip
+        seconds = s.phase_seconds()
+        for phase in PHASES:
+            phases.add_metric([phase], seconds.get(phase, 0.0))
+        yield phases
 
 
 def _or_nan(value: float | None) -> float:
