@@ -40,6 +40,7 @@ from pyrsia.services.embedding_ps.checkpoint_root import confine
 from pyrsia.services.embedding_ps.checksum import store_checksum
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
+from pyrsia.services.embedding_ps.persia_metrics import PSPersiaMetrics
 from pyrsia.services.embedding_ps.ps_metrics import loader_gauges, request_metrics
 from pyrsia.shared.embedding_spec import optimizer_to_dict
 from pyrsia.shared.errors import (
@@ -49,6 +50,7 @@ from pyrsia.shared.errors import (
     ServiceUnavailableError,
 )
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from pyrsia.shared.persia_compat import persia_labels
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 STORE = web.AppKey("ps_store", EmbeddingStore)
 OFFLOAD = web.AppKey("ps_offload", Offloader)
 PS_METRICS = web.AppKey("ps_metrics", dict)
+PERSIA_METRICS = web.AppKey("ps_persia_metrics", PSPersiaMetrics)
 LOADER = web.AppKey("ps_incremental_loader", IncrementalLoader)
 CHECKPOINT_WORKERS = web.AppKey("ps_checkpoint_workers", int)
 CHECKPOINT_ROOT = web.AppKey("ps_checkpoint_root", tuple)  # the roots (checkpoint_root.py)
@@ -151,6 +154,7 @@ async def lookup(request: web.Request, body: Any) -> dict:
     elif not request.app[STATUS].configured:
         require_ready(request)
     store, metrics = request.app[STORE], request.app[PS_METRICS]
+    before = store.lookup_counters() if train else None  # PERSIA's index_miss_ratio
     started = time.perf_counter()
 
     def work() -> tuple[np.ndarray, ...]:
@@ -160,7 +164,9 @@ async def lookup(request: web.Request, body: Any) -> dict:
     out = await request.app[OFFLOAD].run(n, work)
     ids, latency = metrics["lookup_train" if train else "lookup_eval"]
     ids.inc(n)
-    latency.observe(time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    latency.observe(seconds)
+    request.app[PERSIA_METRICS].looked_up(before, seconds)
     return PSLookupAnswer(out).to_wire()
 
 
@@ -185,6 +191,7 @@ async def update(request: web.Request, body: Any) -> dict:
     ids, latency = metrics["update"]
     ids.inc(n)
     latency.observe(time.perf_counter() - started)
+    request.app[PERSIA_METRICS].gradient_id_misses += total.skipped_unknown
     return total.to_wire()
 
 
@@ -228,10 +235,12 @@ async def load(request: web.Request, body: Any) -> dict:
     """Load the ids routed to this replica from a checkpoint written by any number of replicas."""
     directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
     state = request.app[STATE].details
+    started = time.perf_counter()
     entries = await _in_thread(
         request, _checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
         state["replica_size"], request.app[CHECKPOINT_WORKERS],
     )  # fmt: skip
+    request.app[PERSIA_METRICS].set_embedding_s = time.perf_counter() - started
     request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
     request.app[STATUS].refresh(request.app)
     return {"entries": entries}
@@ -310,6 +319,8 @@ def create_app(
         _add_loader(app, incremental_loader)
     app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
     app[PS_METRICS] = request_metrics(app[METRICS], store)
+    app[PERSIA_METRICS] = PSPersiaMetrics(store, lambda: persia_labels(app[STATE]))
+    app[METRICS].register(app[PERSIA_METRICS])
 
     async def executor_ctx(app: web.Application):
         app[OFFLOAD] = Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"))

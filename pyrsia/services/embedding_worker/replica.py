@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from pyrsia.services.embedding_worker.gathering import (
     check_gradients,
     gather_backward,
 )
+from pyrsia.services.embedding_worker.persia_metrics import WorkerPersiaMetrics
 from pyrsia.services.embedding_worker.plans import PreparedBatch
 from pyrsia.services.embedding_worker.pooling import pool_backward
 from pyrsia.services.embedding_worker.preprocess import IDColumns, prepare_batch
@@ -64,6 +65,8 @@ class IDHalf(Protocol):
 class _Pending:
     prepared: PreparedBatch
     requires_grad: bool
+    prepare_s: float = 0.0
+    """Seconds its preprocessing took (PERSIA's lookup_preprocess_time_cost_sec)."""
 
 
 @dataclass
@@ -86,8 +89,9 @@ class Worker:
 
     def prepare(self, batch: IDHalf) -> _Pending:
         """Preprocess a checked id half (hash stack, prefix, dedup, routing)."""
+        started = time.perf_counter()
         prepared = prepare_batch(self.schema, batch.id_type_features, self.ps.replica_count)
-        return _Pending(prepared, batch.requires_grad)
+        return _Pending(prepared, batch.requires_grad, time.perf_counter() - started)
 
     def _dim_counter(self, dim: int) -> Any:
         counter = self.counters.get(dim)
@@ -115,9 +119,12 @@ class Worker:
             )
             return out, gather, [p.unique_count() for p in prepared.slots] if sample else None
 
+        answered = time.perf_counter()
         out, gather, uniques = await self.offload.run(occurrence_count(prepared), pool)
         if metrics is not None:
-            metrics["lookup_latency"].observe(time.perf_counter() - started)
+            done = time.perf_counter()
+            metrics["lookup_latency"].observe(done - started)
+            metrics["persia"].looked_up(pending.prepare_s, answered - started, done - answered)
             names = prepared.slot_names
             if prepared.single_ids:  # one id per sample and slot
                 counts = np.full(len(names), prepared.batch_size, np.float64)
@@ -126,6 +133,8 @@ class Worker:
             metrics["slot_ids"].add(
                 names, counts, None if uniques is None else np.asarray(uniques, np.float64)
             )
+            if uniques is not None:
+                metrics["persia"].unique_rates(names, counts.tolist(), uniques)
             for dim, group in prepared.groups.items():
                 self._dim_counter(dim).inc(group.ids.shape[0])
         return out, gather
@@ -179,6 +188,7 @@ class Worker:
         if metrics is not None:
             for name in nan_skipped:
                 metrics["nan_skipped"].labels(slot=name).inc()
+            metrics["persia"].nan_skipped(nan_skipped)
         if nan_skipped:
             log.warning(
                 "batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped
@@ -186,6 +196,7 @@ class Worker:
         totals, dropped = await self.ps.update(per_replica)
         if metrics is not None:
             metrics["update_latency"].observe(time.perf_counter() - started)
+            metrics["persia"].update_s = time.perf_counter() - started
         return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped)
 
 
@@ -200,8 +211,13 @@ def occurrence_count(prepared: PreparedBatch) -> int:
     return sum(g.inverse.shape[0] for g in prepared.groups.values())
 
 
-def worker_metrics(reg: prom.CollectorRegistry, worker_ref: list[Worker]) -> dict[str, Any]:
-    """The metrics a :class:`Worker` updates, on ``reg`` (its app's, or a private one)."""
+def worker_metrics(
+    reg: prom.CollectorRegistry,
+    worker_ref: list[Worker],
+    labels: Callable[[], list[str]] = lambda: ["rep_0", ""],
+) -> dict[str, Any]:
+    """The metrics a :class:`Worker` updates, on ``reg`` (its app's, or a private one);
+    ``labels`` gives PERSIA's ``instance`` and ``ip_addr`` for its compatibility set."""
     pending = prom.Gauge("pyrsia_ew_pending_batches", "batches waiting for lookup", registry=reg)
     pending.set_function(lambda: len(worker_ref[0].forward) if worker_ref else 0)
     stale = prom.Gauge(
@@ -210,7 +226,13 @@ def worker_metrics(reg: prom.CollectorRegistry, worker_ref: list[Worker]) -> dic
     stale.set_function(lambda: len(worker_ref[0].awaiting) if worker_ref else 0)
     slot_ids = SlotIdCounts()
     reg.register(slot_ids)
+    persia = WorkerPersiaMetrics(
+        labels,
+        lambda: (len(worker_ref[0].awaiting), len(worker_ref[0].forward)) if worker_ref else (0, 0),
+    )
+    reg.register(persia)
     return {
+        "persia": persia,
         "slot_ids": slot_ids,
         "unique_ids": prom.Counter(
             "pyrsia_ew_unique_ids", "distinct ids looked up per dim group", ["dim"], registry=reg

@@ -28,6 +28,7 @@ from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
 from pyrsia.shared.constants import ADMIN_TIMEOUT_S, EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
+from pyrsia.shared.persia_compat import persia_labels
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.ps import PSStats
@@ -221,7 +222,7 @@ def create_app(
     ``max_request_bytes``)."""
     app = make_app(f"embedding_worker/{index}", client_max_size=max_request_bytes)
     worker_ref: list[Worker] = []
-    metrics = worker_metrics(app[METRICS], worker_ref)
+    metrics = worker_metrics(app[METRICS], worker_ref, lambda: persia_labels(app[STATE]))
     worker = _build_worker(index, schema, config, ps, threads, metrics)
     worker_ref.append(worker)
     app[WORKER] = worker
