@@ -17,6 +17,8 @@ INTENDED: dict[str, str] = {
     "launch": "each service's persia-launcher command (nn_worker, data_loader)",
     "server": "each server process's HTTP routes (embedding_ps, embedding_worker, persia.serving)",
     "kernels": "each service's compiled numba kernels (embedding_ps, embedding_worker)",
+    "persia_metrics": "each service's series under PERSIA's metric names (embedding_ps, "
+    "embedding_worker)",
     "data": "public names: persia.data and persia.embedding.data (PERSIA), persia.hb.data "
     "(HybridBackend's hb.data)",
     "errors": "persia.errors is pyrsia.shared.errors re-exported: the one exception tree",
