@@ -14,6 +14,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.warming import warm_in_background, warming_in_progress
 
@@ -48,3 +50,39 @@ async def test_small_work_leaves_the_loop_while_a_warm_up_runs():
     finally:
         compiled.set()
         offload.shutdown()
+
+
+@pytest.mark.slow
+async def test_a_cold_ps_stays_registered_through_its_first_lookup(services, tmp_path, monkeypatch):
+    """The issue's probe: an empty numba cache, a small lookup at once after registration;
+    the registry entry never lapses (its TTL left stays above a heartbeat's worth)."""
+    import numpy as np
+    import redis.asyncio as aioredis
+
+    from pyrsia.shared.constants import ROLE_EMBEDDING_PS, service_key
+    from pyrsia.shared.http_client import HttpClient
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    key = service_key(ps.env["PERSIA_JOB_ID"], ROLE_EMBEDDING_PS, 0)
+    db = aioredis.Redis.from_url(ps.env["PERSIA_REDIS_URL"])
+    client = HttpClient(retries=0)
+    lowest: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            lowest.append(await db.pttl(key))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        hyper = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
+        await client.call(f"{ps.url}/configure", {"hyperparams": hyper})
+        await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}})  # fmt: skip
+        ids = np.arange(1, 9, dtype=np.uint64)
+        await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 8, "ids": ids}]}, timeout_s=120)  # fmt: skip
+    finally:
+        watcher.cancel()
+        await client.close()
+        await db.aclose()
+    assert lowest and min(lowest) > 1000, min(lowest)  # never expired (-2), never near it
