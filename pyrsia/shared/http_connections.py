@@ -160,6 +160,7 @@ class _Guarded(asyncio.Protocol):
 
     def arm(self, delay_s: float, reason: str) -> None:
         self.cancel_timer()
+        self.guard.waiting.pop(self, None)
         self.guard.waiting[self] = None  # last in the eviction order
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(delay_s, self.guard.close, self, reason)
