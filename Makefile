@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv warm redis-check test test-slow test-faults test-load test-all test-gpu gpu-wheels cluster lint format bench demo demo-multi docs clean
+.PHONY: venv warm redis-check test test-slow test-bench test-faults test-load test-all test-gpu gpu-wheels cluster lint format bench demo demo-multi docs clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP) redis-check warm
 
 test-slow: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -m slow
+
+## the benchmarks run whole at their smallest (--quick): services, training, RESULT line, JSON, PNG
+test-bench: $(STAMP) redis-check warm
+	$(PY) -m pytest -q -m bench
 
 ## fault tests (tests/faults, all `slow`): kill -9, Redis outage, SIGTERM under load, fuzzing, a 60 s load run
 test-faults: $(STAMP) redis-check warm

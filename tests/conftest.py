@@ -8,7 +8,12 @@ import pytest
 
 from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT
 from pyrsia.shared.registry import RegistrySettings
+from tests import progress_report
 from tests.redis_server import RedisServer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    progress_report.pytest_configure(config)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,9 @@ The scripts run one after another as subprocesses (each starts its own redis-ser
 services; run together, four sets of services on a loaded 2-core machine starved each
 other past a 60 s request deadline); the test checks they exit 0, print exactly one parseable ``RESULT`` line with
 the promised keys, and write their JSON. Numbers are not judged here: only that the
-scripts still work against the current code.
+scripts still work against the current code. These runs are ``slow`` and ``bench`` (``make
+test-bench``): under load they outlast request deadlines; the default suite keeps the cheap
+guard of their flags and RESULT keys (tests/test_benchmark_cli.py).
 """
 
 from __future__ import annotations
@@ -23,26 +25,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import parse_result_line  # noqa: E402
 
-BENCHES = {
-    "ps_bench.py": [
-        "engine_lookup_ids_per_s",
-        "engine_adagrad_update_ids_per_s",
-        "http_lookup_ids_per_s",
-        "bytes_per_entry_ratio",
-    ],
-    "ew_bench.py": ["ew_samples_per_s", "ew_ids_per_s"],
-    "ps_growth_bench.py": ["in_place_s", "copy_s", "ratio"],
-    "request_cpu_bench.py": [
-        "ew_cpu_ms_per_step",
-        "ps_cpu_ms_per_step",
-        "client_cpu_ms_per_step",
-        "ratio_ew",
-        "ratio_ps",
-        "ratio_client",
-    ],
-}
+from tests.bench_results import RESULT_KEYS, SERVICE_BENCHES  # noqa: E402
+
+BENCHES = {name: RESULT_KEYS[name] for name in SERVICE_BENCHES}
 
 
+@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
     started = time.monotonic()
@@ -70,6 +59,7 @@ def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_contention_benchmark_quick_prints_its_result_line(tmp_path):
     """The baseline alone and beside a side load, 1 and 2 threads (benchmarks/contention_bench.py)."""

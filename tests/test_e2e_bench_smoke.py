@@ -6,6 +6,8 @@ baseline on the same batches. The test checks the script exits 0 (so every servi
 exited 0), ends with exactly one parseable ``RESULT`` line with the promised keys,
 and writes its JSON with the per-process CPU shares and both sides' step counts.
 Numbers are not judged: only that the benchmark still works against the current code.
+The whole runs are ``slow`` and ``bench`` (``make test-bench``); the default suite keeps the
+cheap guard of the flags and RESULT keys (tests/test_benchmark_cli.py) and the refusals here.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import parse_result_line  # noqa: E402
 
-KEYS = ["pyrsia_samples_per_s", "baseline_samples_per_s", "ratio", "pyrsia_auc", "baseline_auc"]
+from tests.bench_results import RESULT_KEYS  # noqa: E402
+
+KEYS = RESULT_KEYS["e2e_bench.py"]
 
 
+@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(170)
 def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     out_json = tmp_path / "e2e.json"
@@ -62,6 +68,7 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(500)
 def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_path):
     out_json = tmp_path / "e2e.json"
@@ -87,6 +94,7 @@ def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference(tmp_path):
     out_json = tmp_path / "e2e.json"
@@ -107,6 +115,7 @@ def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_e2e_bench_quick_with_malloc_tuning_on_and_off_runs_both(tmp_path):
     out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
@@ -134,6 +143,8 @@ def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():
     assert "--rank-batch split: the ranks must divide the batch 1024, got [3]" in proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(200)
 def test_e2e_bench_quick_embedded_mode_with_malloc_tuning_on_and_off_runs_both(tmp_path):
     """``--modes embedded`` honours ``--malloc-tuning`` too (it used to run only the tuned

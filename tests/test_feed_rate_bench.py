@@ -31,6 +31,8 @@ def _finite_positive(value: float) -> bool:
     return isinstance(value, float | int) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     pytest.importorskip("matplotlib")
