@@ -94,7 +94,8 @@ class TrainCtx(EmbeddingCtx):
             (default: ``$PERSIA_TENSORBOARD_DIR``; None and unset: no curves). Tags:
             ``pyrsia.services.nn_worker.tensorboard``.
         log_every_n_steps: the loss is sampled (kept for the curves and ``/metrics``) every
-            this many steps (default 10); reading it is done off the training thread.
+            this many steps (default 1: a TensorBoard point per step); reading it is done off
+            the training thread.
         model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
     """
 
@@ -103,7 +104,7 @@ class TrainCtx(EmbeddingCtx):
                  grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
                  distributed_option: DistributedBaseOption | None = None, *args, epl_config: Config | None = None,
                  embedding_grad_reduction: str = "sum", tensorboard_dir: str | os.PathLike | None = None,
-                 log_every_n_steps: int = 10, **kwargs):  # fmt: skip
+                 log_every_n_steps: int = 1, **kwargs):  # fmt: skip
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
         check_args(embedding_optimizer, dense_optimizer, self.model, grad_scalar_update_factor,
                     embedding_grad_reduction, distributed_option, lookup_emb_directly)  # fmt: skip

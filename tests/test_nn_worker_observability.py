@@ -266,3 +266,16 @@ def _run(coro, errors: list[BaseException]) -> None:
         asyncio.run(coro)
     except BaseException as exc:  # reported by the test
         errors.append(exc)
+
+
+def test_the_loss_is_sampled_every_step_by_default():
+    """A TensorBoard loss point per step unless asked otherwise (a curve needs every step)."""
+    import inspect
+
+    from persia.ctx import TrainCtx
+    from pyrsia.services.nn_worker.rank_stats import RankStats
+
+    assert inspect.signature(TrainCtx).parameters["log_every_n_steps"].default == 1
+    stats = RankStats()
+    sampled = [stats.step_done(k, 4, torch.tensor(float(k)), 1.0, True) for k in (1, 2, 3)]
+    assert sampled == [True, True, True] and stats.sample[0] == 3

@@ -41,7 +41,7 @@ PHASES = ("autograd", "gradient_send", "dense_step")
 class RankStats:
     """Cumulative counters of one rank's training, written by the training thread."""
 
-    def __init__(self, loss_every: int = 10) -> None:
+    def __init__(self, loss_every: int = 1) -> None:
         self.loss_every = loss_every
         self.steps = 0
         """Training steps taken (restored steps included after ``--resume``)."""

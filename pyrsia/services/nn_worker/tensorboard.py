@@ -6,6 +6,7 @@ of each job, ``D/<PERSIA_JOB_ID>/rank_<r>/``, with TensorBoard's own event write
 ``TrainCtx.backward`` (1 for the first step)::
 
     train/loss                   the loss passed to ctx.backward, every `log_every_n_steps`
+                                 (default 1: every step)
     train/embedding_staleness    batches whose embedding gradients were in flight then
     eval/<name>, <any>/<name>    what the script logs: ctx.log_scalar("eval/auc", auc)
 
