@@ -70,9 +70,10 @@ async def test_status_lists_every_process_with_its_health(services, job_env, reg
         await registry.register(ServiceRecord(role=ROLE_NN_WORKER, replica_index=1,
                                               replica_size=2, address=dead, pid=1))  # fmt: skip
         await registry.lease.claim(ROLE_DATA_LOADER, 0, 1)
-        code, out, err = await _status(job_env, "--no-color", "--width", "250",
-                                       "--interval", "0.2")  # fmt: skip
+        # through a pipe, no --width: the table's own width, each row on one line
+        code, out, err = await _status(job_env, "--no-color", "--interval", "0.2")
         assert code == 1, (out, err)  # one server does not answer
+        assert max(len(line) for line in out.splitlines()) > 80, out
         assert "\x1b[" not in out  # plain text
         assert job_env["PERSIA_JOB_ID"] in out
         assert "2/4 servers ready" in out, out

@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between scrapes (rates are measured over it)")  # fmt: skip
     parser.add_argument("--no-color", action="store_true", help="plain text, no colors")
     parser.add_argument("--width", type=int, default=None,
-                        help="table width in characters (default: the terminal's)")  # fmt: skip
+                        help="table width in characters (default: the terminal's; on a pipe or a file, the table's own width: nothing folded)")  # fmt: skip
     return parser
 
 
@@ -324,8 +324,18 @@ def main(argv: list[str] | None = None) -> int:
     except PersiaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    console.print(render(now, before))
+    table = render(now, before)
+    if args.width is None and not console.is_terminal:
+        console.width = natural_width(table)  # `status | less`, `> status.txt`: not 80 columns
+    console.print(table)
     return 0 if healthy(now) else 1
+
+
+def natural_width(table: Table) -> int:
+    """The width ``table`` takes with no column folded (at least 80): what a pipe or a file
+    gets, where rich would otherwise squeeze it to 80 columns."""
+    wide = Console(width=100_000, no_color=True)
+    return max(80, wide.measure(table).maximum)
 
 
 async def _watch(console: Console, settings: RegistrySettings, interval_s: float) -> int:
