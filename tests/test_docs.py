@@ -129,3 +129,31 @@ def test_cli_reference_covers_every_launcher_command(pages):
     for command in SUBCOMMANDS:
         assert f"## `persia-launcher {command}`" in page, command
     assert "`--checkpoint-root`" in page
+
+
+def test_api_pages_turn_rst_roles_into_cross_references():
+    """docs/griffe_roles.py (mkdocs.yml loads it): a role becomes an optional autorefs link
+    (a link where the site documents the object, code font where not), and no public
+    ``persia`` docstring keeps a raw role after it."""
+    griffe = pytest.importorskip("griffe")  # the docs extra (make docs)
+    spec = importlib.util.spec_from_file_location("griffe_roles", DOCS / "griffe_roles.py")
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    assert roles.rewrite(
+        "a :class:`~pyrsia.shared.errors.PersiaError` and :func:`get_ctx`", "persia.ctx"
+    ) == (
+        'a <autoref identifier="pyrsia.shared.errors.PersiaError" optional><code>PersiaError</code>'
+        '</autoref> and <autoref identifier="persia.ctx.get_ctx" optional><code>get_ctx</code>'
+        "</autoref>"
+    )
+    root = griffe.load("persia", extensions=griffe.load_extensions(roles.RstRoles()),
+                       search_paths=[str(DOCS.parent)])  # fmt: skip
+    left, todo = [], [root]
+    while todo:
+        obj = todo.pop()
+        if obj.is_alias:
+            continue
+        if obj.docstring is not None and roles.ROLE.search(obj.docstring.value):
+            left.append(obj.path)
+        todo.extend(obj.members.values())
+    assert not left, f"raw reStructuredText roles left in: {left}"
