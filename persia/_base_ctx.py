@@ -11,6 +11,7 @@ import torch
 
 from persia.errors import MisuseError
 from pyrsia.services.nn_worker.precision import check_ctx_args
+from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
 
 _logger = logging.getLogger("persia.ctx")
 _CURRENT: contextvars.ContextVar[BaseCtx | None] = contextvars.ContextVar(
@@ -91,12 +92,14 @@ class BaseCtx:
             )
         if self.device_id is not None:
             torch.cuda.set_device(self.device_id)
+        end_script_on_persia_errors()  # `python train.py`: a PersiaError is one line
         self._enter()
         self._entered = True
         self._token = _CURRENT.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        note_failure(exc)  # before _exit closes this rank's servers
         try:
             self._exit(failed=exc_type is not None)
             if self._common_context is not None:

@@ -19,6 +19,7 @@ from pyrsia.services.data_loader.sender import BatchSender
 from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.shared.constants import DATA_SEND_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
 from pyrsia.shared.errors import DataCtxError, InvalidTypeError
+from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
 from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class DataCtx:
 
     # --- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> DataCtx:
+        end_script_on_persia_errors()  # `python data_loader.py`: a PersiaError is one line
         self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
         sender_type: Any = BatchSender
         if embedded_requested():  # the engines are imported only in embedded mode
@@ -71,6 +73,7 @@ class DataCtx:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        note_failure(exc)
         sender, self._sender = self._sender, None
         if sender is None:
             return
@@ -80,8 +83,9 @@ class DataCtx:
             else:
                 sender.abort()  # failing or stopped (SIGTERM): no back-pressure retries
                 stopped = exc_type is SystemExit or exc_type is KeyboardInterrupt
+                # the error itself is reported once, by whoever ends the process
                 (log.info if stopped else log.error)(
-                    "data loader stopped; not announcing end of stream: %r", exc
+                    "data loader stopped (%s); not announcing end of stream", exc_type.__name__
                 )
         finally:
             self.skipped = sender.skipped

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,7 +40,10 @@ def _second(
 def _assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: job '") and "already running" in line, proc.stderr[-3000:]
+    # a service names itself (error: embedding_parameter_server/0: job ...), a launcher not
+    assert re.match(r"error: (\w+/\d+: )?job '", line) and "already running" in line, proc.stderr[
+        -3000:
+    ]
     for needle in ("PERSIA_JOB_ID", *needles):
         assert needle in line, (needle, line)
     return line
@@ -200,3 +204,23 @@ async def test_lease_is_made_again_after_redis_lost_it(registry_settings):
         assert await client.hget(lease_key(registry_settings.job_id), "instance") == instance
     finally:
         await registry.close()
+
+
+@pytest.mark.timeout(60)
+def test_no_warning_when_redis_stopped_first_and_the_lease_just_expires(caplog):
+    """A Procfile's shutdown stops Redis beside the launchers: giving the slot back finds it
+    gone, the TTL ends the slot, and nothing is worth a warning (the log says so at debug)."""
+    import logging
+
+    from pyrsia.shared.registry import RegistrySettings
+    from pyrsia.shared.slot_keeper import SlotKeeper
+    from tests.redis_server import RedisServer
+
+    server = RedisServer().start()
+    keeper = SlotKeeper("data_loader", 0, 1, RegistrySettings(redis_url=server.url, job_id="gone"))
+    keeper.start()
+    server.stop()
+    with caplog.at_level(logging.DEBUG, logger="pyrsia.shared.slot_keeper"):
+        keeper.stop()
+    records = [r for r in caplog.records if "give back the job lease" in r.getMessage()]
+    assert [r.levelname for r in records] == ["DEBUG"], caplog.text

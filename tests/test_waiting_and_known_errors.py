@@ -85,7 +85,7 @@ def test_a_wrong_redis_url_is_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, proc.stderr
     assert len(errors) == 1, proc.stderr
-    assert errors[0].startswith(f"error: cannot reach Redis at {url}")
+    assert errors[0].startswith(f"error: data_loader/0: cannot reach Redis at {url}")
     assert "point PERSIA_REDIS_URL at one every process can reach" in errors[0]  # the fix
     assert "Traceback" not in proc.stderr
     # the launcher waited for Redis before it went on without a job lease, and said so
@@ -98,7 +98,8 @@ def test_verbose_shows_the_traceback_too(tmp_path):
     proc = _run_loader(tmp_path, "--verbose", PERSIA_REDIS_URL=url, PERSIA_WAIT_TIMEOUT_S="1")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback (most recent call last)" in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot reach Redis at {url}")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: data_loader/0: cannot reach Redis at {url}"), proc.stderr
 
 
 def test_a_bad_wait_timeout_is_named():

@@ -23,7 +23,12 @@ is a terminal, one live line at the bottom shows the job's training steps, sampl
 
 The job ends when the NN worker exits: the others get SIGTERM (loader and NN worker first, then
 the servers, Redis last), drain and exit, and ``run`` exits with the NN worker's code. A child
-that exits early (a bad config, a crash) stops the job, and its code is ``run``'s. Ctrl-C or
+that exits early (a bad config, a crash) stops the job, and its code is ``run``'s. A process
+that ends on an error says why in one line and writes its traceback to ``<process>.log`` in
+the job's log folder (``persia-<job id>-*`` in the system's temporary folder, given to the
+children as ``PERSIA_LOG_DIR``); ``run``'s last line then names the process that failed
+first, what was wrong and the log file (``pyrsia/shared/failure_report.py``), not the last
+process to die. Ctrl-C or
 SIGTERM stop every child the same way, and ``run`` exits 128 + the signal's number (130, 143).
 The children die with ``run`` even when it is killed (``PR_SET_PDEATHSIG``).
 
@@ -40,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -56,11 +62,13 @@ from pyrsia.shared.constants import (
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     ENV_JOB_ID,
+    ENV_LOG_DIR,
     ENV_NN_WORKER_ENTRY,
     ENV_REDIS_URL,
     ENV_VERBOSE,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.failure_report import FailureRecord, first_failure
 from pyrsia.shared.parent_death import die_with_parent
 
 STOP_TIMEOUT_S = 20.0
@@ -214,6 +222,9 @@ def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str
     env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
     if args.verbose:
         env[ENV_VERBOSE] = "1"
+    if not env.get(ENV_LOG_DIR):
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in env[ENV_JOB_ID])
+        env[ENV_LOG_DIR] = tempfile.mkdtemp(prefix=f"persia-{safe}-")
     env[ENV_EMBEDDING_CONFIG] = str(emb.resolve())
     if glob is not None:
         env[ENV_GLOBAL_CONFIG] = str(glob.resolve())
@@ -277,13 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     if signals.signum is not None:
         out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
         return 128 + signals.signum
+    first = first_failure(Path(env[ENV_LOG_DIR]))
     if failed is not None:
         code = failed.proc.returncode
         out.line("run", f"{failed.name} exited with code {code} before the NN worker finished: job stopped after {took:.0f}s")  # fmt: skip
-        return code if code and code > 0 else 1
+        return _blame(first, code if code and code > 0 else 1)
     code = nn.proc.returncode
     out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
-    return code if code >= 0 else 128 - code
+    return _blame(first, code if code >= 0 else 128 - code) if code else 0
+
+
+def _blame(first: FailureRecord | None, code: int) -> int:
+    """The job failed: the last line names the process that failed first (its record in the
+    log folder) and ``run`` exits with its code; without a record, ``code``."""
+    if first is None:
+        return code
+    sys.stdout.flush()
+    print(first.line(), file=sys.stderr, flush=True)
+    return first.code
 
 
 def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train: Path,

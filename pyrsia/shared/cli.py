@@ -31,7 +31,8 @@ from pyrsia.shared.constants import (
     IDLE_TIMEOUT_S,
     MAX_CONNECTIONS_CAP,
 )
-from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
+from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.failure_report import report
 from pyrsia.shared.http_body import body_timeout_s, max_inflight_request_bytes
 from pyrsia.shared.http_connections import ConnectionLimits
 from pyrsia.shared.http_server import max_message_bytes
@@ -257,11 +258,6 @@ def fail(message: str) -> int:
     return EXIT_USAGE
 
 
-KNOWN_ERRORS = (ConfigError, RegistryError)
-"""Errors whose message says the cause and the fix (a bad config or flag, Redis unreachable,
-a service never registered): one line is enough, the traceback only helps a developer."""
-
-
 def verbose() -> bool:
     """``$PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
     return (
@@ -271,13 +267,8 @@ def verbose() -> bool:
 
 
 def fail_known(exc: BaseException) -> int:
-    """End on a known error: its traceback first when :func:`verbose`, then one line."""
-    if verbose():
-        import traceback
-
-        traceback.print_exception(exc, file=sys.stderr)
-    else:
-        exc.__traceback__ = None
-    hint = "" if verbose() else f" (traceback: --verbose, {ENV_VERBOSE}=1 or {ENV_LOG_LEVEL}=debug)"
-    print(f"error: {redact(str(exc))}{hint}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
+    """End a process on ``exc``: one line naming this process (``error: nn_worker/0: ...``),
+    the traceback in its log file, and on stderr too when it is the user script's own
+    exception or when :func:`verbose`; the exit code (2 for a known error, else 1).
+    See ``pyrsia/shared/failure_report.py``."""
+    return report(exc, show_traceback=verbose())

@@ -90,8 +90,10 @@ LEASE_CLAIM_POLL_S = 0.5
 LEASE_KEEPER_TICK_S = 0.1
 """How often a launcher's lease thread checks whether it is asked to stop."""
 REDIS_SOCKET_TIMEOUT_S = 2.0
-REDIS_STARTUP_WAIT_S = 15.0
-"""How long a starting service waits for Redis (under a Procfile it starts alongside)."""
+REDIS_STARTUP_WAIT_S = 3.0
+"""How long a starting service waits for Redis (under a Procfile it starts alongside, and
+answers within a second of its start; a service's own imports take longer): a Redis that is
+down is reported within 5 s."""
 REDIS_RESTART_LIMIT = 5
 REDIS_RESTART_WINDOW_S = 60.0
 """``pyrsia.shared.redis_local --restart-on-failure`` gives up (and exits, so honcho stops the job)
@@ -104,7 +106,7 @@ DEFAULT_WAIT_TIMEOUT_S = 120.0
 ENV_WAIT_TIMEOUT_S = "PERSIA_WAIT_TIMEOUT_S"
 """Seconds every process of this job waits for the services it needs to register (and for
 Redis at start-up) before it gives up with one line naming what is missing; unset: each
-wait's own default (120 s for the replicas, 15 s for Redis)."""
+wait's own default (120 s for the replicas, 3 s for Redis)."""
 WAIT_REPORT_INTERVAL_S = 5.0
 """A process waiting for Redis or for replicas says what it waits for this often."""
 ENV_ALLOW_UNKNOWN_CONFIG_KEYS = "PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS"
@@ -115,6 +117,16 @@ ENV_VERBOSE = "PERSIA_VERBOSE"
 """1: a known error (Redis unreachable, a service never registered, a bad config) in a
 user script run by ``persia-launcher`` shows its traceback too, as with ``LOG_LEVEL=debug``;
 else it is one line (``--verbose`` sets it)."""
+
+ENV_LOG_DIR = "PERSIA_LOG_DIR"
+"""The folder where a process that ends on an error writes its traceback (``<process>.log``)
+and, under ``persia-launcher run``, its failure record, so that ``run`` names the process
+that failed first (``pyrsia/shared/failure_report.py``); unset: ``persia-<job id>`` in the
+system's temporary folder."""
+ENV_PROCESS = "PERSIA_PROCESS"
+"""Set by the launchers that run a user script (``nn_worker/<rank>``, ``data_loader/<i>``):
+the name the script's process reports errors under. Unset, the script was started by hand
+(``python train.py``)."""
 
 # --- roles -----------------------------------------------------------------------------
 ROLE_EMBEDDING_PS = "embedding_parameter_server"

@@ -20,6 +20,7 @@ state (``ServiceState`` under ``STATE``, the registry under ``METRICS``) is
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ from pyrsia.shared.constants import (
     SHUTDOWN_CANCEL_S,
     SHUTDOWN_GRACE_S,
 )
-from pyrsia.shared.errors import ConfigError, ServiceUnavailableError
+from pyrsia.shared.errors import ConfigError, ServiceUnavailableError, UsageError
 from pyrsia.shared.http_body import (
     InflightBytes,
     body_timeout_s,
@@ -262,10 +263,19 @@ async def listen(runner: web.AppRunner, host: str, port: int) -> tuple[asyncio.S
     Used instead of ``web.TCPSite``: every connection goes through the app's
     ``ConnectionGuard`` (a head deadline, an idle deadline and the service's bound,
     ``pyrsia.shared.http_connections``). Close the server before ``runner.cleanup()``.
+    A port another process holds is a UsageError.
     """
     factory = runner.app[CONNECTIONS].protocol_factory(runner.server)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(factory, host, port, reuse_address=True)
+    try:
+        listener = await loop.create_server(factory, host, port, reuse_address=True)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise UsageError(  # one line and exit 2 (pyrsia/shared/failure_report.py)
+            f"port {port} on {host} is already in use by another process: stop that process, "
+            "or pick a free port (--port 0 lets the system choose one)"
+        ) from exc
     return listener, listener.sockets[0].getsockname()[1]
 
 

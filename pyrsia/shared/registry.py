@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pyrsia.shared.constants import (
     DEFAULT_WAIT_TIMEOUT_S,
@@ -41,6 +42,7 @@ from pyrsia.shared.constants import (
     service_pattern,
 )
 from pyrsia.shared.errors import ConfigError, RegistryError
+from pyrsia.shared.failure_report import started_by_hand
 from pyrsia.shared.job_lease import JobLease
 from pyrsia.shared.redaction import redact_url
 from pyrsia.shared.registry_settings import (
@@ -68,6 +70,12 @@ class _WaitReport:
             return None
         self._next = now + self.interval_s
         return now - self.started
+
+
+def redis_gone(exc: BaseException) -> bool:
+    """Redis refused the connection: it has stopped (the job's shutdown stops it too), and a
+    record or slot left in it ends with its TTL; no reason for a warning."""
+    return isinstance(exc, (RedisConnectionError, ConnectionRefusedError))
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,14 @@ class Registry:
                     continue
                 error = exc
                 break
+        if not os.environ.get(ENV_REDIS_URL) and started_by_hand():
+            raise RegistryError(
+                f"started without the launcher, and no Redis answers at "
+                f"{self.settings.display_url} ({ENV_REDIS_URL} is unset): start the job with "
+                "persia-launcher run --nn-worker train.py --data-loader data_loader.py "
+                "--embedding-config embedding_config.yml (it starts Redis and every service), "
+                f"or set {ENV_REDIS_URL} to a running job's Redis"
+            ) from error
         source = (
             f"set by {ENV_REDIS_URL}"
             if os.environ.get(ENV_REDIS_URL)
@@ -233,7 +249,7 @@ class Registry:
                 # client's own reconnect back-off would hold a stopping service for seconds
                 await asyncio.wait_for(self._leave(record, key), DEREGISTER_TIMEOUT_S)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                log.warning(
+                (log.debug if redis_gone(exc) else log.warning)(
                     "could not deregister %s (its TTL removes it): %s", key, exc or "timeout"
                 )
         self._records.clear()

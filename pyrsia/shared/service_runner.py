@@ -10,11 +10,10 @@ import socket
 from aiohttp import web
 
 from pyrsia.shared.allocator import keep_freed_memory
-from pyrsia.shared.cli import fail
 from pyrsia.shared.config_schema import MetricsConfig
 from pyrsia.shared.constants import ENV_ADVERTISE_HOST, REDIS_STARTUP_WAIT_S
 from pyrsia.shared.cpu_priority import apply_cpu_priority
-from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.failure_report import KNOWN_ERRORS, name_this_process, report
 from pyrsia.shared.http_server import STATE, install_uvloop, serve
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import MetricsPushSettings, push_settings
@@ -85,6 +84,7 @@ def start_process(
     (``pyrsia/shared/allocator.py``); returns its metrics push settings (None: no push).
     Raises ConfigError naming a push setting that cannot work."""
     configure_logging(role, replica_index)
+    name_this_process(f"{role}/{replica_index}")
     apply_cpu_priority(cpu_priority)
     settings = push_settings(metrics)
     log.info("freed heap memory: %s", keep_freed_memory())
@@ -101,12 +101,13 @@ def run(main_coro_factory) -> None:
     lost: every resource has been released by its cleanup context by then, and the log
     handlers and standard streams are flushed first.
 
-    A ConfigError on the way (an unusable ``PERSIA_REDIS_URL``) is one line on stderr and
-    exit code 2, like the flags' errors.
+    A known error on the way (an unusable ``PERSIA_REDIS_URL``, Redis down, the port in use)
+    is one line on stderr naming this process, and exit code 2, like the flags' errors; the
+    traceback goes to the process's log file (``pyrsia/shared/failure_report.py``).
     """
     install_uvloop()
     try:
         asyncio.run(main_coro_factory())
-    except ConfigError as exc:
-        exit_now(fail(str(exc)))
+    except KNOWN_ERRORS as exc:
+        exit_now(report(exc))
     exit_now(0)

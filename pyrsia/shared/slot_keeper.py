@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from pyrsia.shared.constants import DEREGISTER_TIMEOUT_S, LEASE_KEEPER_TICK_S, REDIS_STARTUP_WAIT_S
 from pyrsia.shared.errors import RegistryError
-from pyrsia.shared.registry import Registry
+from pyrsia.shared.registry import Registry, redis_gone
 from pyrsia.shared.registry_settings import RegistrySettings, unreachable_error
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,11 @@ class SlotKeeper:
                 lease.release(self.role, self.replica_index), DEREGISTER_TIMEOUT_S
             )
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            log.warning("could not give back the job lease (its TTL ends it): %s", exc or "timeout")
+            # Redis gone first (a Procfile's or run's shutdown): nothing to give back to, the
+            # TTL ends the slot as designed; anything else is worth a warning
+            (log.debug if redis_gone(exc) else log.warning)(
+                "could not give back the job lease (its TTL ends it): %s", exc or "timeout"
+            )
         await registry.close()
 
     def stop(self) -> None:

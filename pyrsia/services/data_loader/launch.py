@@ -21,8 +21,14 @@ import threading
 from collections.abc import Callable
 
 from pyrsia.services.nn_worker.launch import take_job_slot
-from pyrsia.shared.cli import KNOWN_ERRORS, fail, fail_known, resolve_file
-from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_RESUME, ENV_VERBOSE, ROLE_DATA_LOADER
+from pyrsia.shared.cli import fail, fail_known, resolve_file
+from pyrsia.shared.constants import (
+    ENV_DATALOADER_ENTRY,
+    ENV_PROCESS,
+    ENV_RESUME,
+    ENV_VERBOSE,
+    ROLE_DATA_LOADER,
+)
 from pyrsia.shared.cpu_priority import (
     add_cpu_priority_flag,
     apply_cpu_priority,
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
     if env_changed is not None:
         env_changed()
     configure_logging("data_loader", args.replica_index)
+    os.environ[ENV_PROCESS] = f"data_loader/{args.replica_index}"
     global _KEEPER
     try:
         _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)
@@ -173,7 +180,7 @@ def _run_script(script) -> int:
     """Run data_loader.py as ``__main__``; its exit code (a SIGTERM propagates)."""
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except KNOWN_ERRORS as exc:  # one line (and exit 2) unless --verbose
+    except Exception as exc:  # one line naming this loader (SystemExit passes)
         return fail_known(exc)
     except SystemExit as exc:
         if _TERMINATED:

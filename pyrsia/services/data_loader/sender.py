@@ -30,6 +30,7 @@ from typing import Protocol
 from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.errors import RemoteBadRequestError
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
@@ -173,11 +174,29 @@ class BatchSender:
         client = get_runtime().client
         until = time.monotonic() + self.send_timeout_s
         loader = self.replica_index
-        await client.call(
-            f"{worker.url}/batch",
-            PutBatch(loader, batch_id, batch.id_part()).to_wire(),
-            until=until,
-            idempotent=True,
-        )
+        try:
+            await client.call(
+                f"{worker.url}/batch",
+                PutBatch(loader, batch_id, batch.id_part()).to_wire(),
+                until=until,
+                idempotent=True,
+            )
+        except RemoteBadRequestError as exc:
+            raise _refused(exc, batch_id, worker) from exc
         dense = IngressBatch(loader, batch_id, worker.replica_index, batch.dense_part())
-        await client.call(f"{rank.url}/ingress", dense.to_wire(), until=until, idempotent=True)
+        try:
+            await client.call(f"{rank.url}/ingress", dense.to_wire(), until=until, idempotent=True)
+        except RemoteBadRequestError as exc:
+            raise _refused(exc, batch_id, rank) from exc
+
+
+def _refused(
+    exc: RemoteBadRequestError, batch_id: int, peer: ServiceRecord
+) -> RemoteBadRequestError:
+    """A 400 answer, said the way the process that found the mistake says it."""
+    what = exc.body.get("message") or str(exc)
+    return RemoteBadRequestError(
+        f"{peer.role}/{peer.replica_index} refused batch {batch_id}: {what}",
+        peer_status=exc.peer_status,
+        body=exc.body,
+    )

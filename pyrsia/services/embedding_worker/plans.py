@@ -205,7 +205,12 @@ def _make_layout(schema: SchemaView, names: tuple[str, ...]) -> BatchLayout:
     for i, name in enumerate(names):
         if name not in known:
             raise InvalidInputError(
-                f"{FEATURES_FIELD}[{i}].name", "a slot name from slots_config", name
+                f"{FEATURES_FIELD}[{i}].name",
+                "a slot name from slots_config",
+                name,
+                message=f"{FEATURES_FIELD}[{i}].name: slot {name!r} is not in embedding_config's "
+                f"slots_config ({', '.join(sorted(known))}): add it there, or leave it out of "
+                "the batch",
             )
     configs = tuple(schema.slot(name) for name in names)
     prefix_of = schema.slot_prefixes()

@@ -274,10 +274,12 @@ def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
 
 
 class _KnownErrorExit(logging.Filter):
-    """Drops torch's "failed (exitcode: 2)" record: the rank has said why in one line."""
+    """Drops torch's "failed (exitcode: 1|2)" record: the rank has said why in one line
+    (``pyrsia/shared/failure_report.py``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "(exitcode: 2)" not in record.getMessage()
+        message = record.getMessage()
+        return "(exitcode: 2)" not in message and "(exitcode: 1)" not in message
 
 
 def _quiet_known_error_exits() -> None:

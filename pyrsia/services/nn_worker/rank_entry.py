@@ -9,10 +9,11 @@
   ``nn_worker/<rank>``, so a rank waiting for a service says so every few seconds;
 - on a pipe (honcho, ``persia-launcher run``, a log file) a progress bar comes out as a line
   per update (``pyrsia.shared.progress_lines``), not all at once when it closes;
-- a known error leaving the script (a bad config, Redis unreachable, a service that never
-  registered: :data:`pyrsia.shared.cli.KNOWN_ERRORS`) ends the rank with one line ``error: ...``
-  and exit code 2; its traceback too with ``--verbose`` (``PERSIA_VERBOSE=1``) or
-  ``LOG_LEVEL=debug``. Any other exception is raised as usual.
+- an exception leaving the script ends the rank with one line ``error: nn_worker/<rank>: ...``
+  (``pyrsia/shared/failure_report.py``): a known error (a bad config, Redis unreachable, a
+  service that never registered) with exit code 2 and its traceback in the rank's log file
+  (on stderr too with ``--verbose``, ``PERSIA_VERBOSE=1`` or ``LOG_LEVEL=debug``); any other
+  with exit code 1, after the script's own traceback.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pyrsia.shared.cli import KNOWN_ERRORS, fail_known
-from pyrsia.shared.constants import ENV_LOG_LEVEL, ENV_RANK_AGENT_PID
+from pyrsia.shared.cli import fail_known
+from pyrsia.shared.constants import ENV_LOG_LEVEL, ENV_PROCESS, ENV_RANK_AGENT_PID
 from pyrsia.shared.parent_death import die_with_parent, orphaned
 from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
@@ -61,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     if orphaned(int(os.environ.get(ENV_RANK_AGENT_PID, os.getppid()))):
         return 143  # the agent died before the request above: as if SIGTERM came
     progress_lines_when_piped()  # a tqdm bar on a pipe (honcho, run): a line per update
-    _show_service_logs(f"nn_worker/{os.environ.get('RANK', '0')}")
+    os.environ[ENV_PROCESS] = f"nn_worker/{os.environ.get('RANK', '0')}"
+    _show_service_logs(os.environ[ENV_PROCESS])
     sys.argv = [str(script), *argv[1:]]
     sys.path[0] = str(script.parent.resolve())  # where `python train.py` looks first
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except KNOWN_ERRORS as exc:
+    except Exception as exc:  # one line naming this rank (SystemExit passes)
         return fail_known(exc)
     return 0
 
