@@ -70,12 +70,12 @@ def name_this_process(name: str) -> None:
 
 
 def process_name(default: str | None = None) -> str:
-    """This process's name in error lines: ``default``, else the service's own name, else
-    ``$PERSIA_PROCESS`` (a launcher running a user script), else the script's file name."""
+    """This process's name in error lines: ``default``, else ``$PERSIA_PROCESS`` (a launcher
+    running a user script), else the service's own name, else the script's file name."""
     return (
         default
-        or (_NAME[0] if _NAME else None)
         or os.environ.get(ENV_PROCESS)
+        or (_NAME[0] if _NAME else None)
         or Path(sys.argv[0] or "python").name
     )
 
@@ -140,10 +140,18 @@ def _script_frames(exc: BaseException) -> list[str]:
     return traceback.format_exception(type(exc), exc, tb)
 
 
-def report(exc: BaseException, process: str | None = None, *, show_traceback: bool = False) -> int:
+def report(
+    exc: BaseException,
+    process: str | None = None,
+    *,
+    show_traceback: bool = False,
+    user_script: bool = True,
+) -> int:
     """End-of-process report of ``exc``: traceback to the log file, a failure record when
-    under ``persia-launcher run``, the traceback on stderr when it is the user's (or
-    ``show_traceback``), then one line; returns the exit code (2 known, else 1)."""
+    under ``persia-launcher run``, the traceback on stderr when it is not a PersiaError (or
+    ``show_traceback``), then one line; returns the exit code (2 known, else 1).
+    ``user_script``: the traceback shown starts at the script's first frame (False: a
+    service's own crash, shown whole)."""
     process = process_name(process)
     code = exit_code(exc)
     message = describe(exc)
@@ -158,7 +166,8 @@ def report(exc: BaseException, process: str | None = None, *, show_traceback: bo
         path = None
     _write_record(process, message, code, path, getattr(exc, _SEEN_AT, None))
     if show_traceback or not isinstance(exc, PersiaError):
-        sys.stderr.write(redact("".join(_script_frames(exc))))
+        shown = _script_frames(exc) if user_script else traceback.format_exception(exc)
+        sys.stderr.write(redact("".join(shown)))
     where = f" (traceback: {path})" if path is not None else ""
     print(f"error: {process}: {message}{where}", file=sys.stderr, flush=True)
     return code

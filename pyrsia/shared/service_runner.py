@@ -103,11 +103,14 @@ def run(main_coro_factory) -> None:
 
     A known error on the way (an unusable ``PERSIA_REDIS_URL``, Redis down, the port in use)
     is one line on stderr naming this process, and exit code 2, like the flags' errors; the
-    traceback goes to the process's log file (``pyrsia/shared/failure_report.py``).
+    traceback goes to the process's log file (``pyrsia/shared/failure_report.py``). Any other
+    exception shows its traceback, then that line, and exits 1.
     """
     install_uvloop()
     try:
         asyncio.run(main_coro_factory())
     except KNOWN_ERRORS as exc:
         exit_now(report(exc))
+    except Exception as exc:  # a crash: its traceback, then the line (run names it first)
+        exit_now(report(exc, user_script=False))
     exit_now(0)
