@@ -292,17 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     if failed is not None:
         code = failed.proc.returncode
         out.line("run", f"{failed.name} exited with code {code} before the NN worker finished: job stopped after {took:.0f}s")  # fmt: skip
-        return _blame(first, code if code and code > 0 else 1)
+        return _blame(job, first, code if code and code > 0 else 1)
     code = nn.proc.returncode
     out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
-    return _blame(first, code if code >= 0 else 128 - code) if code else 0
+    return _blame(job, first, code if code >= 0 else 128 - code) if code else 0
 
 
-def _blame(first: FailureRecord | None, code: int) -> int:
+def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
     """The job failed: the last line names the process that failed first (its record in the
     log folder) and ``run`` exits with its code; without a record, ``code``."""
     if first is None:
         return code
+    for child in job.children:  # every child's last lines out before this one
+        child.reader.join(timeout=10.0)
     sys.stdout.flush()
     print(first.line(), file=sys.stderr, flush=True)
     return first.code

@@ -30,7 +30,7 @@ from typing import Protocol
 from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
-from pyrsia.shared.errors import RemoteBadRequestError
+from pyrsia.shared.errors import RemoteBadRequestError, ServiceUnavailableError
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
@@ -188,6 +188,11 @@ class BatchSender:
             await client.call(f"{rank.url}/ingress", dense.to_wire(), until=until, idempotent=True)
         except RemoteBadRequestError as exc:
             raise _refused(exc, batch_id, rank) from exc
+        except ServiceUnavailableError as exc:
+            raise ServiceUnavailableError(
+                f"nn_worker/{rank.replica_index} did not take batch {batch_id} ({exc}); if it "
+                "stopped, its own lines say why"
+            ) from exc
 
 
 def _refused(
