@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,10 @@ def test_the_first_job_runs_as_the_page_shows_it_and_quietly():
     steps, auc = int(found[0][0]), float(found[0][1])
     low, high = page_auc_range()
     assert steps == 150 and low <= auc <= high, (found, low, high)  # the number the page says
+    # nothing failed: the job's log folder (tracebacks of failed processes) is gone
+    job = re.search(r"^run\s+\| job (run-[0-9a-f]{8}) on ", out, re.M)
+    assert job, out[-3000:]
+    assert not list(Path(tempfile.gettempdir()).glob(f"persia-{job[1]}-*")), job[1]
     # quiet by default
     assert not re.search(r"^redis\s+\|", out, re.M), "Redis printed lines:\n" + out
     for noise in ("Redis is starting", "overcommit", "Traceback"):

@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     job.stop(("embedding_worker", "embedding_parameter_server"), args.stop_timeout)
     job.stop(("redis",), args.stop_timeout)
     signals.restore()  # a second Ctrl-C during the stop above changed nothing
+    _tidy_log_dir(env)
     took = time.monotonic() - started
     if signals.signum is not None:
         out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
@@ -296,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     code = nn.proc.returncode
     out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
     return _blame(job, first, code if code >= 0 else 128 - code) if code else 0
+
+
+def _tidy_log_dir(env: dict[str, str]) -> None:
+    """The log folder ``run`` made, removed when no process wrote to it (nothing failed)."""
+    if os.environ.get(ENV_LOG_DIR):
+        return  # the user's folder
+    try:
+        Path(env[ENV_LOG_DIR]).rmdir()
+    except OSError:
+        pass  # not empty: a process left its traceback there
 
 
 def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
@@ -322,6 +333,7 @@ def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train
     job.out.end_status()
     job.stop(("nn_worker",), args.stop_timeout)
     signals.restore()
+    _tidy_log_dir(env)
     took = time.monotonic() - started
     if signals.signum is not None:
         job.out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
