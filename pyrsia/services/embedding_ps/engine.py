@@ -373,11 +373,12 @@ class EmbeddingStore:
         A training lookup of n ids adds n to hits + admitted + refused."""
         with self._state_lock:
             hits, admitted = self._lookup_hits, self._admitted
+        shards = self._shards  # summed here, not through ShardSet.kernel_total: once per lookup
         return {
             "hits": hits,
             "admitted": admitted,
-            "refused": self._rows.kernel_total(K.M_REFUSED),
-            "evicted": self._rows.kernel_total(K.M_EVICT),
+            "refused": sum(int(s.meta[K.M_REFUSED]) for s in shards),
+            "evicted": sum(int(s.meta[K.M_EVICT]) for s in shards),
         }
 
     # ----------------------------------------------------------------- bookkeeping

@@ -212,9 +212,19 @@ class ShardSet:
                 shard.reserve(pos.shape[0], arena)
                 orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
                 n_orph = K.insert_rows(
-                    ids[pos], rows[pos], arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
-                    shard.pool, shard.pstamp, shard.meta, orphans,
-                )  # fmt: skip
+                    ids[pos],
+                    rows[pos],
+                    arena.data,
+                    arena.free,
+                    arena.ameta,
+                    np.int64(aid),
+                    shard.slots,
+                    shard.ent,
+                    shard.pool,
+                    shard.pstamp,
+                    shard.meta,
+                    orphans,
+                )
                 shard.free_orphans(orphans, n_orph)
 
         parts = [(i, pos) for i, pos in enumerate(self.split(ids)) if pos.shape[0]]
