@@ -21,8 +21,9 @@ Threads of one PS process::
     metrics push thread (when configured)
 
 Modules: ``main`` (command line), ``server`` (routes), ``ps_metrics`` (its Prometheus
-metrics), ``engine`` / ``shard`` / ``table`` (storage), ``store_stats`` (the store's
-counters for /stats and /metrics), ``kernels``, ``optimizers``, ``checkpoint*`` and ``bulk``
-(dumps and loads), ``incremental`` / ``packets`` (online updates for serving),
-``persia_convert`` / ``persia_format`` (PERSIA's checkpoints).
+metrics), ``engine`` (the store: hot path, configuration, counters) composing
+``shard_set`` / ``shard`` / ``table`` (its rows), ``store_stats`` (the store's snapshot for
+/stats), ``bulk`` (the whole-row surface checkpoints use), ``kernels``, ``optimizers``,
+``checkpoint*`` (dumps and loads), ``incremental`` / ``packets`` (online updates for
+serving), ``persia_convert`` / ``persia_format`` (PERSIA's checkpoints).
 """

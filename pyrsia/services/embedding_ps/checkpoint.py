@@ -52,7 +52,7 @@ from pyrsia.shared.errors import ConflictError, InvalidInputError
 from pyrsia.shared.validate import positive_int
 
 if TYPE_CHECKING:
-    from pyrsia.services.embedding_ps.engine import EmbeddingStore
+    from pyrsia.services.embedding_ps.bulk import BulkStore
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _remove_leftovers(directory: Path, replica_index: int) -> None:
 
 
 def dump_store(
-    store: EmbeddingStore,
+    store: BulkStore,
     directory: str | Path,
     replica_index: int,
     replica_count: int,
@@ -129,7 +129,7 @@ def dump_store(
 
 
 def _write_part(
-    store: EmbeddingStore,
+    store: BulkStore,
     directory: Path,
     replica_index: int,
     replica_count: int,
@@ -280,7 +280,7 @@ def _refuse_no_manifest(directory: Path) -> NoReturn:
     )
 
 
-def _checkpoint_optimizer(store: EmbeddingStore, manifests: list[dict]) -> OptimizerSpec | None:
+def _checkpoint_optimizer(store: BulkStore, manifests: list[dict]) -> OptimizerSpec | None:
     """The optimizer the store will have after loading ``manifests`` (the store's own, or the
     checkpoint's when the store has none); refuses one it cannot take. Changes nothing."""
     specs = {json.dumps(m.get("optimizer"), sort_keys=True) for m in manifests}
@@ -311,7 +311,7 @@ def _check_widths(manifests: list[dict], optimizer: OptimizerSpec | None) -> Non
 
 
 def load_store(
-    store: EmbeddingStore,
+    store: BulkStore,
     directory: str | Path,
     replica_index: int,
     replica_count: int,

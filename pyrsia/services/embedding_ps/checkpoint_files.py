@@ -37,7 +37,7 @@ import numpy as np
 from pyrsia.shared.farmhash import replica_of
 
 if TYPE_CHECKING:
-    from pyrsia.services.embedding_ps.engine import EmbeddingStore
+    from pyrsia.services.embedding_ps.bulk import BulkStore
 
 CHUNK_BYTES = 16 << 20
 """Largest piece of a file one task writes or reads: small enough to spread a big table over
@@ -134,7 +134,7 @@ def _drain(tasks: list[Future]) -> None:
 
 
 def export_parallel(
-    store: EmbeddingStore, pool: ThreadPoolExecutor
+    store: BulkStore, pool: ThreadPoolExecutor
 ) -> dict[int, tuple[list[np.ndarray], list[np.ndarray]]]:
     """{dim: (ids pieces, rows pieces)} of every stored entry, one task per (dim, shard), pieces in
     shard order (the order ``store.export_entries()`` concatenates them in)."""

@@ -11,13 +11,15 @@ table (sort + hash), fine for test-sized tables and an occasional operator check
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyrsia.services.embedding_ps.engine import EmbeddingStore
+if TYPE_CHECKING:
+    from pyrsia.services.embedding_ps.bulk import BulkStore
 
 
-def store_checksum(store: EmbeddingStore) -> dict:
+def store_checksum(store: BulkStore) -> dict:
     """``{"entries": n, "checksum": hex}`` of ``store``'s ids and rows."""
     digest = hashlib.blake2b(digest_size=16)
     entries = 0

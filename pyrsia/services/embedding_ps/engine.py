@@ -18,6 +18,11 @@ Semantics (issue 2, section 4):
   rows with NaN/inf are skipped and counted. Updates do not refresh recency.
 * ``stats()["updates_applied"]`` counts the id rows this process applied a gradient to: each
   was acknowledged (the /update answer reports it), so the fault tests count lost updates with it.
+
+The store is composed, not mixed: its rows (shards, arenas, routing, whole-row access) are a
+``shard_set.ShardSet``; what it reports is a ``store_stats.StoreSnapshot`` (``snapshot()``);
+checkpoints and packets use only its bulk surface (``bulk.BulkStore``: ``row_width``,
+``stored_dims``, ``export_shard``, ``export_entries``, ``import_entries``).
 """
 
 from __future__ import annotations
@@ -27,28 +32,22 @@ import logging
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
-from pyrsia.services.embedding_ps.bulk import BulkAccess
-from pyrsia.services.embedding_ps.optimizers import (
-    init_state_numpy,
-    pack,
-    state_layout,
-    state_width,
-)
-from pyrsia.services.embedding_ps.shard import Shard, aligned_empty
-from pyrsia.services.embedding_ps.store_stats import StoreStats
+from pyrsia.services.embedding_ps.checkpoint import dump_store, load_store
+from pyrsia.services.embedding_ps.optimizers import pack, state_layout, state_width
+from pyrsia.services.embedding_ps.shard_set import ShardSet
+from pyrsia.services.embedding_ps.store_stats import StoreSnapshot, raw_bytes_per_entry
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, OptimizerSpec, optimizer_to_dict
 from pyrsia.shared.errors import ConflictError, InvalidInputError
+from pyrsia.shared.validate import describe
 
 log = logging.getLogger(__name__)
-
-MAX_DIMS = 127  # arena ids are int8
-PARALLEL_MIN_BATCH = 16_384
 
 
 @dataclass(frozen=True)
@@ -60,11 +59,13 @@ class UpdateResult:
     skipped_nonfinite: int
 
 
-class EmbeddingStore(BulkAccess, StoreStats):
+class EmbeddingStore:
     """A replica's embedding table: id -> embedding + optimizer state, LRU-bounded to ``capacity``.
 
-    Whole-row export/import and checkpoints come from ``bulk.BulkAccess``; ``stats()`` and
-    ``lookup_counters()`` from ``store_stats.StoreStats``."""
+    It keeps the configuration, the optimizer and the counters; its rows are a ``ShardSet``.
+    Public surface: ``lookup``/``update`` (hot path), ``configure``/``register_optimizer``,
+    the bulk API (``bulk.BulkStore``), ``snapshot``/``stats``/``lookup_counters``,
+    ``dump``/``load`` (checkpoints), ``clear``/``close``."""
 
     def __init__(
         self,
@@ -95,9 +96,9 @@ class EmbeddingStore(BulkAccess, StoreStats):
             )
         self.capacity = int(capacity)
         self.num_shards = int(num_shards)
-        self._shards = [Shard(per_shard) for _ in range(self.num_shards)]
         self._state_lock = threading.Lock()  # dims, optimizer, hyperparams, counters
-        self._dims: dict[int, int] = {}
+        self._rows = ShardSet(self.capacity, self.num_shards, self._state_lock)
+        self._shards = self._rows.shards
         self._optimizer: OptimizerSpec | None = None
         self._opt = pack(None)
         self.configure(hyperparams or EmbeddingHyperparams())
@@ -108,11 +109,6 @@ class EmbeddingStore(BulkAccess, StoreStats):
         self._updates_applied = 0  # id rows this process applied a gradient to (acknowledged)
         self._lookup_hits = 0  # training-lookup ids found stored (lookup_counters)
         self._admitted = 0  # training-lookup ids given a new entry
-        self._pool = (
-            ThreadPoolExecutor(min(self.num_shards, os.cpu_count() or 1), "ps-shard")
-            if self.num_shards > 1
-            else None
-        )
         self.incremental = None  # an IncrementalWriter, notified of applied updates
         if optimizer is not None:
             self.register_optimizer(optimizer)
@@ -141,7 +137,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
         packed = pack(spec)
         if packed[0] < 0:
             raise InvalidInputError("optimizer", "an SGDSpec, AdamSpec or AdagradSpec", spec)
-        with self._all_locks():
+        with self._rows.locked():
             if spec == self._optimizer:
                 return
             if (
@@ -154,75 +150,17 @@ class EmbeddingStore(BulkAccess, StoreStats):
                     f"{optimizer_to_dict(self._optimizer)}; clear it before registering {optimizer_to_dict(spec)}",
                 )
             if len(self) and self._optimizer is None:
-                self._add_state_columns(spec)
+                self._rows.widen(spec)
             elif not len(self):
-                self._reset_unlocked()
+                self._rows.reset()
             self._optimizer = spec
             self._opt = packed
 
-    def _add_state_columns(self, spec: OptimizerSpec) -> None:
-        for dim, aid in self._dims.items():
-            width = dim + state_width(spec, dim)
-            for shard in self._shards:
-                a = shard.arenas[aid] if aid < len(shard.arenas) else None
-                if a is None:
-                    continue
-                data = aligned_empty((a.data.shape[0], width), np.float32)
-                data[:, :dim] = a.data[:, :dim]
-                init_state_numpy(data, dim, spec)
-                a.data, a.width = data, width
-
-    def _all_locks(self):
-        store = self
-
-        class _Locks:
-            def __enter__(self):
-                store._state_lock.acquire()
-                for s in store._shards:
-                    s.lock.acquire()
-
-            def __exit__(self, *exc):
-                for s in reversed(store._shards):
-                    s.lock.release()
-                store._state_lock.release()
-
-        return _Locks()
-
-    def _arena_id(self, dim: int, create: bool) -> int | None:
-        aid = self._dims.get(dim)
-        if aid is None and create:
-            with self._state_lock:
-                aid = self._dims.get(dim)
-                if aid is None:
-                    if len(self._dims) >= MAX_DIMS:
-                        raise InvalidInputError(
-                            "dim", f"at most {MAX_DIMS} distinct dims per store", dim
-                        )
-                    aid = self._dims[dim] = len(self._dims)
-        return aid
-
-    def _width(self, dim: int) -> int:
+    def row_width(self, dim: int) -> int:
+        """Floats in a row of ``dim``: the embedding plus the registered optimizer's state."""
         return dim + state_width(self._optimizer, dim)
 
     # ----------------------------------------------------------------- hot path
-    def _split(self, ids: np.ndarray) -> list[np.ndarray]:
-        """Positions of ``ids`` per internal shard, each in batch order."""
-        if self.num_shards == 1:
-            return [np.arange(ids.shape[0], dtype=np.int64)]
-        sh = K.shard_of(ids, self.num_shards)
-        order = np.argsort(sh, kind="stable")
-        bounds = np.cumsum(np.bincount(sh, minlength=self.num_shards))[:-1]
-        return np.split(order, bounds)
-
-    def _run(self, fn, parts: list[np.ndarray]) -> list:
-        work = [(i, p) for i, p in enumerate(parts) if p.shape[0]]
-        if (
-            self._pool is not None
-            and len(work) > 1
-            and sum(p.shape[0] for _, p in work) >= PARALLEL_MIN_BATCH
-        ):
-            return list(self._pool.map(lambda ip: fn(*ip), work))
-        return [fn(i, p) for i, p in work]
 
     def lookup(self, ids: np.ndarray, dim: int, *, train: bool) -> np.ndarray:
         """Embeddings of ``ids`` at ``dim``, float32 (len(ids), dim). See the module docstring.
@@ -232,7 +170,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
         ids = np.ascontiguousarray(ids)
         dim = int(dim)
         out = np.empty((ids.shape[0], dim), dtype=np.float32)
-        aid = self._arena_id(dim, create=train)
+        aid = self._rows.arena_id(dim, create=train)
         if aid is None:
             out[:] = 0.0
             return out
@@ -245,7 +183,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
     def _lookup_train(self, ids: np.ndarray, dim: int, aid: int, out: np.ndarray) -> None:
         """Fill ``out`` for a training lookup: refresh, admit or refuse each id (the kernel),
         then add the shards' hits and admissions to the store's counters."""
-        width = self._width(dim)
+        width = self.row_width(dim)
         salt = K.mix64_py(self._seed + next(self._calls))
         hyper, opt = self._hyper, self._opt
 
@@ -272,7 +210,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
                     pos.shape[0] - placed - refused,
                 )
 
-        counts = self._run(one, self._split(ids))
+        counts = self._rows.run(one, self._rows.split(ids))
         reinit = sum(c[0] for c in counts)
         with self._state_lock:
             self._admitted += sum(c[1] for c in counts)
@@ -295,7 +233,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
                     ids, pos, out, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta
                 )
 
-        self._run(one, self._split(ids))
+        self._rows.run(one, self._rows.split(ids))
 
     def update(self, ids: np.ndarray, grads: np.ndarray) -> UpdateResult:
         """Apply one optimizer step per (id, gradient row); see the module docstring.
@@ -310,7 +248,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
                 "optimizer: no optimizer registered; register one before sending gradients",
             )
         grads = np.ascontiguousarray(grads)
-        aid = self._arena_id(dim, create=False)
+        aid = self._rows.arena_id(dim, create=False)
         applied = np.zeros(ids.shape[0], dtype=np.bool_)
         if aid is None:
             nonfinite = int((~np.isfinite(grads).all(axis=1)).sum())
@@ -330,7 +268,7 @@ class EmbeddingStore(BulkAccess, StoreStats):
                         bound, applied,
                     )  # fmt: skip
 
-            res = self._run(one, self._split(ids))
+            res = self._rows.run(one, self._rows.split(ids))
             unknown = sum(int(r[0]) for r in res)
             nonfinite = sum(int(r[1]) for r in res)
         with self._state_lock:
@@ -343,22 +281,115 @@ class EmbeddingStore(BulkAccess, StoreStats):
             writer.notify(self, ids[applied])
         return UpdateResult(n_applied, unknown, nonfinite)
 
+    # ----------------------------------------------------------------- bulk (bulk.BulkStore)
+    def stored_dims(self) -> list[int]:
+        """The dims that have an arena (some may hold no entry), ascending."""
+        return [dim for dim, _ in self._rows.dims()]
+
+    def export_shard(self, dim: int, shard_index: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, rows) of every entry of ``dim`` in one internal shard, copied under its lock
+        (None when the shard holds none, or when ``dim`` was cleared meanwhile: callers
+        run off the loop, while /clear may run on it); checkpoint dumps run one per thread."""
+        return self._rows.export_shard(dim, shard_index)
+
+    def export_entries(
+        self, ids: np.ndarray | None = None
+    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """{dim: (ids, rows)} of stored entries (all, or those among ``ids``); rows include state."""
+        return self._rows.export_entries(self.row_width, ids)
+
+    def import_entries(
+        self, dim: int, ids: np.ndarray, rows: np.ndarray, pool: Executor | None = None
+    ) -> None:
+        """Store full rows (embedding + state of the registered optimizer's layout) under ``ids``.
+
+        This is the one check of rows read from a checkpoint file (outside input). With a
+        ``pool`` (checkpoint loads) the internal shards are filled in parallel, each in the
+        order of ``ids``, so the result is the same as without.
+        """
+        if ids.dtype != np.uint64 or ids.ndim != 1:
+            raise InvalidInputError("ids", "a 1-D uint64 array", describe(ids))
+        width = self.row_width(dim)
+        if rows.dtype != np.float32 or rows.shape != (ids.shape[0], width):
+            raise InvalidInputError(
+                "rows", f"float32 ({ids.shape[0]}, {width})", f"{rows.dtype}{list(rows.shape)}"
+            )
+        ids, rows = np.ascontiguousarray(ids), np.ascontiguousarray(rows)
+        self._rows.import_rows(dim, width, ids, rows, pool)
+
+    def dump(
+        self, directory: str | Path, replica_index: int, replica_count: int, workers: int = 1
+    ) -> dict:
+        """Write this replica's part of a checkpoint into ``directory`` with ``workers`` threads
+        (``checkpoint.dump_store``); returns its manifest."""
+        return dump_store(self, directory, replica_index, replica_count, workers=workers)
+
+    def load(
+        self, directory: str | Path, replica_index: int, replica_count: int, workers: int = 1
+    ) -> int:
+        """Replace the contents with the ids of the checkpoint in ``directory`` routed to this
+        replica (any writer replica count), read with ``workers`` threads; returns the count."""
+        return load_store(self, directory, replica_index, replica_count, workers=workers)
+
+    # ----------------------------------------------------------------- what it reports
+    def snapshot(self) -> StoreSnapshot:
+        """Counters, memory use and configuration now (``stats()`` renders it)."""
+        rows = self._rows
+        per_dim = rows.live_per_dim()
+        with self._state_lock:
+            updates, unknown = self._updates_applied, self._skipped_unknown
+            nonfinite, hits, admitted = self._skipped_nonfinite, self._lookup_hits, self._admitted
+        return StoreSnapshot(
+            entries=len(rows),
+            capacity=self.capacity,
+            num_shards=self.num_shards,
+            entries_per_dim=per_dim,
+            row_widths={d: self.row_width(d) for d in per_dim},
+            bytes_allocated=rows.nbytes(),
+            evictions=rows.kernel_total(K.M_EVICT),
+            admission_refusals=rows.kernel_total(K.M_REFUSED),
+            reinitialized_dim=rows.kernel_total(K.M_REINIT),
+            updates_applied=updates,
+            skipped_unknown=unknown,
+            skipped_nonfinite=nonfinite,
+            lookup_hits=hits,
+            admitted=admitted,
+            optimizer=self._optimizer,
+            hyperparams=self._hyperparams,
+        )
+
+    def stats(self) -> dict:
+        """Counters and memory use (see the module docstring for what each counts)."""
+        return self.snapshot().to_stats()
+
+    def raw_bytes_per_entry(self, dim: int) -> int:
+        """8-byte key + embedding + optimizer state: the reference for memory overhead."""
+        return raw_bytes_per_entry(self.row_width(dim))
+
+    def lookup_counters(self) -> dict[str, int]:
+        """Cumulative training-lookup counts, cheap enough for every ``/metrics`` scrape:
+        ``hits`` (ids found stored), ``admitted`` (ids given a new entry), ``refused`` (ids
+        refused by ``admit_probability``) and ``evicted`` (entries dropped for capacity).
+        A training lookup of n ids adds n to hits + admitted + refused."""
+        with self._state_lock:
+            hits, admitted = self._lookup_hits, self._admitted
+        shards = self._shards  # summed here, not through ShardSet.kernel_total: once per lookup
+        return {
+            "hits": hits,
+            "admitted": admitted,
+            "refused": sum(int(s.meta[K.M_REFUSED]) for s in shards),
+            "evicted": sum(int(s.meta[K.M_EVICT]) for s in shards),
+        }
+
     # ----------------------------------------------------------------- bookkeeping
     def __len__(self) -> int:
-        return sum(s.n for s in self._shards)
-
-    def _reset_unlocked(self) -> None:
-        for s in self._shards:
-            s.reset()
-        self._dims.clear()
+        return len(self._rows)
 
     def clear(self) -> None:
         """Drop every entry (the optimizer, hyper-parameters and counters stay)."""
-        with self._all_locks():
-            self._reset_unlocked()
+        with self._rows.locked():
+            self._rows.reset()
 
     def close(self) -> None:
         """Stop the shard thread pool (the store stays usable single-threaded)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._rows.close()

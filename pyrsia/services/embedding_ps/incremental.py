@@ -39,7 +39,7 @@ from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.farmhash import replica_of
 
 if TYPE_CHECKING:
-    from pyrsia.services.embedding_ps.engine import EmbeddingStore
+    from pyrsia.services.embedding_ps.bulk import BulkStore
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class LoaderStats:
         return dict(self.__dict__)
 
 
-def read_packet(store: EmbeddingStore, packet: Path) -> tuple[dict | None, dict[int, tuple[np.ndarray, np.ndarray]]]:  # fmt: skip
+def read_packet(store: BulkStore, packet: Path) -> tuple[dict | None, dict[int, tuple[np.ndarray, np.ndarray]]]:  # fmt: skip
     """Every file of a finished packet, checked before anything is applied: (optimizer, {dim: (ids, rows)})."""
     try:
         manifest = json.loads((packet / "manifest.json").read_text())
@@ -94,7 +94,7 @@ class IncrementalLoader:
 
     def __init__(
         self,
-        store: EmbeddingStore,
+        store: BulkStore,
         root: str | Path,
         replica_index: int,
         replica_count: int,
@@ -150,8 +150,8 @@ class IncrementalLoader:
             raw, entries = read_packet(self.store, path)
             self._adopt_optimizer(raw)
             for dim, (_, rows) in entries.items():
-                if rows.shape[1] != self.store._width(dim):
-                    raise InvalidInputError("packet", f"rows {self.store._width(dim)} wide at dim {dim}", rows.shape[1])  # fmt: skip
+                if rows.shape[1] != self.store.row_width(dim):
+                    raise InvalidInputError("packet", f"rows {self.store.row_width(dim)} wide at dim {dim}", rows.shape[1])  # fmt: skip
         except InvalidInputError as exc:
             self.stats.packets_skipped_torn += 1
             log.error("incremental packet %s is torn or incompatible, skipped: %s", path, exc)

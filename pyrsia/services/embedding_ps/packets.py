@@ -30,7 +30,7 @@ from pyrsia.shared.farmhash import replica_of
 from pyrsia.shared.validate import positive_int
 
 if TYPE_CHECKING:
-    from pyrsia.services.embedding_ps.engine import EmbeddingStore
+    from pyrsia.services.embedding_ps.bulk import BulkStore
 
 PACKET_FORMAT = EMBEDDING_CHECKPOINT_FORMAT + "-packet"
 FORMAT_VERSION = EMBEDDING_CHECKPOINT_VERSION
@@ -59,7 +59,7 @@ class IncrementalWriter:
         self._seq = max(seqs, default=-1) + 1
         self.packets_written = 0
 
-    def notify(self, store: EmbeddingStore, ids: np.ndarray) -> None:
+    def notify(self, store: BulkStore, ids: np.ndarray) -> None:
         """Record updated ids; write a packet once ``buffer_size`` distinct ids are pending."""
         with self._lock:
             self._pending.append(ids)
@@ -71,14 +71,14 @@ class IncrementalWriter:
             if unique.shape[0] >= self.buffer_size:
                 self._write(store, unique)
 
-    def flush(self, store: EmbeddingStore) -> Path | None:
+    def flush(self, store: BulkStore) -> Path | None:
         """Write the pending ids now (if any); returns the packet directory."""
         with self._lock:
             if not self._pending_n:
                 return None
             return self._write(store, np.unique(np.concatenate(self._pending)))
 
-    def _write(self, store: EmbeddingStore, ids: np.ndarray) -> Path:
+    def _write(self, store: BulkStore, ids: np.ndarray) -> Path:
         self._pending, self._pending_n = [], 0
         name = f"packet_{self._seq:08d}_{int(time.time() * 1000)}"
         self._seq += 1
@@ -106,7 +106,7 @@ class IncrementalWriter:
 
 
 def apply_packet(
-    store: EmbeddingStore, packet: str | Path, replica_index: int = 0, replica_count: int = 1
+    store: BulkStore, packet: str | Path, replica_index: int = 0, replica_count: int = 1
 ) -> int:
     """Load one finished packet (``done`` present) into ``store``, keeping this replica's ids."""
     replica_index, replica_count = check_replica(replica_index, replica_count)
@@ -123,9 +123,9 @@ def apply_packet(
     verify_seal(manifest, f"{packet.name}/manifest.json", "packet")
     pairs = []
     for dim, info in dims.items():  # every file checked before the store changes
-        if info["width"] != store._width(dim):
+        if info["width"] != store.row_width(dim):
             raise ConflictError(
-                f"packet dim {dim} rows are {info['width']} wide, the store expects {store._width(dim)}",
+                f"packet dim {dim} rows are {info['width']} wide, the store expects {store.row_width(dim)}",
             )
         pairs.append((dim, *read_pair(packet, info, dim)))
     applied = 0
