@@ -9,14 +9,12 @@ from typing import Any
 
 import torch
 
+from persia import _current_ctx
 from persia.errors import MisuseError
 from pyrsia.services.nn_worker.precision import check_ctx_args
 from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
 
 _logger = logging.getLogger("persia.ctx")
-_CURRENT: contextvars.ContextVar[BaseCtx | None] = contextvars.ContextVar(
-    "persia_ctx", default=None
-)
 
 
 class PreprocessMode(enum.Enum):
@@ -29,7 +27,7 @@ class PreprocessMode(enum.Enum):
 
 def cnt_ctx() -> BaseCtx | None:
     """The innermost entered context of this thread / task, or None."""
-    return _CURRENT.get()
+    return _current_ctx.cnt_ctx()
 
 
 current_ctx = cnt_ctx
@@ -79,6 +77,12 @@ class BaseCtx:
             )
         return self._common_context
 
+    def register_embedding_optimizer(self, optimizer: dict[str, Any]) -> None:
+        """Register ``optimizer`` (``Optimizer.to_dict()``) with every PS replica of the job,
+        through this context's connection (``persia.embedding.optim.Optimizer.apply``)."""
+        session = self.common_context.session
+        session.runtime.run(session.client.register_optimizer(optimizer))
+
     def _enter(self) -> None:
         """Hook: connect and prepare (subclasses)."""
 
@@ -95,7 +99,7 @@ class BaseCtx:
         end_script_on_persia_errors()  # `python train.py`: a PersiaError is one line
         self._enter()
         self._entered = True
-        self._token = _CURRENT.set(self)
+        self._token = _current_ctx.enter(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -107,5 +111,5 @@ class BaseCtx:
         finally:
             self._entered = False
             if self._token is not None:
-                _CURRENT.reset(self._token)
+                _current_ctx.leave(self._token)
                 self._token = None

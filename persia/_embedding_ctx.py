@@ -154,6 +154,11 @@ class EmbeddingCtx(BaseCtx):
             _logger.debug("%s: connected outside a `with` block", type(self).__name__)
         return self._session
 
+    def register_embedding_optimizer(self, optimizer: dict[str, Any]) -> None:
+        """Register ``optimizer`` with every PS replica, through :attr:`session`."""
+        session = self.session
+        session.runtime.run(session.client.register_optimizer(optimizer))
+
     @property
     def common_context(self):
         """A :class:`persia.prelude.PersiaCommonContext` over this context's own connection."""

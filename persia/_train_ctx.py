@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -26,11 +27,10 @@ from persia import env
 from persia._base_ctx import PreprocessMode, cnt_ctx
 from persia._embedding_ctx import EmbeddingCtx
 from persia._train_args import check_args, warn_no_effect
+from persia._train_parts import TrainParts, apply_train_extension
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
-from persia.epl.config import Config
-from persia.epl.plan import install_plan
 from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
@@ -76,7 +76,9 @@ class TrainCtx(EmbeddingCtx):
         distributed_option: how to wrap the model when WORLD_SIZE > 1 (default: DDP,
             nccl on GPU, gloo on CPU).
         epl_config: a ``persia.epl.Config`` of EPL training options (default: the one given
-            to ``persia.epl.init``, if any); see the README's EPL section.
+            to ``persia.epl.init``, if any); see the README's EPL section. EPL returns the
+            model, dense optimizer, distributed option and precision this context trains
+            with (``persia._train_parts``); ``epl_plan`` keeps what it did.
         embedding_grad_reduction: how the ranks' embedding gradients combine on the PS.
             ``"sum"`` (default, PERSIA's behaviour: every rank sends its own batch's
             gradients and the PS applies each of them, rust/persia-core/src/backward.rs),
@@ -102,14 +104,13 @@ class TrainCtx(EmbeddingCtx):
     def __init__(self, embedding_optimizer: Optimizer | None = None, dense_optimizer: torch.optim.Optimizer | None = None,
                  grad_scalar_update_factor: float = 4, backward_buffer_size: int = 10, backward_workers_size: int = 8,
                  grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
-                 distributed_option: DistributedBaseOption | None = None, *args, epl_config: Config | None = None,
+                 distributed_option: DistributedBaseOption | None = None, *args, epl_config: Any = None,
                  embedding_grad_reduction: str = "sum", tensorboard_dir: str | os.PathLike | None = None,
                  log_every_n_steps: int = 1, **kwargs):  # fmt: skip
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
         check_args(embedding_optimizer, dense_optimizer, self.model, grad_scalar_update_factor,
                     embedding_grad_reduction, distributed_option, lookup_emb_directly)  # fmt: skip
         self.embedding_optimizer = embedding_optimizer
-        self.dense_optimizer = dense_optimizer
         self.grad_scalar_update_factor = float(grad_scalar_update_factor)
         self.embedding_grad_reduction = embedding_grad_reduction
         self.inflight = InflightLimits(  # the bounds on work in flight (inflight.py)
@@ -119,17 +120,24 @@ class TrainCtx(EmbeddingCtx):
         self.backward_workers_size = self.inflight.backward_workers
         warn_no_effect(grad_update_buffer_size, lookup_emb_directly)
         self.mixed_precision = bool(mixed_precision)
-        self.distributed_option = distributed_option
         self.embedding_config = self.embedding_config or get_default_embedding_config()
         self.world_size = 1
         self.rank_id = 0
+        precision = Precision(self.mixed_precision, self.device_id)
+        parts = TrainParts(
+            self.model, dense_optimizer, distributed_option, precision, self.device_id
+        )
+        # EPL options (epl_config= or persia.epl.init): the extension persia.epl registers
+        self.epl_plan, parts = apply_train_extension(
+            "epl_config", parts, epl_config, "a persia.epl.Config (or None)"
+        )
+        self.model, self.dense_optimizer = parts.model, parts.dense_optimizer
+        self.distributed_option = parts.distributed_option
         self.training_step = TrainingStep(
-            Precision(self.mixed_precision, self.device_id),
-            grad_scalar_update_factor=self.grad_scalar_update_factor,
+            parts.precision, grad_scalar_update_factor=self.grad_scalar_update_factor
         )
         """The step ``backward`` runs; ``training_step.add_hook(point, fn)`` extends it."""
         self._owns_process_group = False
-        self.epl_plan = install_plan(self, epl_config)  # EPL options (epl_config= or epl.init)
         self._checkpointer: PeriodicCheckpointer | None = None
         self._step_hooks: list[HookHandle] = []  # this context's own hooks, while entered
         self.log_every_n_steps = positive_int(log_every_n_steps, "log_every_n_steps")

@@ -307,22 +307,6 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 # --- (c) no import cycles between files, lazy imports included ---------------------------
 KNOWN_CYCLES: list[frozenset[str]] = [
-    # persia's contexts and EPL: EPL installs itself by writing into TrainCtx and reads the
-    # current context back (issue 47: EPL moves onto the training step's hooks).
-    frozenset(
-        {
-            "persia._base_ctx",
-            "persia._embedding_ctx",
-            "persia._infer_ctx",
-            "persia._train_args",
-            "persia._train_ctx",
-            "persia.ctx",
-            "persia.embedding.optim",
-            "persia.epl.plan",
-            "persia.epl.state",
-            "persia.prelude",
-        }
-    ),
     # Session picks EmbeddedSession lazily when embedded mode is asked for, and
     # EmbeddedSession subclasses Session (issue 47: embedded mode gets a room of its own).
     frozenset({"pyrsia.services.nn_worker.embedded", "pyrsia.services.nn_worker.session"}),
@@ -367,3 +351,20 @@ def test_the_embedding_ps_store_is_in_no_cycle() -> None:
     ps = "pyrsia.services.embedding_ps."
     assert not [c for c in cycles(import_graph(lazy=True)) if any(m.startswith(ps) for m in c)]
     assert not [k for k in KNOWN_CYCLES if any(m.startswith(ps) for m in k)]
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+def test_the_contexts_never_import_epl() -> None:
+    """EPL plugs into TrainCtx through ``persia._train_parts`` (issue 47): nothing that
+    ``persia.ctx`` imports, lazy imports included, imports ``persia.epl``."""
+    reached = _reachable(import_graph(lazy=True), "persia.ctx")
+    assert not sorted(m for m in reached if m == "persia.epl" or m.startswith("persia.epl."))

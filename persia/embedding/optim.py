@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from persia._current_ctx import cnt_ctx
 from pyrsia.shared.embedding_spec import (
     AdagradSpec,
     AdamSpec,
@@ -42,16 +43,13 @@ class Optimizer:
     def apply(self) -> None:
         """Register this optimizer with every PS replica of the job, through the innermost
         entered context (PERSIA's ``Optimizer.apply``; ``TrainCtx`` calls it on enter)."""
-        from persia.ctx import BaseCtx, EmbeddingCtx, cnt_ctx
-
         ctx = cnt_ctx()
-        if not isinstance(ctx, BaseCtx):
+        if ctx is None:
             raise MisuseError(
                 "Optimizer.apply() registers the optimizer through the current context: call it "
                 "inside `with eval_ctx() as ctx:` (or another persia context)"
             )
-        session = ctx.session if isinstance(ctx, EmbeddingCtx) else ctx.common_context.session
-        session.runtime.run(session.client.register_optimizer(self.to_dict()))
+        ctx.register_embedding_optimizer(self.to_dict())
 
     @staticmethod
     def from_dict(data: object) -> Optimizer:

@@ -14,6 +14,7 @@ torch autocast works.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -38,10 +39,19 @@ class FixedLossScaler(torch.amp.GradScaler):
 class EplPrecision(Precision):
     """TrainCtx's precision under ``amp.*`` (and the step's gradient clipping hook)."""
 
-    def __init__(self, config: Config, device_id: int | None, fallback: Precision):
+    def __init__(
+        self,
+        config: Config,
+        device_id: int | None,
+        fallback: Precision,
+        clip: Callable[[torch.optim.Optimizer], None] | None = None,
+        clip_active: Callable[[], bool] | None = None,
+    ):
+        """``clip(optimizer)`` runs on the unscaled gradients of the steps where
+        ``clip_active()`` is true (default: every step when ``clip`` is given)."""
         self.debug = bool(config.amp.debug_log)
-        self.clip = None  # set by the plan: a callable(optimizer) run on unscaled gradients
-        self.clip_active = lambda: self.clip is not None  # the plan's: clip this step?
+        self.clip = clip
+        self.clip_active = clip_active or (lambda: self.clip is not None)
         self.steps = 0
         if config.amp.level != "O1":
             # amp off: keep TrainCtx's own mixed_precision behaviour

@@ -1,14 +1,17 @@
 """The EPL plan of one ``TrainCtx``: every config key turned into a change of its parts.
 
-``TrainCtx.__init__`` calls :func:`install_plan` once. The plan then changes, in place:
+``persia.epl`` registers :func:`install_plan` as the ``TrainCtx(epl_config=...)``
+extension (:mod:`persia._train_parts`): ``TrainCtx.__init__`` hands it its parts once
+and trains with the parts it returns. The plan changes the user's modules in place
+(``sparse_as_dense``, offload, gradient checkpoint) and returns, in place of the
+context's own:
 
-- ``ctx.model``: ``sparse_as_dense``, offload, gradient checkpoint (in place on the
-  user's modules), then an :class:`EplModel` for micro-batching / the gradient check;
-- ``ctx.training_step.precision`` (and so ``ctx.grad_scaler``): ``amp.*`` and the step's
-  gradient clipping (the training step's public precision, see
-  :mod:`pyrsia.services.nn_worker.step`);
-- ``ctx.dense_optimizer``: ``optimizer.num_apply_group``;
-- ``ctx.distributed_option``: an :class:`EplDistributedOption` that builds DDP with the
+- ``model``: an :class:`EplModel` for micro-batching / the gradient check;
+- ``precision`` (and so ``ctx.grad_scaler``): ``amp.*`` and the step's gradient clipping
+  (the precision the context builds its :class:`TrainingStep
+  <pyrsia.services.nn_worker.step.TrainingStep>` with);
+- ``dense_optimizer``: ``optimizer.num_apply_group``;
+- ``distributed_option``: an :class:`EplDistributedOption` that builds DDP with the
   ``communication.*`` settings and shards the optimizer for ``zero.level`` once the
   process group exists (WORLD_SIZE > 1).
 
@@ -24,12 +27,13 @@ without ``gradient_checkpoint.type``, ``fp16_scale`` without ``communication.fp1
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from persia import env
+from persia._train_parts import TrainParts
 from persia.distributed import DDPOption, DistributedBaseOption, get_default_distributed_option
 from persia.epl import communication, offload, recompute, zero
 from persia.epl.amp import EplPrecision
@@ -88,6 +92,26 @@ def check_no_stages(config: Config) -> None:
         )
 
 
+def warn_unread_keys(config: Config) -> None:
+    """Warn about the keys set in ``config`` that a TrainCtx does not read
+    (:data:`NOT_READ_BY_TRAINCTX`) or that need a switch left off (:data:`NEEDS_SWITCH`)."""
+    unread = sorted(k for k in config.non_default() if k in NOT_READ_BY_TRAINCTX)
+    if unread:
+        log.warning(
+            "%s: not read by TrainCtx (the NN worker); %s",
+            ", ".join(unread),
+            "; ".join(dict.fromkeys(NOT_READ_BY_TRAINCTX[k] for k in unread)),
+        )
+        if any(k.startswith("io.") for k in unread):
+            note_io_reported()
+    for key, (switch, on) in NEEDS_SWITCH.items():
+        if config.get(key) != KEYS[key].default and config.get(switch) == KEYS[switch].default:
+            log.warning(
+                "%s=%r has no effect: it applies only when %s is %s (set %s, or drop %s)",
+                key, config.get(key), switch, on, switch, key,
+            )  # fmt: skip
+
+
 class EplPlan:
     """What EPL changed in one TrainCtx (kept on ``ctx.epl_plan`` for inspection)."""
 
@@ -102,7 +126,8 @@ class EplPlan:
         self.world_size = 1
 
     # --- local changes (TrainCtx.__init__) ------------------------------------------------
-    def install(self, ctx: Any) -> None:
+    def install(self, parts: TrainParts) -> TrainParts:
+        """Change the user's modules in place; the parts the context trains with instead."""
         config = self.config
         zero.check_zero_restrictions(config)
         check_no_stages(config)  # before any change to the user's model
@@ -118,42 +143,27 @@ class EplPlan:
             else:
                 self.gradient_check = recompute.GradientCheck(self.user_model)
         micro = config.pipeline.num_micro_batch
-        unread = sorted(k for k in config.non_default() if k in NOT_READ_BY_TRAINCTX)
-        if unread:
-            log.warning(
-                "%s: not read by TrainCtx (the NN worker); %s",
-                ", ".join(unread),
-                "; ".join(dict.fromkeys(NOT_READ_BY_TRAINCTX[k] for k in unread)),
-            )
-            if any(k.startswith("io.") for k in unread):
-                note_io_reported()
-        for key, (switch, on) in NEEDS_SWITCH.items():
-            if config.get(key) != KEYS[key].default and config.get(switch) == KEYS[switch].default:
-                log.warning(
-                    "%s=%r has no effect: it applies only when %s is %s (set %s, or drop %s)",
-                    key, config.get(key), switch, on, switch, key,
-                )  # fmt: skip
+        warn_unread_keys(config)
+        model = parts.model
         if micro > 1 or self.gradient_check is not None:
-            ctx.model = EplModel(self.user_model, micro, self.gradient_check)
-        step = ctx.training_step
-        precision = EplPrecision(config, self.device_id, step.precision)
-        precision.clip, precision.clip_active = self._clip, self._clip_active
+            model = EplModel(self.user_model, micro, self.gradient_check)
+        precision = EplPrecision(
+            config, self.device_id, parts.precision, self._clip, self._clip_active
+        )
         if config.communication.clip_after_allreduce and current_clip_norm() is None:
             log.warning(
                 "communication.clip_after_allreduce has no effect until a norm is registered "
                 "with persia.epl.clip_by_global_norm(max_norm) (it then applies from the next step)"
             )
-        step.precision = precision
+        optimizer = parts.dense_optimizer
         if config.optimizer.num_apply_group > 1:
-            ctx.dense_optimizer = GroupedApplyOptimizer(
-                ctx.dense_optimizer, config.optimizer.num_apply_group
-            )
-        base = ctx.distributed_option or get_default_distributed_option(self.device_id)
+            optimizer = GroupedApplyOptimizer(optimizer, config.optimizer.num_apply_group)
+        base = parts.distributed_option or get_default_distributed_option(self.device_id)
         if not isinstance(base, DDPOption):
             raise ConfigError(
                 f"EPL options need DDPOption as the distributed option, got {type(base).__name__}"
             )
-        ctx.distributed_option = EplDistributedOption(base, self)
+        option = EplDistributedOption(base, self)
         reduce_keys = sorted(k for k in config.non_default() if k.startswith("communication.")
                              and k not in ("communication.sparse_as_dense", "communication.clip_after_allreduce"))  # fmt: skip
         if reduce_keys and (env.get_world_size() or 1) == 1:
@@ -162,6 +172,13 @@ class EplPlan:
                 ", ".join(reduce_keys),
             )
         log.info("EPL plan installed: %r", config)
+        return replace(
+            parts,
+            model=model,
+            dense_optimizer=optimizer,
+            precision=precision,
+            distributed_option=option,
+        )
 
     def _clip_active(self) -> bool:
         """Whether this step's gradients need :meth:`_clip` (a norm, or a reduction owed)."""
@@ -231,8 +248,9 @@ class EplDistributedOption(DistributedBaseOption):
         )
 
 
-def install_plan(ctx: Any, epl_config: Config | None) -> EplPlan | None:
-    """Build and install the EPL plan of ``ctx`` (``epl_config=`` or ``epl.init``'s), if any."""
+def install_plan(parts: TrainParts, epl_config: Config | None) -> tuple[EplPlan | None, TrainParts]:
+    """The EPL plan of a TrainCtx (``epl_config=`` or ``epl.init``'s; None when neither
+    asks for anything) and the parts it trains with (:mod:`persia._train_parts`)."""
     if epl_config is not None and not isinstance(epl_config, Config):
         raise InvalidInputError("epl_config", "a persia.epl.Config (or None)", epl_config)
     config = epl_config or current_config()
@@ -240,14 +258,13 @@ def install_plan(ctx: Any, epl_config: Config | None) -> EplPlan | None:
         config = Config(environ={})  # clipping alone: EPL's defaults for everything else
         log.info("persia.epl.clip_by_global_norm without an EPL config: EPL defaults + clipping")
     if config is None:
-        return None
+        return None, parts
     if epl_config is not None:
         from persia.epl.cluster import apply_cluster_config
 
         apply_cluster_config(config)
-    plan = EplPlan(config, ctx.model, ctx.device_id)
-    plan.install(ctx)
-    return plan
+    plan = EplPlan(config, parts.model, parts.device_id)
+    return plan, plan.install(parts)
 
 
 __all__ = ["EplPlan", "install_plan", "KEYS"]

@@ -107,7 +107,7 @@ def clip_by_global_norm(max_norm: float | None) -> None:
 
 
 def _refuse_inside_plain_trainctx() -> None:
-    from persia.ctx import TrainCtx, cnt_ctx  # persia.ctx imports EPL: at call time
+    from persia.ctx import TrainCtx, cnt_ctx  # the contexts' stack: loaded only when asked
 
     ctx = cnt_ctx()
     if isinstance(ctx, TrainCtx) and ctx.epl_plan is None:

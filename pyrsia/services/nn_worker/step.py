@@ -21,8 +21,8 @@ order they were added, on the training thread, and an exception from one ends th
 there (as an exception in the training loop would). ``add_hook`` returns a handle whose
 ``remove()`` takes the hook away. Pyrsia's own extensions plug in the same way:
 ``TrainCtx`` adds the periodic checkpointer and the rank's statistics at
-``step_boundary`` when it is entered, EPL replaces :attr:`TrainingStep.precision`, and the
-even-steps agreement runs its zero-gradient steps inside :meth:`TrainingStep.shadow`.
+``step_boundary`` when it is entered, EPL provides the precision the step is built with
+(``persia._train_parts``), and the even-steps agreement runs its zero-gradient steps inside :meth:`TrainingStep.shadow`.
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ class TrainingStep:
 
     Arguments:
         precision: autocast, loss scaling and the dense optimizer step
-            (:class:`~pyrsia.services.nn_worker.precision.Precision`); replaceable
-            (EPL's ``amp.*`` sets its own) until the first step.
+            (:class:`~pyrsia.services.nn_worker.precision.Precision`); with EPL's
+            ``amp.*`` the one EPL returns.
         grad_scalar_update_factor: the loss scale is divided by this when embedding
             gradients are not finite.
 
@@ -109,7 +109,7 @@ class TrainingStep:
 
     def __init__(self, precision: Precision, *, grad_scalar_update_factor: float):
         self.precision = precision
-        """Autocast, loss scale and the optimizer step; EPL's ``amp.*`` replaces it."""
+        """Autocast, loss scale and the optimizer step (EPL's under ``amp.*``)."""
         self.grad_scalar_update_factor = grad_scalar_update_factor
         self.steps = 0
         """Steps taken (``TrainCtx.update_times``)."""
