@@ -153,6 +153,11 @@ class EplModel(nn.Module):
     def module(self) -> nn.Module:
         return self._user_model[0]
 
+    def run_with(self, runner: nn.Module) -> None:
+        """Run the user's model through ``runner`` from now on (its DDP wrapper, set by the
+        plan once the process group exists)."""
+        self.runner = runner
+
     def _note_batchnorm(self) -> None:
         """Once, on the first micro-batched step: BatchNorm makes the gradients differ."""
         names = batchnorm_names(self.module)

@@ -214,7 +214,7 @@ class EplPlan:
         )  # fmt: skip
         parallel.register_comm_hook(self.reduce_state, communication.reduce_hook)
         if isinstance(model, EplModel):
-            model.runner = parallel
+            model.run_with(parallel)
         else:
             model = parallel
         if optimizer is not None and config.zero.level == "v1":
