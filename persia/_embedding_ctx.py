@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from persia._base_ctx import BaseCtx, PreprocessMode, cnt_ctx
+from persia._session_open import open_session
 from persia.embedding import EmbeddingConfig
 from persia.embedding.data import PersiaBatch
 from pyrsia.services.nn_worker import dense_state as ckpt
@@ -108,7 +109,7 @@ class EmbeddingCtx(BaseCtx):
 
     # --- connection ---------------------------------------------------------------------
     def _open_session(self) -> Session:
-        return Session.open()
+        return open_session()
 
     def _enter(self) -> None:
         parent = cnt_ctx()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from persia._base_ctx import PreprocessMode
 from persia._embedding_ctx import EmbeddingCtx
+from persia._session_open import open_session
 from pyrsia.services.nn_worker.embedding_client import normalize_address
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.errors import InvalidInputError
@@ -37,7 +38,7 @@ class InferCtx(EmbeddingCtx):
         ]
 
     def _open_session(self) -> Session:
-        return Session.open(addresses=self.embedding_worker_address_list)
+        return open_session(addresses=self.embedding_worker_address_list)
 
     def wait_for_serving(self, timeout_s: float | None = None) -> None:
         """Wait until every embedding worker reports ready (and so its PS replicas)."""

@@ -174,9 +174,9 @@ class PersiaCommonContext:
         if self._borrowed is not None:
             return self._borrowed.session
         if self._session is None:
-            from pyrsia.services.nn_worker.session import Session
+            from persia._session_open import open_session
 
-            self._session = Session.open()
+            self._session = open_session()
         return self._session
 
     def close(self) -> None:

@@ -306,11 +306,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 # --- (c) no import cycles between files, lazy imports included ---------------------------
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # Session picks EmbeddedSession lazily when embedded mode is asked for, and
-    # EmbeddedSession subclasses Session (issue 47: embedded mode gets a room of its own).
-    frozenset({"pyrsia.services.nn_worker.embedded", "pyrsia.services.nn_worker.session"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 """The import cycles (strongly connected files, lazy imports counted) that main still has,
 each to be broken. This list may only shrink: a cycle outside it fails, and so does an entry
 no cycle needs any more (delete it)."""

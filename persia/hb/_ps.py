@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from persia._session_open import open_session
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
 from persia.hb._context import context
@@ -82,7 +83,7 @@ class PSConnection:
             if self._session is not None:
                 return self._session
             optimizer = self._choose_optimizer()
-            session = Session.open()
+            session = open_session()
             try:
                 client, run = session.client, session.runtime.run
                 run(client.wait_ready())

@@ -13,7 +13,6 @@ import os
 import socket
 import time
 
-from pyrsia.services.nn_worker.embedded_mode import embedded_requested
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.services.nn_worker.rank_stats import RankStats
@@ -57,12 +56,8 @@ class Session:
     ) -> Session:
         """Registry-backed (``addresses=None``) or fixed-address session; waits for the workers.
 
-        With ``PERSIA_EMBEDDED=1`` (and no addresses) the session's embedding client is the
-        in-process engines (:class:`~pyrsia.services.nn_worker.embedded.EmbeddedSession`)."""
-        if addresses is None and embedded_requested():
-            from pyrsia.services.nn_worker.embedded import EmbeddedSession  # it subclasses Session
-
-            return EmbeddedSession.open(wait_timeout_s=wait_timeout_s)
+        Services mode's session: ``persia._session_open.open_session`` picks embedded mode's
+        instead when ``PERSIA_EMBEDDED=1``."""
         runtime = get_runtime()
         settings = None if addresses is not None else RegistrySettings.from_env()
 
