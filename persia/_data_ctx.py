@@ -16,7 +16,7 @@ from typing import Any
 from persia.embedding.data import PersiaBatch
 from persia.env import get_replica_index, get_replica_size
 from pyrsia.services.data_loader.sender import BatchSender
-from pyrsia.services.nn_worker.embedded_mode import embedded_requested
+from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.shared.constants import DATA_SEND_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
 from pyrsia.shared.errors import DataCtxError, InvalidTypeError
 from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
@@ -63,7 +63,7 @@ class DataCtx:
         self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
         sender_type: Any = BatchSender
         if embedded_requested():  # the engines are imported only in embedded mode
-            from pyrsia.services.nn_worker.embedded_sender import EmbeddedSender as sender_type
+            from pyrsia.services.embedded.sender import EmbeddedSender as sender_type
         sender = sender_type(
             self.replica_index, self.replica_size, wait_timeout_s=self.wait_timeout_s,
             send_timeout_s=self.send_timeout_s, max_inflight=self.max_inflight,

@@ -8,7 +8,7 @@ are imported only when a job asks for them.
 
 from __future__ import annotations
 
-from pyrsia.services.nn_worker.embedded_mode import embedded_requested
+from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
 
@@ -19,7 +19,7 @@ def open_session(
     """A registry-backed (``addresses=None``) or fixed-address session; with
     ``PERSIA_EMBEDDED=1`` and no addresses, the in-process engines' session instead."""
     if addresses is None and embedded_requested():
-        from pyrsia.services.nn_worker.embedded import EmbeddedSession  # engines: only here
+        from pyrsia.services.embedded.job import EmbeddedSession  # engines: only here
 
         return EmbeddedSession.open(wait_timeout_s=wait_timeout_s)
     return Session.open(addresses=addresses, wait_timeout_s=wait_timeout_s)

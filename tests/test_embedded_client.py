@@ -1,4 +1,4 @@
-"""Embedded mode's in-process client (pyrsia/services/nn_worker/embedded_client.py) against the
+"""Embedded mode's in-process client (pyrsia/services/embedded/client.py) against the
 real services: the same answers, the same updates, and checkpoints that load both ways.
 
 Both sides run the same calls through their client's coroutines: the HTTP side is an
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
-from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
+from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.errors import InvalidInputError, NotFoundError
@@ -201,7 +201,7 @@ def test_registering_the_optimizer_loads_the_kernels_the_first_batches_need(tmp_
 import asyncio, json
 from pyrsia.services.embedding_ps import kernels as ps
 from pyrsia.services.embedding_worker import kernels as ew
-from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
+from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.shared.config import load_embedding_config, load_global_config
 kernels = [ps.update_rows, ps.lookup_train, ew.dedup_prefixed, ew.all_finite]
 before = [len(k.signatures) for k in kernels]

@@ -1,4 +1,4 @@
-"""Embedded mode's plumbing (pyrsia/services/nn_worker/embedded*.py): the variable that selects
+"""Embedded mode's plumbing (pyrsia/services/embedded/): the variable that selects
 it, the data loader's batches handed over in process, and a failing loader ending the stream."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import threading
 import numpy as np
 import pytest
 
-from pyrsia.services.nn_worker.embedded import (
+from pyrsia.services.embedded.job import (
     EmbeddedSession,
     get_embedded_job,
     reset_embedded_job,
 )
-from pyrsia.services.nn_worker.embedded_mode import embedded_requested
-from pyrsia.services.nn_worker.embedded_sender import EmbeddedSender
+from pyrsia.services.embedded.mode import embedded_requested
+from pyrsia.services.embedded.sender import EmbeddedSender
 from pyrsia.shared.constants import (
     ENV_CPU_PRIORITY,
     ENV_DATALOADER_ENTRY,

@@ -18,7 +18,7 @@ import torch
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import Adagrad
-from pyrsia.services.nn_worker.embedded import reset_embedded_job
+from pyrsia.services.embedded.job import reset_embedded_job
 from pyrsia.shared.constants import ENV_EMBEDDED, ENV_EMBEDDING_CONFIG
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, environ, job_services, make_batch
 

@@ -13,8 +13,8 @@ import torch
 from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import Adagrad
+from pyrsia.services.embedded.job import reset_embedded_job
 from pyrsia.services.nn_worker.backward import BackwardEngine
-from pyrsia.services.nn_worker.embedded import reset_embedded_job
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.runtime import Runtime

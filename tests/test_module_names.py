@@ -17,6 +17,10 @@ INTENDED: dict[str, str] = {
     "launch": "each service's persia-launcher command (nn_worker, data_loader)",
     "server": "each server process's HTTP routes (embedding_ps, embedding_worker, persia.serving)",
     "kernels": "each service's compiled numba kernels (embedding_ps, embedding_worker)",
+    "warm": "each engine's numba kernels run once before they are needed (embedding_ps, "
+    "embedding_worker)",
+    "sender": "the data loader's batch sender: to the NN workers over HTTP (data_loader), to "
+    "the training loop of the same process (embedded)",
     "persia_metrics": "each service's series under PERSIA's metric names (embedding_ps, "
     "embedding_worker)",
     "data": "public names: persia.data and persia.embedding.data (PERSIA), persia.hb.data "

@@ -34,7 +34,7 @@ The children die with ``run`` even when it is killed (``PR_SET_PDEATHSIG``).
 
 With ``--embedded`` (or ``PERSIA_EMBEDDED=1``) the job is one process: ``train.py`` runs with
 the embedding PS and worker engines inside it and ``data_loader.py`` in one of its threads
-(pyrsia/services/nn_worker/embedded.py); no Redis, no servers, one NN-worker rank.
+(pyrsia/services/embedded/job.py); no Redis, no servers, one NN-worker rank.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from persia._launch.console import NAMES, Output, Progress, pump_lines
-from pyrsia.services.nn_worker.embedded_mode import embedded_requested
+from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,

@@ -44,7 +44,7 @@ MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
 """Free memory at the top of the heap is handed back to the kernel only past this."""
 ENV_EMBEDDED = "PERSIA_EMBEDDED"
 """1: embedded mode, the embedding PS and worker engines and the data loader inside the
-NN-worker process (``persia-launcher run --embedded``; pyrsia/services/nn_worker/embedded.py);
+NN-worker process (``persia-launcher run --embedded``; pyrsia/services/embedded/job.py);
 0 or unset: services mode."""
 ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
 """The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or

@@ -82,7 +82,7 @@ def apply_thread_cpu_priority(priority: str, native_id: int = 0) -> str:
     ``priority``'s class, back to the default class for ``normal``; returns what was applied.
 
     Embedded mode runs its engine threads in the background class beside the training
-    thread (pyrsia/services/nn_worker/embedded.py). Where the kernel has no idle class, or
+    thread (pyrsia/services/embedded/job.py). Where the kernel has no idle class, or
     refuses to let the thread back (an unprivileged user whose ``RLIMIT_NICE`` is 0), the
     thread keeps its class and the answer says so.
     """

@@ -2,7 +2,7 @@
 
 numba loads a cached kernel on its first call (~0.1-0.5 s of CPU each). A process that
 starts its warm-up in a thread as it starts pays that while it is still idle, not inside
-the first training steps (pyrsia/services/warmup.py, pyrsia/shared/scatter.py).
+the first training steps (each engine's ``warm.py``, pyrsia/shared/scatter.py).
 
 On a cold start (no cache) the warm-up compiles for tens of seconds, and a first call made
 meanwhile waits for that compilation. :func:`warming_in_progress` says whether a warm-up

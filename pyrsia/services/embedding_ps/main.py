@@ -13,7 +13,7 @@ from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
 from pyrsia.services.embedding_ps.packets import IncrementalWriter
 from pyrsia.services.embedding_ps.server import create_app
-from pyrsia.services.warmup import warm_ps
+from pyrsia.services.embedding_ps.warm import warm_ps
 from pyrsia.shared.cli import (
     add_config_flags,
     add_replica_flags,

@@ -7,7 +7,7 @@ import logging
 
 from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.services.embedding_worker.server import create_app
-from pyrsia.services.warmup import warm_worker
+from pyrsia.services.embedding_worker.warm import warm_worker
 from pyrsia.shared.cli import (
     add_config_flags,
     add_replica_flags,

@@ -19,9 +19,9 @@ import logging
 import time
 from typing import Protocol
 
+from pyrsia.services.embedded.job import get_embedded_job
 from pyrsia.services.embedding_worker.replica import IDHalf
 from pyrsia.services.nn_worker import job_checkpoint
-from pyrsia.services.nn_worker.embedded import get_embedded_job
 from pyrsia.services.nn_worker.ingress import BatchQueue
 from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import (

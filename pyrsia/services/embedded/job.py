@@ -43,7 +43,7 @@ import sys
 import threading
 from pathlib import Path
 
-from pyrsia.services.nn_worker.embedded_client import EmbeddedClient
+from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.services.nn_worker.ingress import BatchQueue
 from pyrsia.services.nn_worker.runtime import Runtime, get_runtime, shutdown_runtime
 from pyrsia.services.nn_worker.session import Session

@@ -1,7 +1,7 @@
 """Whether this job runs in embedded mode: ``$PERSIA_EMBEDDED`` read and checked.
 
 A module of its own, with no engine imports, so ``persia-launcher run`` and the contexts can
-ask without loading the embedding engines (pyrsia/services/nn_worker/embedded.py).
+ask without loading the embedding engines (pyrsia/services/embedded/job.py).
 """
 
 from __future__ import annotations

@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.warm import warm_ps
 from pyrsia.services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
 from pyrsia.services.embedding_worker.replica import Worker
-from pyrsia.services.warmup import warm_ps, warm_worker
+from pyrsia.services.embedding_worker.warm import warm_worker
 from pyrsia.shared.config import EmbeddingSchema, GlobalConfig
 from pyrsia.shared.constants import GRADIENT_BUFFER_FACTOR
 from pyrsia.shared.embedding_spec import (
