@@ -31,7 +31,6 @@ from persia._train_parts import TrainParts, apply_train_extension
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
-from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
@@ -43,6 +42,7 @@ from pyrsia.services.nn_worker.step import HookHandle, StepEvent, TrainingStep
 from pyrsia.services.nn_worker.step_clock import StepClock
 from pyrsia.services.nn_worker.tensorboard import TensorBoardLog, run_dir
 from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S
+from pyrsia.shared import job_checkpoint
 from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.constants import (
     DEFAULT_JOB_ID,

@@ -245,7 +245,7 @@ class PersiaServiceCtx:
                 self.embedding_worker_replica_num, self.embedding_worker_port,
             )  # fmt: skip
             if self.data_loader_func is not None or self.nn_worker_func is not None:
-                from pyrsia.services.nn_worker.runtime import get_runtime
+                from pyrsia.shared.runtime import get_runtime
 
                 get_runtime()  # started here, before two threads could both start it
             for func, name in (

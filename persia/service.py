@@ -27,8 +27,8 @@ _logger = logging.getLogger(__name__)
 
 
 def _registered() -> list[str]:
-    from pyrsia.services.nn_worker.runtime import get_runtime
     from pyrsia.shared.registry import Registry, RegistrySettings
+    from pyrsia.shared.runtime import get_runtime
 
     async def discover() -> list[str]:
         registry = Registry(RegistrySettings.from_env())

@@ -15,11 +15,11 @@ import torch
 from persia.ctx import DataCtx, TrainCtx
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.optim import SGD
-from pyrsia.services.nn_worker.runtime import shutdown_runtime
 from pyrsia.shared.auth import check_bind, check_token, is_authorized, is_loopback
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import AuthError, ConfigError
 from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.runtime import shutdown_runtime
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.service_procs import REPO
 

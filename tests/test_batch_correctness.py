@@ -30,10 +30,10 @@ from persia.embedding.data import (
 from persia.embedding.optim import SGD
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
-from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.runtime import get_runtime
 from pyrsia.shared.wire.batch import DenseArray, DensePart, IDPart
 from pyrsia.shared.wire.ingress import IngressBatch
 from tests.nn_helpers import PooledModel, environ, job_services

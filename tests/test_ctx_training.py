@@ -176,7 +176,7 @@ WARMING_SCRIPT = """
 import json, sys, threading
 import torch
 from pyrsia.shared.allocator import keep_freed_memory
-from pyrsia.services.nn_worker.runtime import get_runtime
+from pyrsia.shared.runtime import get_runtime
 from persia.ctx import TrainCtx
 from persia.embedding.optim import SGD
 from pyrsia.shared import scatter

@@ -12,10 +12,10 @@ import pytest
 
 from persia._data_ctx import DataCtx, DataCtxError
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
-from pyrsia.services.nn_worker.runtime import get_runtime
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.registry import RegistrySettings
+from pyrsia.shared.runtime import get_runtime
 from tests.nn_helpers import EMBEDDING_CONFIG, environ, job_services, make_batch
 from tests.service_procs import ServiceProc
 

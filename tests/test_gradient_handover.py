@@ -17,9 +17,9 @@ from pyrsia.services.embedded.job import reset_embedded_job
 from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.inflight import InflightLimits
-from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.constants import ENV_EMBEDDED, ENV_EMBEDDING_CONFIG
 from pyrsia.shared.errors import GradientSendError
+from pyrsia.shared.runtime import Runtime
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, environ, make_batch
 from tests.redis_server import free_port
 

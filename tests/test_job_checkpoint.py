@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyrsia.services.nn_worker import job_checkpoint as jc
+from pyrsia.shared import job_checkpoint as jc
 from pyrsia.shared.config import parse_global_config
 from pyrsia.shared.errors import ConfigError
 

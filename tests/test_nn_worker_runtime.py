@@ -13,9 +13,9 @@ import pytest
 from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient, normalize_address
 from pyrsia.services.nn_worker.inflight import InflightLimits
-from pyrsia.services.nn_worker.runtime import Runtime, RuntimeClosedError
 from pyrsia.shared.constants import GIL_SWITCH_INTERVAL_S
 from pyrsia.shared.errors import GradientSendError, InvalidInputError
+from pyrsia.shared.runtime import Runtime, RuntimeClosedError
 from tests.redis_server import free_port
 
 
@@ -126,7 +126,7 @@ def _switch_interval_after_start(preset: float | None) -> float:
     set_line = f"sys.setswitchinterval({preset!r}); " if preset is not None else ""
     code = (
         f"import sys; {set_line}"
-        "from pyrsia.services.nn_worker.runtime import Runtime; "
+        "from pyrsia.shared.runtime import Runtime; "
         "r = Runtime().start(); print(sys.getswitchinterval()); r.stop()"
     )
     out = subprocess.run(
@@ -172,7 +172,7 @@ def test_threads_starting_the_runtime_together_all_get_a_running_loop():
     """A thread calling start() while another's start is still bringing the loop up must
     wait for it, not return early and find no loop (persia.helper starts data-loader and
     NN-worker functions in threads of one process)."""
-    from pyrsia.services.nn_worker.runtime import Runtime
+    from pyrsia.shared.runtime import Runtime
 
     for _ in range(10):
         runtime = Runtime()

@@ -18,8 +18,8 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.prefetch import Prefetcher
-from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
+from pyrsia.shared.runtime import Runtime
 from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.redis_server import free_port
 

@@ -14,7 +14,7 @@ import torch
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import Adagrad
-from pyrsia.services.nn_worker import job_checkpoint as jc
+from pyrsia.shared import job_checkpoint as jc
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
 EVAL_IDS = [1000 + i for i in range(9)]

@@ -18,7 +18,7 @@ import pytest
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.inflight import InflightLimits, Lookahead
 from pyrsia.services.nn_worker.prefetch import Prefetcher
-from pyrsia.services.nn_worker.runtime import Runtime
+from pyrsia.shared.runtime import Runtime
 from pyrsia.shared.wire.batch import DensePart
 
 STEPS = 30

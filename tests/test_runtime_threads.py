@@ -1,5 +1,5 @@
 """The runtime's loop thread runs torch ops serially, so it never opens a second OpenMP team
-beside the training thread's (pyrsia/services/nn_worker/serial_ops.py)."""
+beside the training thread's (pyrsia/shared/serial_ops.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ SCRIPT = """
 import json, os, threading
 import torch
 torch.set_num_threads(2)
-from pyrsia.services.nn_worker.runtime import get_runtime
+from pyrsia.shared.runtime import get_runtime
 
 def threads():
     return len(os.listdir("/proc/self/task"))

@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from pyrsia.services.nn_worker.job_checkpoint import complete_checkpoints, read_manifest
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
+from pyrsia.shared.job_checkpoint import complete_checkpoints, read_manifest
 from tests.cluster.job import EW_PORT, FULL, MASTER_PORT, PS_PORT, ClusterJob, Layout
 
 pytestmark = pytest.mark.timeout(240)

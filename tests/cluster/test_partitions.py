@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from pyrsia.services.nn_worker.job_checkpoint import latest_complete, read_manifest
+from pyrsia.shared.job_checkpoint import latest_complete, read_manifest
 from tests.cluster.job import FULL, ClusterJob
 from tests.cluster.netns import Network
 

@@ -40,12 +40,12 @@ import time
 import pytest
 import redis as redis_lib
 
-from pyrsia.services.nn_worker.job_checkpoint import latest_complete, read_manifest
 from pyrsia.shared.constants import (
     ROLE_EMBEDDING_PS,
     ROLE_EMBEDDING_WORKER,
     service_key,
 )
+from pyrsia.shared.job_checkpoint import latest_complete, read_manifest
 from tests.faults.honcho_job import REPO, HonchoJob, JobResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pyrsia.services.nn_worker.job_checkpoint import latest_complete, read_manifest
+from pyrsia.shared.job_checkpoint import latest_complete, read_manifest
 from tests.faults.honcho_job import HonchoJob
 from tests.faults.test_kill9 import AUC_TOLERANCE, MID_JOB_LIMIT, _record
 

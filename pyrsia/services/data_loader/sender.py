@@ -5,14 +5,14 @@ features go to embedding worker k mod W, which buffers them; then its dense part
 (non-id features, labels, meta) and the reference go to NN-worker rank
 batch_id mod world_size. Both peers answer 429 when their bounded queue is full,
 and the sender backs off and retries. Sends run on the process's event-loop thread
-(:class:`~pyrsia.services.nn_worker.runtime.Runtime`), a bounded number at a time, so
+(:class:`~pyrsia.shared.runtime.Runtime`), a bounded number at a time, so
 building the next batch overlaps sending this one; an error from a send surfaces at the
 next :meth:`BatchSender.send` or at :meth:`BatchSender.finish`. On a clean finish every
 NN-worker rank is told how many batches this loader sent it, which is what ends the
 ranks' ``StreamingDataset``.
 
 With ``--resume`` the sender skips the batches the newest complete job checkpoint lists
-as trained (:mod:`pyrsia.services.nn_worker.job_checkpoint`): the script builds every
+as trained (:mod:`pyrsia.shared.job_checkpoint`): the script builds every
 batch as before (so batch ids stay the same), and :meth:`BatchSender.send` drops those
 already trained, so the resumed job trains every batch of the epoch exactly once.
 
@@ -27,11 +27,11 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from pyrsia.services.nn_worker import job_checkpoint
-from pyrsia.services.nn_worker.runtime import get_runtime
+from pyrsia.shared import job_checkpoint
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import RemoteBadRequestError, ServiceUnavailableError
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.runtime import get_runtime
 from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
 from pyrsia.shared.wire.batch import DensePart, IDPart

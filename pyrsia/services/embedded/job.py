@@ -45,7 +45,6 @@ from pathlib import Path
 
 from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.services.nn_worker.ingress import BatchQueue
-from pyrsia.services.nn_worker.runtime import Runtime, get_runtime, shutdown_runtime
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.config import (
     default_global_config,
@@ -63,6 +62,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
+from pyrsia.shared.runtime import Runtime, get_runtime, shutdown_runtime
 
 log = logging.getLogger(__name__)
 

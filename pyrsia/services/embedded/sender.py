@@ -21,15 +21,15 @@ from typing import Protocol
 
 from pyrsia.services.embedded.job import get_embedded_job
 from pyrsia.services.embedding_worker.replica import IDHalf
-from pyrsia.services.nn_worker import job_checkpoint
 from pyrsia.services.nn_worker.ingress import BatchQueue
-from pyrsia.services.nn_worker.runtime import get_runtime
+from pyrsia.shared import job_checkpoint
 from pyrsia.shared.constants import (
     BACKPRESSURE_BACKOFF_MAX_S,
     BACKPRESSURE_BACKOFF_S,
     ENV_EMBEDDED,
 )
 from pyrsia.shared.errors import BackPressureError, ConfigError
+from pyrsia.shared.runtime import get_runtime
 from pyrsia.shared.send_window import SendWindow
 from pyrsia.shared.validate import positive_int
 from pyrsia.shared.wire.batch import DensePart

@@ -10,7 +10,8 @@ each is looked up through the ``embedding_client``; ``prefetch``: ahead of the l
 training step and its hooks (``step``), the asynchronous
 gradient return (``backward``) with its bounds (``inflight``), even steps across ranks
 (``even_steps``), precision (``precision``), periodic and job checkpoints
-(``checkpointer``, ``job_checkpoint``, ``dense_state``), and what shows a rank from
+(``checkpointer``, ``dense_state``; the job checkpoint's layout is
+``pyrsia.shared.job_checkpoint``), and what shows a rank from
 outside (``rank_stats``: ``/metrics``; ``tensorboard``; ``step_clock``).
 
 Threads of one rank::

@@ -33,8 +33,8 @@ import numpy as np
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.features import GradientPayload
 from pyrsia.services.nn_worker.inflight import InflightLimits, Permit
-from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
+from pyrsia.shared.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

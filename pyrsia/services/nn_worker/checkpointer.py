@@ -9,7 +9,7 @@ Switched on in ``global_config.yml`` (``common_config.checkpointing_config``)::
 At every step boundary (a :class:`~pyrsia.services.nn_worker.step.TrainingStep` hook that
 ``TrainCtx`` adds when entered, :meth:`PeriodicCheckpointer.hook`) records the
 trained batch and asks :meth:`PeriodicCheckpointer.after_step` whether one is due (ranks agree: the step count is the same on every rank, and a time
-trigger is all-reduced). Writing one (see :mod:`pyrsia.services.nn_worker.job_checkpoint` for the
+trigger is all-reduced). Writing one (see :mod:`pyrsia.shared.job_checkpoint` for the
 layout): every rank drains its in-flight embedding gradients and records which batches it
 has trained; barrier; rank 0 dumps every PS shard (through the embedding workers), the
 dense model and optimizer, and commits the manifest; barrier. No rank applies a gradient
@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 import torch
 
-from pyrsia.services.nn_worker import job_checkpoint as jc
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.services.nn_worker.step import StepEvent
+from pyrsia.shared import job_checkpoint as jc
 from pyrsia.shared.config import CheckpointingConfig
 
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue
-from pyrsia.services.nn_worker.runtime import Runtime
+from pyrsia.shared.runtime import Runtime
 from pyrsia.shared.wire.batch import DensePart, IDPart
 from pyrsia.shared.wire.ingress import IngressBatch
 

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.inflight import InflightLimits, LookupLimits
-from pyrsia.services.nn_worker.runtime import Runtime
 from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
 from pyrsia.shared.errors import RuntimeClosedError
+from pyrsia.shared.runtime import Runtime
 from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)

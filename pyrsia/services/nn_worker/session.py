@@ -2,7 +2,7 @@
 
 A :class:`Session` is opened by ``EmbeddingCtx.__enter__`` (never in ``__init__``) and
 closed by ``__exit__``; a context nested in another one reuses its parent's session.
-Everything async runs on the process's :class:`~pyrsia.services.nn_worker.runtime.Runtime`.
+Everything async runs on the process's :class:`~pyrsia.shared.runtime.Runtime`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import time
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.services.nn_worker.rank_stats import RankStats
-from pyrsia.services.nn_worker.runtime import Runtime, get_runtime
 from pyrsia.shared.constants import (
     DEFAULT_WAIT_TIMEOUT_S,
     DISCOVERY_POLL_INTERVAL_S,
@@ -24,6 +23,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
-"""The NN worker's background event loop: one asyncio (uvloop) loop per process.
+"""A process's background event loop: one asyncio (uvloop) loop per process.
 
-``train.py`` is ordinary synchronous PyTorch code, while everything that talks to
+The NN worker's ranks, the data loader's sender and embedded mode share it. ``train.py``
+is ordinary synchronous PyTorch code, while everything that talks to
 the other services (embedding lookups, gradient sends, the batch ingress) is
 asyncio. ``Runtime`` runs one event loop in a background thread and owns the
 process's single :class:`~pyrsia.shared.http_client.HttpClient`; synchronous code hands
@@ -27,7 +28,6 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from pyrsia.services.nn_worker.serial_ops import run_torch_ops_serially_on_this_thread
 from pyrsia.shared.constants import (
     GIL_SWITCH_INTERVAL_S,
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
@@ -35,6 +35,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import MisuseError, RuntimeClosedError
 from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.serial_ops import run_torch_ops_serially_on_this_thread
 
 log = logging.getLogger(__name__)
 
