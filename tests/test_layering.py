@@ -1,4 +1,5 @@
-"""The package dependency rule of DESIGN.md: ``persia -> pyrsia.services.* -> pyrsia.shared``.
+"""The package dependency rule of DESIGN.md: ``persia -> pyrsia.services.* -> pyrsia.shared``,
+and no service importing another one but embedded mode's room (tests/test_service_imports.py).
 
 ``persia`` is PERSIA's API, the facade users import; ``pyrsia.services`` holds each
 process's machinery; ``pyrsia.shared`` is the code every service speaks. The test reads every ``import`` statement (top level and
@@ -349,7 +350,7 @@ def test_the_embedding_ps_store_is_in_no_cycle() -> None:
     assert not [k for k in KNOWN_CYCLES if any(m.startswith(ps) for m in k)]
 
 
-def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
         module = todo.pop()
@@ -362,5 +363,5 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_the_contexts_never_import_epl() -> None:
     """EPL plugs into TrainCtx through ``persia._train_parts`` (issue 47): nothing that
     ``persia.ctx`` imports, lazy imports included, imports ``persia.epl``."""
-    reached = _reachable(import_graph(lazy=True), "persia.ctx")
+    reached = reachable(import_graph(lazy=True), "persia.ctx")
     assert not sorted(m for m in reached if m == "persia.epl" or m.startswith("persia.epl."))
