@@ -41,7 +41,10 @@ pip_quiet wheel -q --no-deps -w "$build" "$repo"
 project_wheel="$(ls "$build"/pyrsia-*.whl)"
 if [ ! -e "$stamp" ]; then
   echo "wheelhouse: fetching torch==$torch_version and the project's dependencies into $wheels"
+  # PYRSIA_TORCH_INDEX: an extra index for torch, e.g. PyTorch's CPU-only one where the
+  # host's pip would otherwise fetch the CUDA build (this machine's pip finds the CPU wheel)
   pip_quiet download -q --only-binary=:all: -d "$wheels" \
+    ${PYRSIA_TORCH_INDEX:+--extra-index-url "$PYRSIA_TORCH_INDEX"} \
     "torch==$torch_version" "setuptools>=68" wheel "$project_wheel" "$EXTRA_WHEELS"
   rm -f "$wheels"/pyrsia-*.whl "$wheels"/.complete-*
   touch "$stamp"
