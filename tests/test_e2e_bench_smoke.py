@@ -187,3 +187,17 @@ def test_a_run_with_more_torch_threads_than_cores_says_so():
     assert oversubscribed(2 * cores) == (
         f" (oversubscribed: {2 * cores} torch threads on {cores} cores)"
     )
+
+
+def test_threads_default_to_torchs_own_and_settings_name_the_rows():
+    """``--threads default`` (0: torch's own, on each side) is the default; a thread count
+    must be positive and distinct; ``--settings`` takes defaults and tuned."""
+    from e2e_cli import parse_args
+
+    _, args = parse_args([], "")
+    assert args.threads == [0] and args.settings == ["defaults"]
+    _, args = parse_args(["--threads", "default,1,2", "--settings", "defaults,tuned"], "")
+    assert args.threads == [0, 1, 2] and args.settings == ["defaults", "tuned"]
+    for bad in (["--threads", "0"], ["--threads", "default,default"], ["--settings", "fast"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad, "")
