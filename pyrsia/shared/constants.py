@@ -232,7 +232,7 @@ AUTO_EMBEDDING_STALENESS = 8
 """The staleness bound of a training DataLoader given no ``embedding_staleness`` (per rank).
 Without any bound the lookups of a rank whose gradients queue behind the servers read
 embeddings that miss up to ``backward_buffer_size`` batches' updates (Census-Income: test AUC
-0.0018-0.0023 below one PyTorch process, against 0.0005 at 8; docs/concepts/staleness.md)."""
+0.0018-0.0024 below one PyTorch process, against 0.0005-0.0007 at 8; docs/concepts/staleness.md)."""
 
 GRADIENT_BUFFER_FACTOR = 4
 """An embedding worker keeps at most forward_buffer_size x this many batches awaiting their
