@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from pyrsia.shared.constants import (
     ENV_GLOBAL_CONFIG,
 )
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, make_batch
+from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CORES = len(os.sched_getaffinity(0))
@@ -52,8 +54,11 @@ def test_rank_threads_share_the_cores_among_the_nodes_ranks():
 def _launch(tmp_path: Path, **env: str) -> str:
     script = tmp_path / "threads.py"
     script.write_text(THREADS_PY)
-    drop = ("OMP_NUM_THREADS", "PERSIA_REDIS_URL", "PERSIA_JOB_ID", "RANK", "WORLD_SIZE")
+    drop = ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE")
     run_env = {k: v for k, v in os.environ.items() if k not in drop} | env
+    # no Redis listens there: the launcher goes on without a job lease, as it says
+    run_env.update(PERSIA_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                   PERSIA_JOB_ID=f"threads-{uuid.uuid4().hex[:8]}")  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "1"],
         cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120,
