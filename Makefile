@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: venv warm redis-check test test-slow test-bench test-faults test-load test-all test-gpu gpu-wheels cluster lint format bench demo demo-multi docs clean
+.PHONY: venv warm redis-check test test-slow test-bench test-faults test-load test-all test-gpu gpu-wheels cluster images compose-test lint format bench demo demo-multi docs clean
 
 venv: $(STAMP)
 
@@ -70,6 +70,17 @@ gpu-wheels:
 ## plus the loopback guard of the silent-peer reports (tests/test_cluster_silent_peer.py)
 cluster: $(STAMP) redis-check warm
 	$(PY) -m pytest -q -s -m '' tests/cluster tests/test_cluster_silent_peer.py
+
+## every image of docker-compose.yml without a registry: a Debian base from debootstrap, the
+## project and torch (CPU) from a local wheelhouse, Redis and Prometheus from Debian's packages
+## (scripts/docker/images.sh; cached in /var/cache/pyrsia, or PYRSIA_IMAGE_CACHE)
+images:
+	bash scripts/docker/images.sh
+
+## the Adult job under docker compose across containers, a PS killed and resumed, Prometheus
+## queried, then down (tests/compose); starts dockerd as root if none runs, skips without one
+compose-test: $(STAMP)
+	bash scripts/docker/compose_test.sh $(PY)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

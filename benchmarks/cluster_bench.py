@@ -114,6 +114,8 @@ class CensusJob(ClusterJob):
             E2E_BATCH="1024",
             E2E_THREADS="1",
             E2E_STALENESS=str(self.staleness),
+            E2E_REPRODUCIBLE="1",  # batch-id order, 16 ingress batches, as it measured before
+            E2E_BUFFER="16",
         )
         return env
 

@@ -12,14 +12,24 @@ features -> 64, top MLP 592-512-256-1 on Census-Income) is trained two ways:
     for all slots), Uniform(+-0.01), ``torch.optim.Adagrad(lr=0.05,
     initial_accumulator_value=0.01)``; dense ``Adam(1e-3)``; ``BCEWithLogitsLoss``.
 
-Same batches (batch size 1,024, same order: the NN worker hands them out in batch-id
-order), same number of steps, same hyperparameters (``e2e/model.py``). samples/s is
-training samples over the wall time of the training loop only, the first step excluded
-on both sides (Pyrsia: measured inside train.py from the end of the first step to the
-last gradients applied; start-up and evaluation are reported separately). Each side runs
-at each ``--threads`` count and the best is kept. Data: the real Census-Income (KDD) set
-(one epoch, test AUC on the test split; UCI, Lane & Kohavi 2000, CC BY 4.0) and a
-Criteo-shaped synthetic set.
+By default Pyrsia runs the README's code as written: train.py's loop is
+``for batch in DataLoader(StreamingDataset(buffer_size=10)): ctx.backward(loss_fn(*ctx.forward(batch)))``
+with no DataLoader option and no thread setting (``--threads default``: torch's own on both
+sides; the launcher gives a one-rank NN worker every core). ``--settings defaults,tuned``
+adds the tuned rows (sides ``*_tuned``): ``embedding_staleness=--staleness``,
+``reproducible=True`` (batches in batch-id order, the baseline's) and a 16-batch buffer.
+
+Same batches (batch size 1,024; the data loader sends them in the baseline's order, and the
+NN worker takes them as they arrive, in batch-id order with ``reproducible``), same number
+of steps, same hyperparameters (``e2e/model.py``). samples/s is training samples over the
+wall time of the training loop only, the first step excluded on both sides (Pyrsia:
+measured inside train.py from the end of the first step to the last gradients applied;
+start-up and evaluation are reported separately). Each side runs at each ``--threads``
+count, ``--repeats`` times, interleaved: each Pyrsia run is paired with the baseline run
+of the same round, and the RESULT line reports the medians over the first side's pairs
+(the ratio is the median of the pairs' ratios), with the CPU model printed above it. Data:
+the real Census-Income (KDD) set (one epoch, test AUC on the test split; UCI, Lane &
+Kohavi 2000, CC BY 4.0) and a Criteo-shaped synthetic set.
 
 Also reported: each process's CPU share over the training window (``/proc``), the
 services' ``/metrics`` latency means, the NN worker's CPU per thread, and where the
@@ -30,9 +40,10 @@ Ends with::
 
     RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
 
-    python benchmarks/e2e_bench.py [--quick] [--threads 1,2] [--nn-workers 1,2] [--repeats N]
+    python benchmarks/e2e_bench.py [--quick] [--threads default,1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--fused-adam] [--datasets census,criteo]
-                                   [--criteo-rows 200000] [--staleness 8] [--torchrec]
+                                   [--criteo-rows 200000] [--settings defaults,tuned]
+                                   [--staleness 8] [--torchrec]
                                    [--modes services,embedded]
                                    [--malloc-tuning on,off]
                                    [--json F]
@@ -69,24 +80,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, write_json
+from _common import REPO, cpu_model, write_json
 from plots import saved
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
+import torch  # noqa: E402
 from e2e import data as e2e_data  # noqa: E402
 from e2e.report import print_report, save_chart  # noqa: E402
 from e2e_cli import parse_args  # noqa: E402
 from e2e_runs import BATCH, rank_rows, run_baseline, run_pyrsia, run_pyrsia_embedded  # noqa: E402
 
+from pyrsia.services.nn_worker.launch import rank_threads  # noqa: E402
 from pyrsia.services.nn_worker.precision import cpu_computes_bf16  # noqa: E402
 
 EMBEDDED_SIDE = "pyrsia_embedded"
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+"""Torch's own thread count in a fresh process here: the baseline's at ``--threads default``."""
 
 
 # ------------------------------------------------------------------------------- report
@@ -97,7 +113,8 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
     sides = {
-        (n, prio, rb, mt): pyrsia_side(n, prio, rb, mt)
+        (n, prio, rb, mt, st): pyrsia_side(n, prio, rb, mt, st)
+        for st in args.settings
         for n in args.nn_workers
         for prio in args.cpu_priority
         for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
@@ -106,7 +123,9 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     if "services" not in args.modes:
         sides = {}
     embedded = (
-        {mt: embedded_side(mt) for mt in args.malloc_tuning} if "embedded" in args.modes else {}
+        {(mt, st): embedded_side(mt, st) for st in args.settings for mt in args.malloc_tuning}
+        if "embedded" in args.modes
+        else {}
     )
     mode_sides = [*sides.values(), *embedded.values()]
     runs = empty_runs(name, args, mode_sides)
@@ -148,30 +167,36 @@ def oversubscribed(torch_threads: int) -> str:
 
 def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[Path, Path],
               tmp: Path, args: argparse.Namespace, sides: dict[tuple, str],
-              embedded: dict[str, str], runs: dict[str, list[dict[str, Any]]], *,
+              embedded: dict[tuple, str], runs: dict[str, list[dict[str, Any]]], *,
               threads: int, max_steps: int) -> None:  # fmt: skip
-    """One run of every side at ``threads`` torch threads, each appended to its ``runs``."""
-    for mt, side in embedded.items():
-        print(f"[{name}] Pyrsia embedded (one process), {threads} torch thread(s)"
+    """One run of every side at ``threads`` torch threads (0: torch's default on each side),
+    each appended to its ``runs``."""
+    pyrsia_threads = threads or None  # None: train.py leaves torch's (the launcher's) default
+    label = f"{threads}" if threads else "default"
+    for (mt, st), side in embedded.items():
+        print(f"[{name}] Pyrsia embedded (one process), {label} torch thread(s), {st}"
               f"{'' if mt == 'on' else ', malloc untuned'} ...", flush=True)  # fmt: skip
         runs[side].append(run_pyrsia_embedded(
-            data_path, configs, tmp, threads=threads, staleness=args.staleness,
+            data_path, configs, tmp, threads=pyrsia_threads, tuned=st == "tuned",
+            staleness=args.staleness if st == "tuned" else None,
             max_steps=max_steps, profile=args.profile, fused_adam=args.fused_adam,
             malloc_tuning=mt,
         ))  # fmt: skip
-    for (n, prio, rb, mt), side in sides.items():
-        print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads} torch "
-              f"thread(s), {rank_rows(n, rb)}-row batches per "
+    for (n, prio, rb, mt, st), side in sides.items():
+        print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {label} torch "
+              f"thread(s), {st}, {rank_rows(n, rb)}-row batches per "
               f"rank, services at {prio} CPU priority"
-              f"{'' if mt == 'on' else ', NN worker malloc untuned'}{oversubscribed(n * threads)}"
-              " ...", flush=True)  # fmt: skip
-        runs[side].append(run_pyrsia(data_path, configs, tmp, threads=threads,
-                                     staleness=args.staleness, max_steps=max_steps,
+              f"{'' if mt == 'on' else ', NN worker malloc untuned'}"
+              f"{oversubscribed(n * (threads or rank_threads(n)))} ...", flush=True)  # fmt: skip
+        runs[side].append(run_pyrsia(data_path, configs, tmp, threads=pyrsia_threads,
+                                     staleness=args.staleness if st == "tuned" else None,
+                                     tuned=st == "tuned", max_steps=max_steps,
                                      profile=args.profile, nn_workers=n,
                                      mixed_precision=args.mixed_precision,
                                      cpu_priority=prio, rank_batch=rb,
                                      fused_adam=args.fused_adam,
                                      malloc_tuning=mt))  # fmt: skip
+    threads = threads or TORCH_DEFAULT_THREADS
     print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
     runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
     if args.torchrec:
@@ -193,17 +218,26 @@ def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[P
 
 def summarize(name: str, data: dict[str, Any], args: argparse.Namespace,
               runs: dict[str, list[dict[str, Any]]], pyrsia_sides: list[str]) -> dict[str, Any]:  # fmt: skip
-    """One data set's result: the best run of each side, the ratios to the baseline's best,
-    the same-run pairs, and the references the flags asked for."""
+    """One data set's result: the best run of each side, the same-run pairs and each side's
+    median over them (``medians``: ratio, AUC gap, samples/s of both sides), and the
+    references the flags asked for."""
     best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
     b = best["baseline"]
     p = best[pyrsia_sides[0]]
     pairs = [  # each Pyrsia run against the baseline run of the same repeat and threads
         {"side": side, "nn_workers": pr["nn_workers"], "threads": pr["threads"],
-         "ratio": pr["samples_per_s"] / br["samples_per_s"], "auc_gap": pr["auc"] - br["auc"]}
+         "ratio": pr["samples_per_s"] / br["samples_per_s"], "auc_gap": pr["auc"] - br["auc"],
+         "pyrsia_samples_per_s": pr["samples_per_s"], "baseline_samples_per_s": br["samples_per_s"],
+         "pyrsia_auc": pr["auc"], "baseline_auc": br["auc"]}
         for side in pyrsia_sides
         for pr, br in zip(runs[side], runs["baseline"], strict=True)
     ]  # fmt: skip
+    medians = {
+        side: {k: statistics.median(q[k] for q in pairs if q["side"] == side)
+               for k in ("ratio", "auc_gap", "pyrsia_samples_per_s", "baseline_samples_per_s",
+                         "pyrsia_auc", "baseline_auc")}
+        for side in pyrsia_sides
+    }  # fmt: skip
     for side in pyrsia_sides:  # split rank batches: more, smaller batches, the same rows
         if best[side]["samples"] != b["samples"]:
             raise RuntimeError(
@@ -213,7 +247,7 @@ def summarize(name: str, data: dict[str, Any], args: argparse.Namespace,
         "dataset": name, "train_rows": len(data["train_label"]), "test_rows": len(data["test_label"]),
         "slots": len(data["slot_names"]), "dense": int(data["train_dense"].shape[1]),
         "batch_size": BATCH, "steps": p["steps"], "runs": runs, "pyrsia": p, "baseline": b,
-        "ratio": p["samples_per_s"] / b["samples_per_s"], "pairs": pairs,
+        "ratio": p["samples_per_s"] / b["samples_per_s"], "pairs": pairs, "medians": medians,
         "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
         "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
         "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
@@ -249,21 +283,24 @@ def references(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
 
 
 def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole",
-                malloc_tuning: str = "on") -> str:  # fmt: skip
+                malloc_tuning: str = "on", settings: str = "defaults") -> str:  # fmt: skip
     """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks, services at ``cpu_priority``,
-    ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring) and the NN
-    worker's ``malloc_tuning``."""
+    ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring), the NN
+    worker's ``malloc_tuning`` and train.py's DataLoader ``settings`` (suffix ``_tuned``)."""
     side = "pyrsia" if nn_workers == 1 else f"pyrsia_{nn_workers}ranks"
     if nn_workers > 1 and rank_batch == "split":
         side += "_split"
     if cpu_priority != "normal":
         side += f"_{cpu_priority}_priority"
-    return side if malloc_tuning == "on" else f"{side}_malloc_off"
+    side = side if malloc_tuning == "on" else f"{side}_malloc_off"
+    return side if settings == "defaults" else f"{side}_{settings}"
 
 
-def embedded_side(malloc_tuning: str = "on") -> str:
-    """The runs key of Pyrsia in embedded mode with the process's ``malloc_tuning``."""
-    return EMBEDDED_SIDE if malloc_tuning == "on" else f"{EMBEDDED_SIDE}_malloc_off"
+def embedded_side(malloc_tuning: str = "on", settings: str = "defaults") -> str:
+    """The runs key of Pyrsia in embedded mode with the process's ``malloc_tuning`` and
+    train.py's DataLoader ``settings``."""
+    side = EMBEDDED_SIDE if malloc_tuning == "on" else f"{EMBEDDED_SIDE}_malloc_off"
+    return side if settings == "defaults" else f"{side}_{settings}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,10 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nJSON: {path}")
     saved(save_chart(results, path))
     r = results[0]
+    side = next(iter(r["medians"]))  # the first Pyrsia side: the README's code at defaults
+    m = r["medians"][side]
+    n = sum(q["side"] == side for q in r["pairs"])
+    print(f"\nCPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print(f"Medians of {n} same-run pair(s), {r['dataset']}, side {side}:")
     print(
-        f"RESULT pyrsia_samples_per_s={r['pyrsia']['samples_per_s']:.1f} "
-        f"baseline_samples_per_s={r['baseline']['samples_per_s']:.1f} ratio={r['ratio']:.3f} "
-        f"pyrsia_auc={r['pyrsia']['auc']:.4f} baseline_auc={r['baseline']['auc']:.4f}"
+        f"RESULT pyrsia_samples_per_s={m['pyrsia_samples_per_s']:.1f} "
+        f"baseline_samples_per_s={m['baseline_samples_per_s']:.1f} ratio={m['ratio']:.3f} "
+        f"pyrsia_auc={m['pyrsia_auc']:.4f} baseline_auc={m['baseline_auc']:.4f}"
     )
     return 0
 

@@ -18,6 +18,7 @@ from pyrsia.shared.cpu_priority import CPU_PRIORITIES
 
 RANK_BATCHES = ("whole", "split")
 MODES = ("services", "embedded")
+SETTINGS = ("defaults", "tuned")
 
 
 def choice_list(
@@ -48,8 +49,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="tiny smoke run (20 steps, 1 thread, < 60 s)"
     )
     parser.add_argument(
-        "--threads", default="1,2", help="torch thread counts to try on each side (default 1,2)"
-    )
+        "--threads", default="default",
+        help="torch thread counts to try on each side, comma-separated; 'default' (the "
+        "default): torch's own on each side, as the README's train.py runs (the launcher "
+        "gives a one-rank NN worker every core), e.g. default,1",
+    )  # fmt: skip
     parser.add_argument(
         "--criteo-rows",
         type=int,
@@ -62,8 +66,16 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "reports the first)",
     )  # fmt: skip
     parser.add_argument(
-        "--staleness", type=int, default=8, help="embedding staleness bound of the NN worker"
-    )
+        "--staleness", type=int, default=8,
+        help="embedding_staleness of the tuned rows (--settings tuned; default 8)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--settings", default="defaults",
+        help="train.py's DataLoader, one or more of defaults,tuned: defaults (the default) is "
+        "the README's DataLoader(StreamingDataset(buffer_size=10)), no options; tuned adds "
+        "embedding_staleness=--staleness, reproducible=True and a 16-batch buffer (sides "
+        "*_tuned)",
+    )  # fmt: skip
     parser.add_argument(
         "--log-dir",
         type=Path,
@@ -142,14 +154,19 @@ def _add_side_flags(parser: argparse.ArgumentParser) -> None:
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Split the comma-separated flags into lists and check every value (else exit 2)."""
-    try:
-        args.threads = [int(t) for t in args.threads.split(",")]
-        if not args.threads or min(args.threads) < 1:
+    args.threads_raw = [t.strip() for t in args.threads.split(",")]
+    try:  # 0 stands for torch's default
+        args.threads = [0 if t.strip() == "default" else int(t) for t in args.threads.split(",")]
+        if len(set(args.threads)) != len(args.threads) or any(
+            t < 1 for t, raw in zip(args.threads, args.threads_raw, strict=True) if raw != "default"
+        ):
             raise ValueError
     except ValueError:
         parser.error(
-            f"--threads: expected positive integers separated by commas, got {args.threads!r}"
+            "--threads: expected distinct positive integers or 'default' separated by commas, "
+            f"got {args.threads!r}"
         )
+    args.settings = choice_list(parser, "--settings", args.settings, SETTINGS)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")

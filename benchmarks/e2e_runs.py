@@ -58,8 +58,20 @@ def rank_rows(nn_workers: int, rank_batch: str) -> int:
     return BATCH if rank_batch == "whole" else BATCH // nn_workers
 
 
-def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
-               staleness: int, max_steps: int, profile: bool = False,
+def loader_env(threads: int | None, staleness: int | None, tuned: bool) -> dict[str, str]:
+    """train.py's environment for torch ``threads`` (None: torch's default, the launcher's
+    ``OMP_NUM_THREADS`` untouched) and the DataLoader's options: ``staleness`` (None: not
+    passed) and, ``tuned``, ``reproducible=True`` with a 16-batch ingress buffer; neither:
+    the README's ``DataLoader(StreamingDataset(buffer_size=10))``."""
+    env = {"E2E_STALENESS": "" if staleness is None else str(staleness),
+           "E2E_REPRODUCIBLE": "1" if tuned else "", "E2E_BUFFER": "16" if tuned else ""}  # fmt: skip
+    if threads is not None:
+        env.update(E2E_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    return env
+
+
+def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int | None,
+               staleness: int | None, max_steps: int, tuned: bool = False, profile: bool = False,
                mixed_precision: bool = False, nn_workers: int = 1,
                cpu_priority: str = "normal", rank_batch: str = "whole",
                fused_adam: bool = False, malloc_tuning: str = "on", batch: int | None = None,
@@ -79,18 +91,17 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     """
     batch = rank_rows(nn_workers, rank_batch) if batch is None else batch
     lr_scale = nn_workers if rank_batch == "whole" else 1
-    result_path = tmp / f"result-{nn_workers}x{threads}-{time.monotonic_ns()}.json"
+    result_path = tmp / f"result-{nn_workers}x{threads or 'default'}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
-        "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
-        "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
+        **loader_env(threads, staleness, tuned), "E2E_MAX_STEPS": str(max_steps),
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
         "E2E_DENSE_LR_SCALE": str(lr_scale), "E2E_FUSED_ADAM": "1" if fused_adam else "0",
         ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
         **(extra_env or {}),
     }  # fmt: skip
     if profile:
-        env["E2E_PROFILE"] = str(tmp / f"train-{threads}.prof")
+        env["E2E_PROFILE"] = str(tmp / f"train-{threads or 'default'}.prof")
     flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
              "--port", "0", "--replica-index", "0", "--replica-size", "1",
              "--cpu-priority", cpu_priority]  # fmt: skip
@@ -109,7 +120,7 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
 
 
 def _run_cluster(tmp: Path, env: dict[str, str], flags: list[str], sampler: CpuSampler, *,
-                 threads: int, nn_workers: int,
+                 threads: int | None, nn_workers: int,
                  cpu_priority: str) -> tuple[dict[str, int | None], dict[str, Any], float]:  # fmt: skip
     """Redis, the servers and the clients until the NN worker exits (every child killed and
     reaped if one fails): the exit codes, the servers' ``/metrics`` histograms and the wall
@@ -117,7 +128,9 @@ def _run_cluster(tmp: Path, env: dict[str, str], flags: list[str], sampler: CpuS
     with Cluster(log_dir=tmp) as cluster:
         sampler.track("redis", cluster.redis.proc.pid)
         full_env = {**os.environ, **cluster.env, **env, "PYTHONUNBUFFERED": "1"}
-        logs = {name: open(tmp / f"{name}-{threads}.log", "wb") for name in ("nn", "dl")}  # noqa: SIM115
+        logs = {
+            name: open(tmp / f"{name}-{threads or 'default'}.log", "wb") for name in ("nn", "dl")
+        }  # noqa: SIM115
         children: list[subprocess.Popen] = []
         try:
             # The NN worker and the data loader start first (they wait for the registry), so
@@ -185,14 +198,14 @@ def _start_clients(full_env: dict[str, str], logs: dict[str, Any],
     return nn, loaders
 
 
-def _read_result(result_path: Path, tmp: Path, threads: int, nn_workers: int,
+def _read_result(result_path: Path, tmp: Path, threads: int | None, nn_workers: int,
                  codes: dict[str, int | None]) -> dict[str, Any]:  # fmt: skip
     """train.py's JSON (with each rank's own under ``ranks`` on several ranks); a run with a
     non-zero exit or no JSON raises, with the tails of the NN worker's and loaders' logs."""
     bad = {k: v for k, v in codes.items() if v != 0}
     if bad or not result_path.exists():
-        tail = (tmp / f"nn-{threads}.log").read_text(errors="replace")[-3000:]
-        tail_dl = (tmp / f"dl-{threads}.log").read_text(errors="replace")[-1500:]
+        tail = (tmp / f"nn-{threads or 'default'}.log").read_text(errors="replace")[-3000:]
+        tail_dl = (tmp / f"dl-{threads or 'default'}.log").read_text(errors="replace")[-1500:]
         raise RuntimeError(
             f"Pyrsia run failed, exit codes {codes}\n--- nn worker\n{tail}\n--- data loader\n{tail_dl}"
         )
@@ -218,25 +231,25 @@ def _add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: floa
     res["exit_codes"] = codes
 
 
-def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int,
-                        staleness: int, max_steps: int, profile: bool = False,
+def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *,
+                        threads: int | None, staleness: int | None, max_steps: int,
+                        tuned: bool = False, profile: bool = False,
                         fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
     """One training run in embedded mode, ``persia-launcher run --embedded``: train.py, the
     embedding PS and worker engines and data_loader.py in one process (no Redis, no servers).
     The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON;
     ``malloc_tuning`` as there."""
-    result_path = tmp / f"result-embedded-{threads}-{time.monotonic_ns()}.json"
+    result_path = tmp / f"result-embedded-{threads or 'default'}-{time.monotonic_ns()}.json"
     env = {
         "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
-        "E2E_THREADS": str(threads), "E2E_STALENESS": str(staleness),
-        "E2E_MAX_STEPS": str(max_steps), "OMP_NUM_THREADS": str(threads),
+        **loader_env(threads, staleness, tuned), "E2E_MAX_STEPS": str(max_steps),
         "E2E_MIXED_PRECISION": "0", "E2E_DENSE_LR_SCALE": "1",
         "E2E_FUSED_ADAM": "1" if fused_adam else "0", "PYTHONUNBUFFERED": "1",
         ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
     }  # fmt: skip
     if profile:
-        env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads}.prof")
-    log_path = tmp / f"embedded-{threads}.log"
+        env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads or 'default'}.prof")
+    log_path = tmp / f"embedded-{threads or 'default'}.log"
     sampler = CpuSampler()
     t_launch = time.time()
     with open(log_path, "wb") as log:

@@ -181,7 +181,7 @@ def run_config(name: str, data: dict[str, Any], data_path: Path, tmp: Path,
     configs = e2e_data.write_configs(data, tmp)
     res = run_pyrsia(
         data_path, configs, tmp, threads=1, staleness=c.get("staleness", STALENESS),
-        max_steps=0, nn_workers=c["ranks"], batch=c["rows"],
+        max_steps=0, nn_workers=c["ranks"], batch=c["rows"], tuned=True,  # batch-id order
         extra_env={"E2E_DENSE_LR_SCALE": str(c["lr_scale"]), "E2E_SEED": str(SEED + seed),
                    "E2E_EMB_GRAD_REDUCTION": c.get("reduction", "sum")},
     )  # fmt: skip

@@ -207,6 +207,8 @@ class TrainCtx(EmbeddingCtx):
 
     def _exit(self, failed: bool) -> None:
         step = self.training_step
+        if failed and self._checkpointer is not None and not step.termination.triggered:
+            self._checkpointer.report_stop()  # where --resume goes on from
         step.termination.uninstall()
         self._remove_step_hooks()
         try:

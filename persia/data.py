@@ -29,6 +29,7 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
 from pyrsia.services.nn_worker.lookups import DirectLookups, StreamedLookups
 from pyrsia.services.nn_worker.prefetch import Prefetcher
+from pyrsia.shared.constants import AUTO_EMBEDDING_STALENESS
 from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 from pyrsia.shared.validate import positive_int
 
@@ -118,7 +119,10 @@ class DataLoader:
         reproducible: hand streamed batches out in batch-id order (rank, rank + world
             size, ...); with ``embedding_staleness=1`` a run repeats bit for bit.
         embedding_staleness: most training batches whose embeddings are out while their
-            gradients are not yet applied (None: no bound).
+            gradients are not yet applied. None (the default): the automatic bound,
+            ``AUTO_EMBEDDING_STALENESS`` (8) per rank, under which the measured window
+            keeps what the latencies need; PERSIA's None is no bound, which trained less
+            accurately here (docs/concepts/staleness.md, "Defaults").
         is_training: keyword only (PERSIA's current DataLoader no longer takes it, and its
             positional order is the one above): with False, batches are looked up without
             gradients even inside a TrainCtx; in a plain BaseCtx lookups never train.
@@ -146,6 +150,14 @@ class DataLoader:
             if embedding_staleness is None
             else positive_int(embedding_staleness, "embedding_staleness")
         )
+
+    @property
+    def staleness_bound(self) -> int:
+        """The staleness bound a training iteration applies: ``embedding_staleness``, or the
+        automatic bound when it is None."""
+        if self.embedding_staleness is None:
+            return AUTO_EMBEDDING_STALENESS
+        return self.embedding_staleness
 
     def __iter__(self) -> Iterator[PersiaTrainingBatch]:
         ctx = cnt_ctx()
@@ -214,7 +226,7 @@ class DataLoader:
         return Prefetcher(
             session.runtime, source, num_workers=self.num_workers,
             buffer_size=self.forward_buffer_size,
-            staleness=self.embedding_staleness if train else None, just_in_time=train,
+            staleness=self.staleness_bound if train else None, just_in_time=train,
             on_wait=session.stats.waited if train else None,  # the rank's lookup wait
             before_wait=ctx.training_step.hand_over if train and isinstance(ctx, TrainCtx) else None,
             ranks=env.get_world_size() or 1,  # the ranks share the staleness window

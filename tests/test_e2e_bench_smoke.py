@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _common import parse_result_line  # noqa: E402
+from _common import cpu_model, parse_result_line  # noqa: E402
 
 from tests.bench_results import RESULT_KEYS  # noqa: E402
 
@@ -55,10 +55,16 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert census["pyrsia"]["steps"] == census["baseline"]["steps"] == 20
     assert census["pyrsia"]["dense_fused_adam"] is False  # the issue's Adam unless asked
     assert census["pyrsia"]["malloc_tuning"] == "on"  # Pyrsia's default, as a job runs
+    # the README's code as written: no DataLoader option, torch's (the launcher's) threads
+    assert census["pyrsia"]["loader_options"] == {}
+    assert census["pyrsia"]["threads"] == len(os.sched_getaffinity(0))
+    assert census["baseline"]["threads"] == census["pyrsia"]["threads"]
+    assert f"CPU: {cpu_model()}" in out and "Medians of 1 same-run pair(s)" in out
+    assert result["ratio"] == pytest.approx(census["medians"]["pyrsia"]["ratio"], abs=1e-3)
     assert census["pyrsia"]["page_faults"] >= 0 and census["baseline"]["page_faults"] >= 0
     if os.confstr("CS_GNU_LIBC_VERSION"):  # TrainCtx and both services tuned their malloc
         logs = tmp_path / "logs"
-        for log in [logs / "nn-1.log", *logs.glob("embedding_worker-*.log"),
+        for log in [*logs.glob("nn-*.log"), *logs.glob("embedding_worker-*.log"),
                     *logs.glob("embedding_ps-*.log")]:  # fmt: skip
             assert "freed heap memory: kept" in log.read_text(), log.name
     assert set(census["pyrsia"]["exit_codes"].values()) == {0}
@@ -148,22 +154,28 @@ def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():
 @pytest.mark.timeout(200)
 def test_e2e_bench_quick_embedded_mode_with_malloc_tuning_on_and_off_runs_both(tmp_path):
     """``--modes embedded`` honours ``--malloc-tuning`` too (it used to run only the tuned
-    side, silently)."""
+    side, silently), and ``--settings``: the tuned rows beside the README's defaults."""
     out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--modes",
-         "embedded", "--malloc-tuning", "on,off", "--json", str(out_json), "--log-dir", str(logs)],
+         "embedded", "--malloc-tuning", "on,off", "--settings", "defaults,tuned",
+         "--json", str(out_json), "--log-dir", str(logs)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=190,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
     sides = json.loads(out_json.read_text())["results"][0]["pyrsia_sides"]
-    assert set(sides) == {"pyrsia_embedded", "pyrsia_embedded_malloc_off"}
+    assert set(sides) == {"pyrsia_embedded", "pyrsia_embedded_malloc_off", "pyrsia_embedded_tuned",
+                          "pyrsia_embedded_malloc_off_tuned"}  # fmt: skip
+    assert sides["pyrsia_embedded"]["loader_options"] == {}  # the README's DataLoader
+    tuned = {"embedding_staleness": 8, "reproducible": True}
+    assert sides["pyrsia_embedded_tuned"]["loader_options"] == tuned
     assert sides["pyrsia_embedded"]["malloc_tuning"] == "on"
     assert sides["pyrsia_embedded_malloc_off"]["malloc_tuning"] == "off"
     assert sides["pyrsia_embedded"]["steps"] == sides["pyrsia_embedded_malloc_off"]["steps"] == 20
     # the off side runs last: its process left malloc alone
     assert (
-        "freed heap memory: off (PERSIA_MALLOC_TUNING=0)" in (logs / "embedded-1.log").read_text()
+        "freed heap memory: off (PERSIA_MALLOC_TUNING=0)"
+        in (logs / "embedded-default.log").read_text()
     )
 
 
@@ -175,3 +187,17 @@ def test_a_run_with_more_torch_threads_than_cores_says_so():
     assert oversubscribed(2 * cores) == (
         f" (oversubscribed: {2 * cores} torch threads on {cores} cores)"
     )
+
+
+def test_threads_default_to_torchs_own_and_settings_name_the_rows():
+    """``--threads default`` (0: torch's own, on each side) is the default; a thread count
+    must be positive and distinct; ``--settings`` takes defaults and tuned."""
+    from e2e_cli import parse_args
+
+    _, args = parse_args([], "")
+    assert args.threads == [0] and args.settings == ["defaults"]
+    _, args = parse_args(["--threads", "default,1,2", "--settings", "defaults,tuned"], "")
+    assert args.threads == [0, 1, 2] and args.settings == ["defaults", "tuned"]
+    for bad in (["--threads", "0"], ["--threads", "default,default"], ["--settings", "fast"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad, "")

@@ -141,3 +141,21 @@ def test_checkpoints_are_due_every_n_steps_or_every_n_seconds():
     for ctx.update_times, now[0] in [(1, 130.0), (2, 160.5), (3, 170.0), (4, 221.0)]:
         by_time.after_step(ctx)
     assert by_time.saved == [2, 4]  # 60.5 s after the start, then 60.5 s after that one
+
+
+def test_a_failed_training_loop_names_the_checkpoint_to_resume_from(tmp_path, caplog):
+    from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
+
+    config = _checkpointing(checkpoint_dir=str(tmp_path), checkpoint_every_n_steps=50)
+    checkpointer = PeriodicCheckpointer(config, 0, 2)
+    checkpointer.report_stop()
+    assert "before the first complete checkpoint" in caplog.text
+    caplog.clear()
+    _write(tmp_path, 50, {0: [0, 2]})
+    _write(tmp_path, 100, {0: [0, 2, 4]}, commit=False)  # not complete: not the one
+    checkpointer.report_stop()
+    assert f"checkpoint is {jc.step_dir(tmp_path, 50)} (step 50)" in caplog.text
+    assert "--resume (docker compose: PERSIA_RESUME=1)" in caplog.text
+    caplog.clear()
+    PeriodicCheckpointer(_checkpointing(), 0, 1).report_stop()  # no periodic checkpoints
+    assert caplog.text == ""

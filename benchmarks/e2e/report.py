@@ -14,19 +14,23 @@ from plots import save_bar_chart
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
-    """Every run, the best of each Pyrsia side against the baseline, the TorchRec peer (when
-    run), then each data set's load average and each Pyrsia side's details."""
+    """Every run, the best of each Pyrsia side against the baseline's best (``ratio``) beside
+    the median of its same-run pairs, the TorchRec peer (when run), then each data set's load
+    average and each Pyrsia side's details."""
     _print_runs(results)
     print()
     print_table(
         [{"data": r["dataset"], "side": side, "pyrsia": fmt_rate(p["samples_per_s"]),
           "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratios'][side]:.3f}",
+          "pairs": str(sum(q["side"] == side for q in r["pairs"])),
+          "median_ratio": f"{r['medians'][side]['ratio']:.3f}",
+          "median_gap": f"{r['medians'][side]['auc_gap']:+.4f}",
           "auc_pyrsia": f"{p['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
           "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
           "startup_s": f"{p['startup_s']:.1f}", "eval_s": f"{p['eval_seconds']:.1f}"}
          for r in results for side, p in r["pyrsia_sides"].items()],
         [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
-                          "auc_gap", "startup_s", "eval_s")],
+                          "auc_gap", "pairs", "median_ratio", "median_gap", "startup_s", "eval_s")],
     )  # fmt: skip
     _print_peers(results)
     for r in results:

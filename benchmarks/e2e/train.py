@@ -91,27 +91,25 @@ class Window:
 
 def main() -> None:
     t_main = time.time()
-    torch.set_num_threads(int(os.environ.get("E2E_THREADS", "1")))
+    if os.environ.get("E2E_THREADS"):  # unset: torch's default, as the README's train.py
+        torch.set_num_threads(int(os.environ["E2E_THREADS"]))
     data = load(os.environ["E2E_DATA"])
-    staleness = int(os.environ.get("E2E_STALENESS", "8"))
+    options = loader_options()
     max_steps = int(os.environ.get("E2E_MAX_STEPS", "0")) or None
     mixed = os.environ.get("E2E_MIXED_PRECISION") == "1"
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed)
     seed = int(os.environ.get("E2E_SEED", str(SEED)))
     model = build_model(len(data["slot_names"]), data["train_dense"].shape[1], seed)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     ctx_args = train_ctx_args(model, mixed)
     with TrainCtx(**ctx_args) as ctx:
         loader = DataLoader(
-            StreamingDataset(buffer_size=16),
-            reproducible=True,
-            embedding_staleness=staleness,
+            StreamingDataset(buffer_size=int(os.environ.get("E2E_BUFFER") or 10)), **options
         )
         t_ready = time.time()
         it = iter(loader)
         batch = next(it, None)
         profiler = start_profiler()
-        win = timed_loop(ctx, it, batch, loss_fn, autocast, max_steps)
+        win = timed_loop(ctx, it, batch, loss_fn, max_steps)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(os.environ["E2E_PROFILE"])
@@ -138,7 +136,7 @@ def main() -> None:
             "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
             "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
             "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": win.threads_window,
-            "page_faults": win.page_faults, "threads": torch.get_num_threads(), "staleness": staleness,
+            "page_faults": win.page_faults, "threads": torch.get_num_threads(), "loader_options": options,
             "dense_lr": DENSE_LR * dense_lr_scale(),
             "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
             "t_main": t_main, "t_ready": t_ready, "t_first": win.t_first, "t_end": t_end,
@@ -148,6 +146,18 @@ def main() -> None:
             json.dump(result, fh)
         print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
               f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+
+
+def loader_options() -> dict[str, Any]:
+    """The DataLoader's options the environment asks for: ``E2E_STALENESS`` (a number:
+    ``embedding_staleness``), ``E2E_REPRODUCIBLE`` (1: ``reproducible=True``); none set: the
+    README's ``DataLoader(StreamingDataset(buffer_size=10))``, every option at its default."""
+    options: dict[str, Any] = {}
+    if os.environ.get("E2E_STALENESS"):
+        options["embedding_staleness"] = int(os.environ["E2E_STALENESS"])
+    if os.environ.get("E2E_REPRODUCIBLE") == "1":
+        options["reproducible"] = True
+    return options
 
 
 def train_ctx_args(model: torch.nn.Module, mixed: bool) -> dict[str, Any]:
@@ -190,7 +200,7 @@ def start_profiler() -> Any:
 
 
 def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module,
-               autocast: Any, max_steps: int | None) -> Window:  # fmt: skip
+               max_steps: int | None) -> Window:  # fmt: skip
     """The training loop from ``batch`` on, then the final flush: the window is timed from
     the end of the first step to the last gradients applied (see the module's docstring)."""
     clock = StepClock()  # this loop's own phases: wait, forward, flush
@@ -201,11 +211,8 @@ def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module
     waits: list[float] = []
     while batch is not None:
         clock.start()
-        non_id, embeddings, labels = ctx.prepare_features(batch)
-        clock.lap("features")
-        with autocast:  # as ctx.forward(batch) runs the model
-            output = ctx.model(non_id, embeddings)  # DDP-wrapped on several ranks
-        loss = loss_fn(output.float(), labels[0])
+        output, labels = ctx.forward(batch)  # the README's loop
+        loss = loss_fn(output, labels[0])
         clock.lap("forward")
         ctx.backward(loss)
         losses.append(float(loss.detach()))

@@ -228,6 +228,12 @@ pooling and backward ~3), so this is ~1 ms on the loop. A Census-Income batch (3
 then stays on the loop: its three pool hand-offs per batch had cost ~0.6 CPU-ms and ~6
 thread wake-ups, each taking a core from the NN worker's training step (issue 10)."""
 
+AUTO_EMBEDDING_STALENESS = 8
+"""The staleness bound of a training DataLoader given no ``embedding_staleness`` (per rank).
+Without any bound the lookups of a rank whose gradients queue behind the servers read
+embeddings that miss up to ``backward_buffer_size`` batches' updates (Census-Income: test AUC
+0.0018-0.0024 below one PyTorch process, against 0.0005-0.0007 at 8; docs/concepts/staleness.md)."""
+
 GRADIENT_BUFFER_FACTOR = 4
 """An embedding worker keeps at most forward_buffer_size x this many batches awaiting their
 gradients (the last of the four in-flight limits: pyrsia/services/nn_worker/inflight.py)."""

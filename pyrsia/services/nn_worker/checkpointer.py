@@ -164,6 +164,31 @@ class PeriodicCheckpointer:
         )
         return directory
 
+    def report_stop(self) -> None:
+        """After the training loop failed: log which checkpoint the job resumes from.
+
+        Whatever stopped it (a lost PS, worker or peer), the newest complete checkpoint is
+        where ``--resume`` goes on; the updates acknowledged after it are rolled back then.
+        """
+        if self.root is None or not self.config.periodic:
+            return
+        directory = jc.latest_complete(self.root)
+        if directory is None:
+            log.error(
+                "training stopped before the first complete checkpoint in %s: start the job "
+                "again from the beginning",
+                self.root,
+            )
+            return
+        manifest = jc.read_manifest(directory) or {}
+        log.error(
+            "training stopped; the newest complete checkpoint is %s (step %s): start the NN "
+            "worker and the data loaders again with --resume (docker compose: PERSIA_RESUME=1) "
+            "to go on from it",
+            directory,
+            manifest.get("step", "?"),
+        )
+
     # --- resuming -----------------------------------------------------------------------
     def resume(self, ctx: CheckpointHost) -> int | None:
         """Load the newest complete checkpoint into ``ctx``; its step, or None if there is none."""

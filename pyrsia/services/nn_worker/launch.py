@@ -288,6 +288,21 @@ def _quiet_known_error_exits() -> None:
         logger.addFilter(_KnownErrorExit())
 
 
+def rank_threads(nproc_per_node: str | int) -> int:
+    """Torch threads of each rank when ``OMP_NUM_THREADS`` is unset: this process's usable
+    cores shared by the node's ranks, at least 1 (1 for a non-numeric ``--nproc-per-node``).
+
+    A one-rank job gets torch's own default, every core, as the README's ``train.py`` run
+    by hand would: a fixed 1 per rank left the one rank of a 2-core node a single thread,
+    half the dense step's speed (docs/concepts/staleness.md, "Defaults").
+    """
+    try:
+        ranks = int(nproc_per_node)
+    except (TypeError, ValueError):
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks))
+
+
 def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | None = None) -> int:
     """Run torch.distributed.run with these arguments; the first failing rank's exit code.
 
@@ -300,9 +315,10 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
 
     from pyrsia.services.nn_worker.rendezvous import register_rendezvous
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
     register_rendezvous()
     parsed = parse_args(torchrun_argv)
+    # torchrun would set 1 (with a warning) for several ranks and leave one rank alone
+    os.environ.setdefault("OMP_NUM_THREADS", str(rank_threads(parsed.nproc_per_node)))
     store_host, _ = parse_rendezvous_endpoint(parsed.rdzv_endpoint or "", -1)
     nnodes = int(str(parsed.nnodes).split(":")[-1])
     os.environ.update(loopback_rank_env(nnodes, store_host or parsed.master_addr))

@@ -1,0 +1,192 @@
+"""The Adult job under ``docker compose``, across containers (``make compose-test``).
+
+Redis, 2 PS replicas, 1 embedding worker, the NN worker with 2 ranks and 1 data loader, each
+in its own container on the compose network, finding each other only through the Redis
+registry and compose's DNS (no host networking). In order:
+
+1. an unfaulted run with the ``monitoring`` profile: Prometheus (Debian's package) scrapes
+   every role through the registry-fed target file, and one metric is queried from it; the
+   test AUC must be >= 0.89; the PS replicas' acknowledged updates are counted at their stop;
+2. a second run with a PS container killed (``docker kill``) right after the step-50
+   checkpoint: the job stops by itself, naming the lost replica; it is then started again
+   with ``PERSIA_RESUME=1``, resumes from the checkpoint and completes: AUC >= 0.89 and no
+   acknowledged update lost (checkpoint total + the resumed run's = the unfaulted run's);
+3. ``docker compose down --volumes`` leaves no container, network or volume of the project.
+
+Needs a Docker engine and the images of ``make images``; skips, saying why, without them.
+Figures go to ``bench_results/compose.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.compose.project import (
+    OFFLINE_IMAGES,
+    REPO,
+    ComposeProject,
+    auc_of,
+    compose_cli,
+    docker,
+)
+
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]
+
+AUC_MIN = 0.89
+CHECKPOINT_EVERY = 50
+PS = ["embedding_parameter_server_0", "embedding_parameter_server_1"]
+JOB = ["redis", *PS, "embedding_worker_0", "nn_worker", "data_loader_0"]
+JOB_TIMEOUT_S = 900
+RESULTS = REPO / "bench_results" / "compose.json"
+ROLES = {"embedding_parameter_server", "embedding_worker", "nn_worker"}
+
+
+def _skip_reason() -> str | None:
+    if shutil.which("docker") is None:
+        return "the docker command is not installed (make compose-test installs it as root)"
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
+        return "no Docker engine answers (make compose-test starts dockerd when run as root)"
+    if compose_cli() is None:
+        return "neither the docker compose plugin nor docker-compose is installed"
+    missing = [i for i in OFFLINE_IMAGES.values()
+               if subprocess.run(["docker", "image", "inspect", i], capture_output=True).returncode]  # fmt: skip
+    return f"images {missing} are not built: run make images" if missing else None
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    workspace = tmp_path_factory.mktemp("compose") / "adult_income"
+    shutil.copytree(REPO / "examples/adult_income", workspace,
+                    ignore=shutil.ignore_patterns("*.npz", "ckpt", "__pycache__"))  # fmt: skip
+    config = workspace / "config/global_config.yml"
+    data = yaml.safe_load(config.read_text())
+    data["common_config"]["checkpointing_config"].update(
+        checkpoint_dir="/workspace/ckpt", checkpoint_every_n_steps=CHECKPOINT_EVERY,
+        keep_checkpoints=5,
+    )  # fmt: skip
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    subprocess.run([sys.executable, "data_prep.py"], cwd=workspace, check=True, capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    variables = {**OFFLINE_IMAGES, "PERSIA_WORKSPACE": str(workspace), "NPROC_PER_NODE": "2",
+                 "PERSIA_RESUME": "0", "PROMETHEUS_PORT": str(port)}  # fmt: skip
+    compose = ComposeProject(compose_cli(), f"pyrsiatest{int(time.time())}", variables)
+    compose.workspace = workspace
+    print(f"\ncompose: {' '.join(compose.cli)}, project {compose.name}, workspace {workspace}")
+    yield compose
+    compose.run("--profile", "monitoring", "down", "--volumes", "--remove-orphans")
+
+
+def _record(key: str, value: object) -> None:
+    RESULTS.parent.mkdir(exist_ok=True)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[key] = value
+    RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def _query(port: str, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return json.loads(answer.read())["data"]["result"]
+    except OSError:
+        return []  # Prometheus still starting
+
+
+def _watch_prometheus(compose: ComposeProject, timeout_s: float = 300) -> dict:
+    """Until every role is scraped (``up == 1``) and rank 0 has trained: the query results."""
+    port = compose.variables["PROMETHEUS_PORT"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        up = _query(port, "up == 1")
+        roles = {r["metric"].get("role") for r in up}
+        steps = _query(port, "pyrsia_nn_worker_steps")
+        if ROLES <= roles and any(float(r["value"][1]) > 0 for r in steps):
+            return {"up": [r["metric"] for r in up],
+                    "pyrsia_nn_worker_steps": [(r["metric"], r["value"][1]) for r in steps]}  # fmt: skip
+        time.sleep(2)
+    pytest.fail(f"Prometheus did not scrape every role {sorted(ROLES)} within {timeout_s}s")
+
+
+def _finish(compose: ComposeProject, label: str, started: float) -> tuple[float, int, str]:
+    code = compose.wait("nn_worker", JOB_TIMEOUT_S)
+    log = compose.logs("nn_worker")
+    auc = auc_of(log)
+    print(f"{label}: nn_worker exit {code}, AUC {auc}, {time.monotonic() - started:.1f} s from up")
+    assert code == 0 and auc is not None, log[-3000:]
+    assert auc >= AUC_MIN, f"{label}: test AUC {auc} < {AUC_MIN}"
+    return auc, compose.final_updates_applied(PS), log
+
+
+def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProject):
+    ckpt = Path(project.workspace) / "ckpt"
+    # 1. unfaulted, with Prometheus
+    started = time.monotonic()
+    project.run("--profile", "monitoring", "up", "-d", "--no-build", *JOB, "prometheus")
+    scraped = _watch_prometheus(project)
+    print(f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
+          f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}")  # fmt: skip
+    auc, unfaulted_updates, _ = _finish(project, "unfaulted run", started)
+    _record("unfaulted", {"auc": auc, "updates_applied": unfaulted_updates,
+                          "seconds": round(time.monotonic() - started, 1), "prometheus": scraped})  # fmt: skip
+    project.run("--profile", "monitoring", "down", "--volumes")
+
+    # 2. a PS container killed after the step-50 checkpoint
+    shutil.rmtree(ckpt, ignore_errors=True)
+    started = time.monotonic()
+    project.run("up", "-d", "--no-build", *JOB)
+    first = ckpt / f"step_{CHECKPOINT_EVERY:010d}" / "MANIFEST.json"
+    while not first.exists():
+        assert time.monotonic() - started < JOB_TIMEOUT_S, "no step-50 checkpoint"
+        time.sleep(0.1)
+    docker("kill", project.container(PS[1]))
+    killed = time.monotonic()
+    code = project.wait("nn_worker", JOB_TIMEOUT_S)
+    stopped_s = time.monotonic() - killed
+    log = project.logs("nn_worker")
+    said = [line for line in log.splitlines() if "PS replica 1" in line or "resume" in line]
+    print(f"PS 1 killed {killed - started:.1f} s after up; nn_worker exit {code} "
+          f"{stopped_s:.1f} s later, saying:\n" + "\n".join(said[-4:]))  # fmt: skip
+    assert code != 0 and any("PS replica 1" in line for line in said), log[-3000:]
+    project.run("down")  # the checkpoints stay: they are in the mounted workspace
+
+    # the same job again, resuming from the newest complete checkpoint
+    started = time.monotonic()
+    project.run("up", "-d", "--no-build", *JOB, PERSIA_RESUME="1")
+    auc, resumed_updates, log = _finish(project, "resumed run", started)
+    resumed = [line for line in log.splitlines() if "resumed from" in line]
+    assert resumed, log[-3000:]
+    manifest = json.loads(
+        (
+            ckpt
+            / resumed[0].split("resumed from ")[1].split(":")[0].rsplit("/", 1)[1]
+            / "MANIFEST.json"
+        ).read_text()
+    )
+    held = manifest["updates_applied_total"] + resumed_updates
+    print(f"resumed: {resumed[0].split('] ')[-1]}; acknowledged updates held {held}, "
+          f"unfaulted {unfaulted_updates}, lost {unfaulted_updates - held}")  # fmt: skip
+    _record("ps_killed", {"auc": auc, "exit_code": code, "stopped_s": round(stopped_s, 1),
+                          "said": said[-4:], "resumed_from_step": manifest["step"],
+                          "lost_updates": unfaulted_updates - held,
+                          "resumed_seconds": round(time.monotonic() - started, 1)})  # fmt: skip
+    assert held == unfaulted_updates
+
+    # 3. nothing left behind
+    project.run("--profile", "monitoring", "down", "--volumes", "--remove-orphans")
+    assert project.leftovers() == {"container": [], "network": [], "volume": []}
