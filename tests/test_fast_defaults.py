@@ -22,7 +22,7 @@ import torch
 from persia.ctx import TrainCtx, eval_ctx
 from persia.data import DataLoader, IterableDataset
 from persia.embedding.optim import Adagrad
-from pyrsia.services.nn_worker.embedded import reset_embedded_job
+from pyrsia.services.embedded.job import reset_embedded_job
 from pyrsia.services.nn_worker.launch import rank_threads
 from pyrsia.shared.constants import (
     AUTO_EMBEDDING_STALENESS,

@@ -22,11 +22,7 @@ pyrsia.services.warmup`` entry point of its kernel warm-up. Nothing else crosses
 worker reaches embedded mode through ``persia`` (``persia._session_open``,
 ``persia._data_ctx``)."""
 
-KNOWN_SERVICE_IMPORTS: set[tuple[str, str]] = {
-    # take_job_slot moves to pyrsia.shared once the concurrent edit of
-    # nn_worker/launch.py (issue 47's other parts) has landed.
-    ("pyrsia.services.data_loader.launch", "pyrsia.services.nn_worker.launch"),
-}
+KNOWN_SERVICE_IMPORTS: set[tuple[str, str]] = set()
 """Service-to-service imports main still has, each to be removed. This set may only shrink:
 a new one fails, and so does an entry no import needs any more (delete it)."""
 

@@ -15,8 +15,14 @@ import time
 
 from redis.exceptions import RedisError
 
-from pyrsia.shared.constants import DEREGISTER_TIMEOUT_S, LEASE_KEEPER_TICK_S, REDIS_STARTUP_WAIT_S
-from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.constants import (
+    DEREGISTER_TIMEOUT_S,
+    ENV_JOB_ID,
+    LEASE_KEEPER_TICK_S,
+    REDIS_STARTUP_WAIT_S,
+)
+from pyrsia.shared.errors import RegistryError, UsageError
+from pyrsia.shared.job_lease import JobConflictError
 from pyrsia.shared.registry import Registry, redis_gone
 from pyrsia.shared.registry_settings import RegistrySettings, unreachable_error
 
@@ -104,3 +110,22 @@ class SlotKeeper:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + 1.0)
+
+
+def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
+    """This launcher's slot in the job lease (pyrsia/shared/job_lease.py), held until ``stop()``.
+
+    A live job with this ``PERSIA_JOB_ID`` holding the slot is a UsageError (one line, exit
+    2). Without a reachable Redis the launcher goes on without a lease, with a warning:
+    its ranks (or script) report Redis themselves when they need it.
+    """
+    keeper = SlotKeeper(role, index, size)
+    try:
+        keeper.start()
+    except JobConflictError as exc:
+        raise UsageError(str(exc)) from exc
+    except RegistryError as exc:
+        log.warning("no job lease taken (%s): a second job with this %s is not detected",
+                    exc, ENV_JOB_ID)  # fmt: skip
+        return None
+    return keeper

@@ -20,7 +20,6 @@ import sys
 import threading
 from collections.abc import Callable
 
-from pyrsia.services.nn_worker.launch import take_job_slot
 from pyrsia.shared.cli import fail, fail_known, resolve_file
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
@@ -36,7 +35,7 @@ from pyrsia.shared.cpu_priority import (
 )
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
-from pyrsia.shared.slot_keeper import SlotKeeper
+from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
 
 
 def build_parser() -> argparse.ArgumentParser:

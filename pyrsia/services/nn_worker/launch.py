@@ -36,7 +36,6 @@ from pyrsia.shared.constants import (
     ENV_ADVERTISE_HOST,
     ENV_AUTH_TOKEN,
     ENV_INSECURE,
-    ENV_JOB_ID,
     ENV_MAX_MESSAGE_BYTES,
     ENV_NN_WORKER_ENTRY,
     ENV_RANK_AGENT_PID,
@@ -44,9 +43,8 @@ from pyrsia.shared.constants import (
     ENV_VERBOSE,
     ROLE_NN_WORKER_NODE,
 )
-from pyrsia.shared.errors import ConfigError, RegistryError, UsageError
-from pyrsia.shared.job_lease import JobConflictError
-from pyrsia.shared.slot_keeper import SlotKeeper
+from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.slot_keeper import take_job_slot
 
 log = logging.getLogger(__name__)
 
@@ -231,25 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if keeper is not None:
             keeper.stop()
-
-
-def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
-    """This launcher's slot in the job lease (pyrsia/shared/job_lease.py), held until ``stop()``.
-
-    A live job with this ``PERSIA_JOB_ID`` holding the slot is a UsageError (one line, exit
-    2). Without a reachable Redis the launcher goes on without a lease, with a warning:
-    its ranks (or script) report Redis themselves when they need it.
-    """
-    keeper = SlotKeeper(role, index, size)
-    try:
-        keeper.start()
-    except JobConflictError as exc:
-        raise UsageError(str(exc)) from exc
-    except RegistryError as exc:
-        log.warning("no job lease taken (%s): a second job with this %s is not detected",
-                    exc, ENV_JOB_ID)  # fmt: skip
-        return None
-    return keeper
 
 
 def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
