@@ -15,6 +15,10 @@ route                  body                                                 answ
 /checksum              {} / none                                            {"entries", "checksum"}
 =====================  ===================================================  ==========================
 
+A Train PS draws a random ``boot_id`` per process start (``/health``, and the answers of
+/configure, /register_optimizer, /load, /clear and /stats): the embedding worker tells a replica
+restarted empty from the process it trained on by it (``embedding_worker/ps_boots.py``).
+
 An Infer PS (``job_type: Infer``) serves reads only: ``/update``, ``/clear``,
 ``/register_optimizer`` and train ``/lookup`` answer 409 naming its role (``INFER_READ_ONLY``).
 
@@ -28,6 +32,7 @@ import asyncio
 import errno
 import logging
 import os
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -113,6 +118,13 @@ def _refuse_on_infer(request: web.Request, route: str) -> None:
         )
 
 
+def _with_boot(request: web.Request, answer: dict) -> dict:
+    """``answer`` plus this process's ``boot_id`` (a Train PS; ``ps_boots.py`` in the worker
+    compares it to tell a replica restarted empty from the process it trained on)."""
+    boot_id = request.app[STATE].details.get("boot_id")
+    return answer if boot_id is None else {**answer, "boot_id": boot_id}
+
+
 async def _in_thread(request: web.Request, fn, *args):
     """Unbounded work (dumps, loads, clears, checksums): always in the thread pool."""
     return await request.app[OFFLOAD].run(None, fn, *args)
@@ -126,7 +138,7 @@ async def configure(request: web.Request, body: Any) -> dict:
     request.app[STATUS].configured = True
     request.app[STATUS].refresh(request.app)
     log.info("configured: %s", params)
-    return {"hyperparams": params.to_dict()}
+    return _with_boot(request, {"hyperparams": params.to_dict()})
 
 
 @msgpack_handler
@@ -137,7 +149,7 @@ async def register_optimizer(request: web.Request, body: Any) -> dict:
     request.app[STORE].register_optimizer(spec)
     request.app[STATUS].refresh(request.app)
     log.info("optimizer registered: %s", spec)
-    return {"optimizer": optimizer_to_dict(spec)}
+    return _with_boot(request, {"optimizer": optimizer_to_dict(spec)})
 
 
 @msgpack_handler
@@ -243,7 +255,7 @@ async def load(request: web.Request, body: Any) -> dict:
     request.app[PERSIA_METRICS].set_embedding_s = time.perf_counter() - started
     request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
     request.app[STATUS].refresh(request.app)
-    return {"entries": entries}
+    return _with_boot(request, {"entries": entries})
 
 
 @msgpack_handler
@@ -252,7 +264,7 @@ async def clear(request: web.Request, body: Any) -> dict:
     _refuse_on_infer(request, "/clear")
     Empty.from_wire(body)
     await _in_thread(request, request.app[STORE].clear)
-    return request.app[STORE].stats()
+    return _with_boot(request, dict(request.app[STORE].stats()))
 
 
 @msgpack_handler
@@ -266,7 +278,7 @@ async def stats(request: web.Request, body: Any) -> dict:
     loader = request.app.get(LOADER)
     if loader is not None:
         out["incremental"] = loader.stats.to_dict()
-    return PSStats(out["entries"], out["updates_applied"], out).to_wire()
+    return _with_boot(request, PSStats(out["entries"], out["updates_applied"], out).to_wire())
 
 
 @msgpack_handler
@@ -318,6 +330,8 @@ def create_app(
     if incremental_loader is not None:
         _add_loader(app, incremental_loader)
     app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
+    if not ready_without_configure:  # a Train PS: a random id for this process (ps_boots.py)
+        app[STATE].details["boot_id"] = secrets.token_hex(8)
     app[PS_METRICS] = request_metrics(app[METRICS], store)
     app[PERSIA_METRICS] = PSPersiaMetrics(store, lambda: persia_labels(app[STATE]))
     app[METRICS].register(app[PERSIA_METRICS])

@@ -5,7 +5,8 @@ Addresses come from the registry, or for inference from ``infer_config.servers``
 re-reads the registry (the replica may have restarted on another port) and
 retries within a bound; lookups are safe to repeat. Gradient updates for a
 replica that stays unreachable are dropped and counted, never raised into the
-worker's request loop.
+worker's request loop. A replica that comes back as a new, empty process after the worker
+trained on it is refused, naming it (``ps_boots.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrsia.services.embedding_worker.ps_boots import ReplicaBoots
 from pyrsia.shared.constants import (
     PS_REDISCOVER_TIMEOUT_S,
     PS_RETRY_WINDOW_S,
@@ -62,6 +64,7 @@ class PSClient:
         self.dropped_updates = 0
         self.applied_updates = 0  # id rows the PS replicas said they applied (their answers)
         self._setup: dict[str, Any] = {}
+        self.boots = ReplicaBoots()
 
     @property
     def replica_count(self) -> int:
@@ -102,14 +105,47 @@ class PSClient:
     async def _replay_setup(self, index: int) -> None:
         for path, body in self._setup.items():
             try:
-                await self.http.call(
+                answer = await self.http.call(
                     f"{self.urls[index]}{path}", body, timeout_s=PS_SETUP_REPLAY_TIMEOUT_S
                 )
             except PersiaError as exc:
                 log.debug("replaying %s to PS replica %d failed: %s", path, index, exc)
                 return
+            self._observe(index, path, answer)
         if self._setup:
             log.info("PS replica %d: replayed %s", index, ", ".join(self._setup))
+
+    def _observe(self, index: int, path: str, answer: Any) -> None:
+        """Note the boot id a replica answered with; log once when it marks the replica lost."""
+        if isinstance(answer, dict) and "boot_id" in answer:
+            if self.boots.observe(index, answer["boot_id"], path, self.urls[index]):
+                log.error("%s", self.boots.lost[index])
+
+    async def _probe_boot(self, index: int) -> None:
+        """Ask a replica that holds job state which process answers now (its ``/stats``)."""
+        if index not in self.boots.holds or index not in self.boots.seen:
+            return
+        try:
+            answer = await self.http.call(
+                f"{self.urls[index]}/stats", {}, timeout_s=PS_SETUP_REPLAY_TIMEOUT_S
+            )
+        except PersiaError as exc:
+            log.debug("PS replica %d: /stats for its boot id failed: %s", index, exc)
+            return
+        self._observe(index, "/stats", answer)
+
+    async def hold(self, index: int) -> None:
+        """Replica ``index`` is about to get job state (a training lookup or an update):
+        learn which process it is first, when no answer told yet (one ``/stats``)."""
+        if index in self.boots.holds:
+            return
+        if index not in self.boots.seen:
+            try:
+                answer = await self.call(index, "/stats", {}, timeout_s=PS_SETUP_REPLAY_TIMEOUT_S)
+            except ServiceUnavailableError:
+                answer = None  # the call itself retries and reports
+            self._observe(index, "/stats", answer)
+        self.boots.hold(index)
 
     async def call(
         self, index: int, path: str, body: Any, *, timeout_s: float | None = None
@@ -122,14 +158,17 @@ class PSClient:
         deadline = time.monotonic() + self.retry_window_s
         delay = 0.05
         while True:
+            self.boots.check(index, path)
             try:
-                return await self.http.call(
+                answer = await self.http.call(
                     f"{self.urls[index]}{path}",
                     body,
                     idempotent=True,
                     retries=1,
                     timeout_s=timeout_s,
                 )
+                self._observe(index, path, answer)
+                return answer
             except ServiceUnavailableError as exc:
                 if time.monotonic() + delay >= deadline:
                     raise ServiceUnavailableError(
@@ -139,7 +178,9 @@ class PSClient:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 await self._rediscover(index)
-                if path not in self._setup:
+                await self._probe_boot(index)
+                self.boots.check(index, path)
+                if path not in self._setup and index not in self.boots.lost:
                     await self._replay_setup(index)
 
     async def fan_out(
@@ -165,6 +206,8 @@ class PSClient:
             if all(len(ids) == 0 for _, ids in groups):
                 return tuple(np.empty((0, dim), np.float32) for dim, _ in groups)
             request = PSLookup(train, tuple(IdGroup(d, ids) for d, ids in groups))
+            if train:
+                await self.hold(index)
             answer = await self.call(index, "/lookup", request.to_wire())
             return PSLookupAnswer.from_wire(answer, request).groups
 
@@ -184,6 +227,7 @@ class PSClient:
             if not groups:
                 return
             body = PSUpdate(tuple(IdGroup(d, ids, g) for d, ids, g in groups)).to_wire()
+            await self.hold(index)
             try:
                 answer = await self.call(index, "/update", body)
             except ServiceUnavailableError as exc:
