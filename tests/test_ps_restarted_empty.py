@@ -62,42 +62,51 @@ async def test_ps_restarted_empty_mid_training_is_refused_naming_it(
     tmp_path,
 ):
     flags = configs()
-    (ps0, ps1), (w,) = start_cluster(services, flags, n_ps=2)
+    (ps0, ps1), (w, w1) = start_cluster(services, flags, n_ps=2, n_workers=2)
     await setup_training(client, w.url)
     await train_step(client, w.url, 0)  # both replicas now hold trained rows
+    await train_step(client, w1.url, 100)  # through the second worker too
     ckpt = tmp_path / "ckpt"
     await client.call(f"{w.url}/dump", {"dir": str(ckpt)}, timeout_s=60)
     ps1.kill()
     restart_ps(services, flags, 1, 2)
-    for batch_id in (1, 2):  # refused every time, not only the first
+    for url, batch_id in ((w.url, 1), (w.url, 2), (w1.url, 101)):  # every time, every worker
         with pytest.raises(RemoteConflictError) as err:
-            await train_step(client, w.url, batch_id)
+            await train_step(client, url, batch_id)
         message = str(err.value)
         assert "PS replica 1" in message and "restarted empty" in message, message
         assert "resume" in message and "checkpoint" in message, message
     with pytest.raises(RemoteConflictError, match="PS replica 1"):  # no dump of the hole
         await client.call(f"{w.url}/dump", {"dir": str(tmp_path / "bad")}, timeout_s=60)
-    # a resume loads the checkpoint into every replica through the worker: training goes on
+    # a resume loads the checkpoint into every replica through worker 0: training goes on,
+    # through the worker that did not forward the /load too
     await client.call(f"{w.url}/load", {"dir": str(ckpt)}, timeout_s=60)
     await train_step(client, w.url, 3)
-    assert w.health()[0] == 200
+    await train_step(client, w1.url, 103)
+    assert w.health()[0] == 200 and w1.health()[0] == 200
 
 
 def test_replica_boot_rule():
     """The rule of ``ps_boots.py`` on its own: which boot id changes mark a replica lost."""
     boots = ReplicaBoots()
     url = "http://127.0.0.1:1"
-    assert not boots.observe(0, "a", "/configure", url)
-    assert not boots.observe(0, "b", "/stats", url)  # held nothing yet: the new process is fine
+
+    def seen(boot, path="/stats", loaded=False, index=0):
+        return boots.observe(index, {"boot_id": boot, "loaded": loaded}, path, url)
+
+    assert not seen("a", "/configure")
+    assert not seen("b")  # held nothing yet: the new process is fine
     boots.hold(0)
-    assert not boots.observe(0, "b", "/stats", url)  # the same process (a Redis restart)
-    assert boots.observe(0, "c", "/configure", url)  # restarted after it trained: lost
+    assert not seen("b")  # the same process (a Redis restart)
+    assert seen("c", "/configure")  # restarted after it trained: lost
     with pytest.raises(PSRestartedEmptyError, match="PS replica 0 restarted empty"):
         boots.check(0, "/update")
     boots.check(0, "/configure")  # setup and /load still go through (a resume needs them)
-    assert not boots.observe(0, "c", "/load", url)  # a resume: the loaded process is known
+    assert not seen("c", "/load", loaded=True)  # a resume: the loaded process is known
     boots.check(0, "/lookup")
-    assert boots.observe(0, "d", "/stats", url)  # it held the checkpoint: lost again
-    assert not boots.observe(0, "d", "/clear", url)  # every replica emptied: nothing is held
-    assert not boots.observe(0, "e", "/stats", url) and 0 not in boots.lost
-    assert not boots.observe(1, None, "/stats", url)  # an Infer PS sends no boot id
+    assert seen("d")  # it held the checkpoint: lost again
+    assert not seen("d", loaded=True)  # loaded through another worker: known again
+    boots.check(0, "/dump")
+    assert not seen("d", "/clear", loaded=True)  # every replica emptied: nothing is held
+    assert not seen("e") and 0 not in boots.lost
+    assert not boots.observe(1, {"entries": 0}, "/stats", url)  # an Infer PS sends no boot id

@@ -15,9 +15,10 @@ route                  body                                                 answ
 /checksum              {} / none                                            {"entries", "checksum"}
 =====================  ===================================================  ==========================
 
-A Train PS draws a random ``boot_id`` per process start (``/health``, and the answers of
-/configure, /register_optimizer, /load, /clear and /stats): the embedding worker tells a replica
-restarted empty from the process it trained on by it (``embedding_worker/ps_boots.py``).
+A Train PS draws a random ``boot_id`` per process start and says whether it ``loaded`` a
+checkpoint since (``/health``, and the answers of /configure, /register_optimizer, /load, /clear
+and /stats): the embedding worker tells a replica restarted empty from the process it trained
+on by them (``embedding_worker/ps_boots.py``).
 
 An Infer PS (``job_type: Infer``) serves reads only: ``/update``, ``/clear``,
 ``/register_optimizer`` and train ``/lookup`` answer 409 naming its role (``INFER_READ_ONLY``).
@@ -119,10 +120,13 @@ def _refuse_on_infer(request: web.Request, route: str) -> None:
 
 
 def _with_boot(request: web.Request, answer: dict) -> dict:
-    """``answer`` plus this process's ``boot_id`` (a Train PS; ``ps_boots.py`` in the worker
-    compares it to tell a replica restarted empty from the process it trained on)."""
-    boot_id = request.app[STATE].details.get("boot_id")
-    return answer if boot_id is None else {**answer, "boot_id": boot_id}
+    """``answer`` plus this process's ``boot_id`` and whether it loaded a checkpoint (a Train
+    PS; ``ps_boots.py`` in the worker tells a replica restarted empty from the process it
+    trained on, or from a restarted one a resume loaded)."""
+    details = request.app[STATE].details
+    if "boot_id" not in details:
+        return answer
+    return {**answer, "boot_id": details["boot_id"], "loaded": details["loaded"]}
 
 
 async def _in_thread(request: web.Request, fn, *args):
@@ -254,6 +258,7 @@ async def load(request: web.Request, body: Any) -> dict:
     )  # fmt: skip
     request.app[PERSIA_METRICS].set_embedding_s = time.perf_counter() - started
     request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
+    request.app[STATE].details["loaded"] = True
     request.app[STATUS].refresh(request.app)
     return _with_boot(request, {"entries": entries})
 
@@ -331,7 +336,7 @@ def create_app(
         _add_loader(app, incremental_loader)
     app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
     if not ready_without_configure:  # a Train PS: a random id for this process (ps_boots.py)
-        app[STATE].details["boot_id"] = secrets.token_hex(8)
+        app[STATE].details.update(boot_id=secrets.token_hex(8), loaded=False)
     app[PS_METRICS] = request_metrics(app[METRICS], store)
     app[PERSIA_METRICS] = PSPersiaMetrics(store, lambda: persia_labels(app[STATE]))
     app[METRICS].register(app[PERSIA_METRICS])

@@ -117,12 +117,13 @@ class PSClient:
 
     def _observe(self, index: int, path: str, answer: Any) -> None:
         """Note the boot id a replica answered with; log once when it marks the replica lost."""
-        if isinstance(answer, dict) and "boot_id" in answer:
-            if self.boots.observe(index, answer["boot_id"], path, self.urls[index]):
-                log.error("%s", self.boots.lost[index])
+        lost_before = index in self.boots.lost
+        if self.boots.observe(index, answer, path, self.urls[index]) and not lost_before:
+            log.error("%s", self.boots.lost[index])
 
     async def _probe_boot(self, index: int) -> None:
-        """Ask a replica that holds job state which process answers now (its ``/stats``)."""
+        """Ask a replica that holds job state which process answers now (its ``/stats``);
+        before each refusal of a lost one too (a resume may have loaded it since)."""
         if index not in self.boots.holds or index not in self.boots.seen:
             return
         try:
@@ -158,7 +159,9 @@ class PSClient:
         deadline = time.monotonic() + self.retry_window_s
         delay = 0.05
         while True:
-            self.boots.check(index, path)
+            if self.boots.refuses(index, path):
+                await self._probe_boot(index)
+                self.boots.check(index, path)
             try:
                 answer = await self.http.call(
                     f"{self.urls[index]}{path}",
