@@ -63,6 +63,7 @@ EXPECTED = {
         "OptionError",
         "PayloadTooLargeError",
         "PersiaError",
+        "PSRestartedEmptyError",
         "ProtocolError",
         "RegistryError",
         "RemoteBackPressureError",
@@ -168,6 +169,7 @@ def test_http_status_is_a_class_attribute():
 
     assert errors.InvalidInputError.status == 400
     assert errors.PayloadTooLargeError.status == 413
+    assert issubclass(errors.PSRestartedEmptyError, errors.ConflictError)
     assert errors.NotFoundError("x").status == 404
     assert errors.RemoteConflictError("x").peer_status == 409
     assert errors.RemoteNotFoundError("x").status == 404

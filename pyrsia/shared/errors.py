@@ -17,6 +17,7 @@
     │   └── PayloadTooLargeError 413  a message is over a size cap (``limit`` bytes)
     ├── NotFoundError            404  this process does not know the reference (or dropped it)
     ├── ConflictError            409  the request contradicts this process's state
+    │   └── PSRestartedEmptyError     a PS replica that held job state came back empty
     ├── BackPressureError        429  a bounded queue here is full; back off and retry
     ├── RegistryError            503  Redis cannot be reached, or a role never showed up
     │   └── JobConflictError     503  another live job holds this job id
@@ -64,6 +65,7 @@ __all__ = [
     "MisuseError",
     "NotFoundError",
     "OptionError",
+    "PSRestartedEmptyError",
     "PayloadTooLargeError",
     "PersiaError",
     "ProtocolError",
@@ -183,6 +185,11 @@ class ConflictError(PersiaError):
 
     status = 409
     kind = "conflict"
+
+
+class PSRestartedEmptyError(ConflictError):
+    """409: a PS replica that held job state came back as a new, empty process (an embedding
+    worker refuses to train or checkpoint on its re-initialized rows until a resume loads it)."""
 
 
 class BackPressureError(PersiaError):

@@ -25,17 +25,13 @@ A Redis restart changes no boot id (the PS re-registers the same process), so it
 
 from __future__ import annotations
 
-from pyrsia.shared.errors import ConflictError
+from pyrsia.shared.errors import PSRestartedEmptyError
 
 REFUSED_WHEN_LOST = frozenset({"/lookup", "/update", "/dump"})
 """Routes refused for a lost replica: they would read, train or checkpoint its empty rows."""
 
 REBASELINE = frozenset({"/load", "/clear"})
 """Fan-outs after which every replica's answering process is the known one."""
-
-
-class PSRestartedEmptyError(ConflictError):
-    """A PS replica that held job state came back as a new, empty process."""
 
 
 class ReplicaBoots:
