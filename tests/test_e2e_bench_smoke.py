@@ -106,7 +106,7 @@ def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--fused-adam",
-         "--json", str(out_json)],
+         "--threads", "1", "--json", str(out_json)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -127,7 +127,8 @@ def test_e2e_bench_quick_with_malloc_tuning_on_and_off_runs_both(tmp_path):
     out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick",
-         "--malloc-tuning", "on,off", "--json", str(out_json), "--log-dir", str(logs)],
+         "--malloc-tuning", "on,off", "--threads", "1", "--json", str(out_json), "--log-dir",
+         str(logs)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
