@@ -46,9 +46,7 @@ def parse_args(
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the run as a whole: size, data sets, repeats, logs, profile, JSON."""
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny smoke run (20 steps, the first --threads entry, no Criteo set, < 60 s)",
+        "--quick", action="store_true", help="tiny smoke run (20 steps, first --threads, < 60 s)"
     )
     parser.add_argument(
         "--threads", default="default",
