@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 
 from pyrsia.services.nn_worker.devices import visible_gpu_count
@@ -227,8 +228,19 @@ def main(argv: list[str] | None = None) -> int:
             before_exit=keeper.stop if keeper else None,
         )
     finally:
+        ignore_stop_signals()
         if keeper is not None:
             keeper.stop()
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and SIGINT from here on: the ranks have ended and the launcher is only
+    giving back its job slot (bounded by the slot keeper's join timeout) before it exits with
+    the ranks' code. torch's agent leaves a handler that raises, so a stop sent now (``run``
+    stops every process when one fails) printed a second traceback under the rank's error."""
+    if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
