@@ -227,7 +227,9 @@ def _read_error(
     return ProtocolError(f"malformed request body: {exc.message}")
 
 
-def _positive_env(name: str, kind: type) -> int | float | None:
+def positive_env(name: str, kind: type, int_unit: str = " (bytes)") -> int | float | None:
+    """The positive ``kind`` set in environment variable ``name``, or None when it is unset;
+    anything else is a ConfigError naming the variable (``int_unit`` follows "integer")."""
     raw = os.environ.get(name)
     if not raw:
         return None
@@ -236,7 +238,7 @@ def _positive_env(name: str, kind: type) -> int | float | None:
     except ValueError:
         value = 0
     if not value > 0:
-        expected = "a positive integer (bytes)" if kind is int else "a positive number (seconds)"
+        expected = f"a positive integer{int_unit}" if kind is int else "a positive number (seconds)"
         raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
     return value
 
@@ -265,7 +267,7 @@ def max_inflight_request_bytes(cap: int) -> int:
     1/``INFLIGHT_BYTES_MEMORY_SHARE`` of the memory (a decoded body takes about its size
     again, so bodies then use at most about a quarter), and never less than ``cap``.
     """
-    value = _positive_env(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
+    value = positive_env(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
     if value is not None:
         if value < cap:
             raise ConfigError(
@@ -283,5 +285,5 @@ def max_inflight_request_bytes(cap: int) -> int:
 
 def body_timeout_s() -> float:
     """``PYRSIA_BODY_TIMEOUT_S`` if set, else ``BODY_TIMEOUT_S``."""
-    value = _positive_env(ENV_BODY_TIMEOUT_S, float)
+    value = positive_env(ENV_BODY_TIMEOUT_S, float)
     return BODY_TIMEOUT_S if value is None else float(value)

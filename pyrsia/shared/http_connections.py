@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import resource
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from pyrsia.shared.constants import (
     MAX_CONNECTIONS_CAP,
 )
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.http_body import positive_env
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +57,6 @@ _REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 31\r\nConnection: close\r\n\r\ntoo many connections; try again"
 )
-
-
-def _positive(name: str, kind: type) -> int | float | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = 0
-    if not value > 0:
-        expected = "a positive integer" if kind is int else "a positive number (seconds)"
-        raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
-    return value
 
 
 def default_max_connections() -> int:
@@ -98,9 +84,9 @@ class ConnectionLimits:
     @classmethod
     def from_env(cls) -> ConnectionLimits:
         """The limits from the environment, each defaulting as the module docstring says."""
-        header = _positive(ENV_HEADER_TIMEOUT_S, float)
-        idle = _positive(ENV_IDLE_TIMEOUT_S, float)
-        most = _positive(ENV_MAX_CONNECTIONS, int)
+        header = positive_env(ENV_HEADER_TIMEOUT_S, float)
+        idle = positive_env(ENV_IDLE_TIMEOUT_S, float)
+        most = positive_env(ENV_MAX_CONNECTIONS, int, "")
         return cls(
             header_timeout_s=HEADER_TIMEOUT_S if header is None else float(header),
             idle_timeout_s=IDLE_TIMEOUT_S if idle is None else float(idle),
