@@ -87,8 +87,9 @@ LEASE_TTL_S = REGISTRATION_TTL_S
 lease itself lapses this long after its last member's heartbeat."""
 LEASE_CLAIM_POLL_S = 0.5
 """How often a process waiting for a slot held on another host to lapse asks again."""
-LEASE_KEEPER_TICK_S = 0.1
-"""How often a launcher's lease thread checks whether it is asked to stop."""
+LEASE_KEEPER_STOP_MARGIN_S = 1.0
+"""How long stopping a launcher's lease thread waits for it beyond the slot's give-back bound
+(the thread sleeps between heartbeats; the stop wakes it)."""
 REDIS_SOCKET_TIMEOUT_S = 2.0
 REDIS_STARTUP_WAIT_S = 3.0
 """How long a starting service waits for Redis (under a Procfile it starts alongside, and
