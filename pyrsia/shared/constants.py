@@ -87,11 +87,6 @@ LEASE_TTL_S = REGISTRATION_TTL_S
 lease itself lapses this long after its last member's heartbeat."""
 LEASE_CLAIM_POLL_S = 0.5
 """How often a process waiting for a slot held on another host to lapse asks again."""
-NN_AGENT_MONITOR_INTERVAL_S = 0.5
-"""How often torch's agent in ``persia-launcher nn-worker`` checks whether its ranks are still
-running (torchrun's ``--monitor-interval``; torchrun's own default, 0.1 s, wakes the launcher
-ten times a second beside the ranks' training threads). A rank that ends is noticed within
-this long; a stop signal is forwarded at once."""
 LEASE_KEEPER_STOP_MARGIN_S = 1.0
 """How long stopping a launcher's lease thread waits for it beyond the slot's give-back bound
 (the thread sleeps between heartbeats; the stop wakes it)."""

@@ -42,7 +42,6 @@ from pyrsia.shared.constants import (
     ENV_RANK_AGENT_PID,
     ENV_RESUME,
     ENV_VERBOSE,
-    NN_AGENT_MONITOR_INTERVAL_S,
     ROLE_NN_WORKER_NODE,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
@@ -177,8 +176,7 @@ def torchrun_args(args: argparse.Namespace, script: str, *, no_python: bool = Fa
 
     The rendezvous is torch's static one (node ``--node-rank`` of ``--nnodes``, the store at
     ``--master-addr:--master-port``), through :data:`pyrsia.services.nn_worker.rendezvous.BACKEND` so
-    that the store listens on ``--master-addr`` only. Torch's agent looks at the ranks every
-    ``NN_AGENT_MONITOR_INTERVAL_S``, not torchrun's 0.1 s. ``no_python``: ``script`` is a command
+    that the store listens on ``--master-addr`` only. ``no_python``: ``script`` is a command
     to execute (``python train.py``), not a Python file for torch's launcher to run with its
     own interpreter.
     """
@@ -192,7 +190,6 @@ def torchrun_args(args: argparse.Namespace, script: str, *, no_python: bool = Fa
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-conf=rank={args.node_rank}",
         "--max-restarts=0",
-        f"--monitor-interval={NN_AGENT_MONITOR_INTERVAL_S}",
         script,
         *args.script_args,
     ]
