@@ -88,7 +88,7 @@ class SlotKeeper:
         healthy = True
         while not self._stopping.is_set():
             # asleep until the next heartbeat or stop(), whichever comes first
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError from 3.11
                 await asyncio.wait_for(wake.wait(), registry.heartbeat_s)
             if self._stopping.is_set():
                 break
