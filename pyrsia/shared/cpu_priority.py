@@ -27,6 +27,7 @@ import os
 
 from pyrsia.shared.constants import ENV_CPU_PRIORITY
 from pyrsia.shared.errors import UsageError
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def resolve_cpu_priority(flag: str | None, default: str = "normal") -> str:
     """The flag's value, else the environment's (validated), else ``default``."""
     if flag is not None:
         return flag
-    value = os.environ.get(ENV_CPU_PRIORITY, "").strip() or default
+    value = current().text(ENV_CPU_PRIORITY).strip() or default
     if value not in CPU_PRIORITIES:
         raise UsageError(
             f"{ENV_CPU_PRIORITY} must be one of {', '.join(CPU_PRIORITIES)}, got {value!r}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import logging
-import os
 import runpy
 import signal
 import sys
@@ -35,6 +34,7 @@ from pyrsia.shared.cpu_priority import (
 )
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.process_env import export
 from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
 
 
@@ -112,16 +112,15 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
         cpu_priority = resolve_cpu_priority(args.cpu_priority)
     except UsageError as exc:
         return fail(str(exc))
-    os.environ["REPLICA_INDEX"] = str(args.replica_index)
-    os.environ["REPLICA_SIZE"] = str(args.replica_size)
+    export({"REPLICA_INDEX": str(args.replica_index), "REPLICA_SIZE": str(args.replica_size)})
     if args.resume:
-        os.environ[ENV_RESUME] = "1"  # read by DataCtx
+        export({ENV_RESUME: "1"})  # read by DataCtx
     if args.verbose:
-        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.shared.cli.fail_known
+        export({ENV_VERBOSE: "1"})  # read by pyrsia.shared.cli.fail_known
     if env_changed is not None:
         env_changed()
     configure_logging("data_loader", args.replica_index)
-    os.environ[ENV_PROCESS] = f"data_loader/{args.replica_index}"
+    export({ENV_PROCESS: f"data_loader/{args.replica_index}"})
     global _KEEPER
     try:
         _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)
