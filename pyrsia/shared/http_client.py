@@ -41,6 +41,8 @@ from pyrsia.shared.constants import (
     MSGPACK_CONTENT_TYPE,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_S,
+    STALL_FIRST_REPORT_MAX_S,
+    STALL_REPORT_S,
 )
 from pyrsia.shared.errors import (
     AuthError,
@@ -59,8 +61,6 @@ from pyrsia.shared.http_conn import ConnectionPool
 
 log = logging.getLogger(__name__)
 
-STALL_REPORT_S = 5.0
-"""An attempt without an answer for this long is logged (a warning), and again every period."""
 
 _BY_STATUS: dict[int, type[RemoteError]] = {
     400: RemoteBadRequestError,
@@ -247,7 +247,7 @@ class _StallWatch:
     """
 
     TICKS = 5
-    FIRST_REPORT_MAX_S = 30.0
+    FIRST_REPORT_MAX_S = STALL_FIRST_REPORT_MAX_S
 
     def __init__(self, period: float):
         self.period = period
