@@ -45,6 +45,7 @@ from pyrsia.shared.constants import (
     HELPER_HEALTH_POLL_S,
     HELPER_HEALTH_TIMEOUT_S,
     HELPER_READY_TIMEOUT_S,
+    HELPER_START_ATTEMPTS,
     HELPER_STOP_TIMEOUT_S,
     REDIS_PROBE_INTERVAL_S,
     REDIS_PROBE_TIMEOUT_S,
@@ -63,7 +64,6 @@ _DEFAULT_GLOBAL_CONFIG = {
     "common_config": {"metrics_config": {"enable_metrics": False}},
 }
 _REPO = Path(__file__).resolve().parent.parent
-_START_ATTEMPTS = 3
 _ENV_SET = (ENV_REDIS_URL, ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG)
 """Set in this process while the block runs (the services and the functions read them)."""
 
@@ -214,7 +214,7 @@ class PersiaServiceCtx:
         port = first_port
         for index in range(count):
             what = f"{role}[{index}]"
-            for attempt in range(_START_ATTEMPTS):
+            for attempt in range(HELPER_START_ATTEMPTS):
                 # a port found free can be taken before the service binds it (an outgoing
                 # connection's ephemeral port): then the service exits and the next port is tried
                 port = find_free_port(port)
@@ -229,7 +229,7 @@ class PersiaServiceCtx:
                     break
                 except ServiceUnavailableError:
                     self._procs.pop()
-                    if attempt == _START_ATTEMPTS - 1:
+                    if attempt == HELPER_START_ATTEMPTS - 1:
                         raise
                     port += 1
             port += 1

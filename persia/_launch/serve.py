@@ -36,6 +36,9 @@ from pyrsia.shared.constants import (
     ENV_BIND_HOST,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
+    MAX_BATCH_SIZE,
+    SERVE_MAX_INFLIGHT,
+    SERVE_THREADS,
 )
 from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
 from pyrsia.shared.http_server import serve
@@ -61,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-worker", action="append", default=None, metavar="HOST:PORT", help=f"an embedding worker to use (repeatable; default ${ENV_EMBEDDING_WORKER_SERVICE}, else start one)")  # fmt: skip
     p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT, help=f"port to listen on, 0 picks a free one (default {DEFAULT_SERVE_PORT})")  # fmt: skip
     p.add_argument("--host", default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST), help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)")  # fmt: skip
-    p.add_argument("--max-batch-size", type=int, default=65535, help="largest batch a request may carry (default 65535)")  # fmt: skip
-    p.add_argument("--max-inflight", type=int, default=16, help="predictions running at once; more get 429 (default 16)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=2, help="threads running the dense model (default 2)")  # fmt: skip
-    p.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT_S, help="seconds to wait for the embedding workers (default 120)")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE, help=f"largest batch a request may carry (default {MAX_BATCH_SIZE})")  # fmt: skip
+    p.add_argument("--max-inflight", type=int, default=SERVE_MAX_INFLIGHT, help=f"predictions running at once; more get 429 (default {SERVE_MAX_INFLIGHT})")  # fmt: skip
+    p.add_argument("--threads", type=int, default=SERVE_THREADS, help=f"threads running the dense model (default {SERVE_THREADS})")  # fmt: skip
+    p.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT_S, help=f"seconds to wait for the embedding workers (default {DEFAULT_WAIT_TIMEOUT_S:g})")  # fmt: skip
     add_server_security_flags(p)  # --insecure, --max-request-bytes: the services' bind rule and cap
     return p
 

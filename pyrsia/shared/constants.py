@@ -336,3 +336,45 @@ PS_INCREMENTAL_SCAN_INTERVAL_S = 10.0
 """How often an Infer PS looks for new incremental-update packets."""
 SLOT_KEEPER_JOIN_SLACK_S = 1.0
 """Added to the slot keeper's own bounds when waiting for its thread to end."""
+
+# --- limits ------------------------------------------------------------------------------
+MAX_BATCH_SIZE = 65535
+"""PERSIA's largest batch (the wire's bound, and ``persia-launcher serve``'s default)."""
+MAX_FEATURES = 4096
+"""Most id-type (or dense) features one batch may carry."""
+MAX_LOADERS = 1 << 16
+"""Most data-loader replicas one job may have."""
+MAX_GROUPS = 1024
+"""Most dim groups one PS lookup or update may carry."""
+MAX_DIM = 1 << 16
+"""Largest embedding dimension a PS request may name."""
+MAX_DECODE_DEPTH = 512
+"""Deepest nesting of containers a msgpack body may have."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Status line + headers of one HTTP answer, at most."""
+MAX_ANSWER_BYTES = 1 << 32
+"""An HTTP answer body beyond this (msgpack's own limit) is refused."""
+HTTP_DNS_CACHE_TTL_S = 300
+"""How long the aiohttp client session keeps a resolved host name."""
+MAX_CHECKPOINT_WORKERS = 64
+"""Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
+MAX_INTERNAL_SHARDS = 64
+"""More PS shards than this buy no parallelism on the machines Pyrsia targets."""
+MAX_CACHED_SCHEMAS = 16
+"""Embedding schemas whose batch layouts an embedding worker keeps."""
+MAX_CACHED_LAYOUTS = 64
+"""Batch layouts kept per schema."""
+MAX_PENDING_CURVE_POINTS = 100_000
+"""TensorBoard records kept while the writer falls behind; the oldest go first beyond."""
+MIN_LITERAL_SECRET_CHARS = 4
+"""A secret shorter than this is not replaced in free text (it would mangle ordinary words)."""
+SERVE_MAX_BATCH = 1 << 24
+"""Upper bound of the dynamic batch dimension recorded by torch.export."""
+SERVE_MAX_INFLIGHT = 16
+"""``persia-launcher serve``: predictions running at once; more get 429."""
+SERVE_THREADS = 2
+"""``persia-launcher serve``: threads running the dense model."""
+HB_GRADIENT_SENDERS = 8
+"""Gradient senders (``backward_workers``) of a HybridBackend rank's embedding session."""
+HELPER_START_ATTEMPTS = 3
+"""``PersiaServiceCtx`` tries this many ports before a service's start fails."""

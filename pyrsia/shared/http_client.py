@@ -38,6 +38,7 @@ from pyrsia.shared.constants import (
     CONNECTION_POOL_LIMIT,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
+    HTTP_DNS_CACHE_TTL_S,
     MSGPACK_CONTENT_TYPE,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_S,
@@ -131,7 +132,9 @@ class HttpClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._pool_limit, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_limit, ttl_dns_cache=HTTP_DNS_CACHE_TTL_S
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),

@@ -24,11 +24,10 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_REDIS_URL
+from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_REDIS_URL, MIN_LITERAL_SECRET_CHARS
 from pyrsia.shared.settings import read
 
 REDACTED = "***"
-MIN_LITERAL_SECRET_CHARS = 4
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s]*)@")
 _QUERY_SECRET = re.compile(r"(?P<head>[?&](?:password|token)=)(?P<pw>[^&\s#]*)", re.IGNORECASE)
