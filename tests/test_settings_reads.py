@@ -10,6 +10,7 @@ function counts as much as one at the top.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,99 @@ def test_yes_no_and_verbose_read_their_words() -> None:
     assert not Settings.from_env({"PERSIA_INSECURE": "off"}).yes_no("PERSIA_INSECURE")
     assert Settings.from_env({"PERSIA_VERBOSE": "yes"}).verbose
     assert Settings.from_env({"LOG_LEVEL": "Debug"}).verbose
+
+
+# --- timeouts and limits live in constants.py ---------------------------------------------
+_LIMIT_NAME = re.compile(r"^_?(\w*_S|\w*_SECONDS|\w*TIMEOUT\w*|MAX_\w+|MIN_\w+)$")
+_TIME_ARG = re.compile(r"(_s$|_ms$|_seconds$|timeout|interval)")
+LITERAL_ALLOWED = {
+    "pyrsia/services/embedding_ps/shard.py MIN_ROWS": "the hash table's layout, not a limit",
+    "pyrsia/services/embedding_ps/shard.py MIN_SLOTS": "the hash table's layout, not a limit",
+    "pyrsia/services/embedding_ps/shard.py MAX_LOAD": "the hash table's load factor",
+    "pyrsia/services/embedding_ps/shard_set.py MAX_DIMS": "arena ids are int8",
+    "persia/utils.py interval": "find_free_port's port step (PERSIA's API), not a time",
+    "pyrsia/shared/global_schema.py push_interval_seconds": "a global_config.yml default",
+    "pyrsia/shared/global_schema.py incremental_scan_interval_seconds": "a global_config.yml default",
+}
+"""``path name`` -> why a literal there is not a timeout or limit to move."""
+
+
+def _number(node: ast.AST) -> bool:
+    """A nonzero numeric literal, or arithmetic of literals (``1 << 16``, ``1000 * 60``)."""
+    if isinstance(node, ast.BinOp):
+        return _number(node.left) and _number(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _number(node.operand)
+    value = getattr(node, "value", None)
+    return isinstance(node, ast.Constant) and type(value) in (int, float) and value != 0
+
+
+def _defaults(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, ast.AST]]:
+    a = node.args
+    positional = a.posonlyargs + a.args
+    given = list(zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True))
+    given += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+    return [(arg.arg, default) for arg, default in given]
+
+
+def literal_limits(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each timeout or limit written as a number: a module constant named
+    like one (``*_S``, ``*TIMEOUT*``, ``MAX_*``, ``MIN_*``), a ``timeout=`` argument, a
+    ``sleep`` of a number, or a time-like parameter or field with a number as default."""
+    tree = ast.parse(source)
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and _LIMIT_NAME.match(target.id):
+                if _number(node.value):
+                    found.append((node.lineno, target.id))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            for k in node.keywords:
+                if k.arg and "timeout" in k.arg and _number(k.value):
+                    found.append((node.lineno, k.arg))
+            if name == "sleep" and node.args and _number(node.args[0]):
+                found.append((node.lineno, "sleep"))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg, default in _defaults(node):
+                if _TIME_ARG.search(arg) and _number(default):
+                    found.append((node.lineno, arg))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if _TIME_ARG.search(node.target.id) and node.value and _number(node.value):
+                found.append((node.lineno, node.target.id))
+    return found
+
+
+def test_timeouts_and_limits_are_named_in_constants() -> None:
+    offenders = []
+    for path in _library_files():
+        name = path.relative_to(ROOT).as_posix()
+        if name == "pyrsia/shared/constants.py":
+            continue
+        for line, what in literal_limits(path.read_text()):
+            if f"{name} {what}" not in LITERAL_ALLOWED:
+                offenders.append(f"{name}:{line} {what}")
+    assert not offenders, (
+        "name these timeouts and limits in pyrsia/shared/constants.py:\n" + "\n".join(offenders)
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "STOP_TIMEOUT_S = 20.0\n",
+        "MAX_ITEMS = 1 << 16\n",
+        "s.connect(timeout=0.2)\n",
+        "time.sleep(0.05)\n",
+        "def f(wait_s: float = 3.0):\n    pass\n",
+    ],
+)
+def test_the_literal_guard_sees_every_form(source: str) -> None:
+    assert literal_limits(source)
+
+
+def test_the_literal_guard_leaves_named_values_alone() -> None:
+    source = "X_S = OTHER_S\ns.connect(timeout=CONNECT_TIMEOUT_S)\nawait asyncio.sleep(0)\n"
+    assert not literal_limits(source)

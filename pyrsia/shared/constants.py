@@ -276,6 +276,8 @@ EMBEDDING_CHECKPOINT_FORMAT = "pyrsia-embedding-checkpoint"
 EMBEDDING_CHECKPOINT_VERSION = 1
 
 # --- launchers, helpers and in-process observers: timeouts and intervals --------------
+DATALOADER_TIMEOUT_MS = 1000 * 60 * 10
+"""``persia.data.DataLoader``'s longest wait for the next batch (PERSIA's default, 10 min)."""
 PROGRESS_INTERVAL_S = 1.0
 """How often ``persia-launcher run`` redraws its live progress line."""
 PROGRESS_STOP_TIMEOUT_S = 5.0
