@@ -35,6 +35,7 @@ from pyrsia.shared.cpu_priority import (
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.process_env import export
+from pyrsia.shared.settings import current
 from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
 
 
@@ -106,10 +107,15 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
                 f"--replica-index must be in [0, --replica-size) and --replica-size >= 1, "
                 f"got {args.replica_index} and {args.replica_size}"
             )
+        settings = current()
         script = resolve_file(
-            args.script, "the script argument", ENV_DATALOADER_ENTRY, required=True
+            args.script,
+            "the script argument",
+            ENV_DATALOADER_ENTRY,
+            required=True,
+            settings=settings,
         )
-        cpu_priority = resolve_cpu_priority(args.cpu_priority)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority, settings=settings)
     except UsageError as exc:
         return fail(str(exc))
     export({"REPLICA_INDEX": str(args.replica_index), "REPLICA_SIZE": str(args.replica_size)})

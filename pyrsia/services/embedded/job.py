@@ -107,7 +107,7 @@ class EmbeddedJob:
         script = settings.text(ENV_DATALOADER_ENTRY).strip()
         if script and not Path(script).is_file():
             raise ConfigError(f"${ENV_DATALOADER_ENTRY}={script!r}: no such file")
-        priority = resolve_cpu_priority(None, default="background")
+        priority = resolve_cpu_priority(None, default="background", settings=settings)
         log.info(
             "embedded mode: embedding PS and worker engines in this process%s; engine threads "
             "at %s CPU priority ($%s)",
