@@ -45,13 +45,12 @@ from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S
 from pyrsia.shared import job_checkpoint
 from pyrsia.shared.allocator import keep_freed_memory
 from pyrsia.shared.constants import (
-    DEFAULT_JOB_ID,
     DEFAULT_WAIT_TIMEOUT_S,
-    ENV_JOB_ID,
     ENV_TENSORBOARD_DIR,
 )
 from pyrsia.shared.errors import InvalidInputError, MisuseError
 from pyrsia.shared.scatter import warm_in_background
+from pyrsia.shared.settings import current
 from pyrsia.shared.validate import positive_int
 
 _logger = logging.getLogger("persia.ctx")
@@ -247,9 +246,10 @@ class TrainCtx(EmbeddingCtx):
         stats.steps = self.update_times  # restored by --resume
         engine = self.training_step.gradients
         stats.in_flight = lambda: engine.in_flight
-        root = self.tensorboard_dir or os.environ.get(ENV_TENSORBOARD_DIR) or None
+        env = current()
+        root = self.tensorboard_dir or env.text(ENV_TENSORBOARD_DIR) or None
         if root is not None:
-            job_id = os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
+            job_id = env.job_id
             settings = self.session.settings  # None: addresses or embedded mode, no registry
             ps = PSCurves(settings) if self.rank_id == 0 and settings is not None else None
             self._tensorboard = TensorBoardLog(

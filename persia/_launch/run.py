@@ -40,7 +40,6 @@ the embedding PS and worker engines inside it and ``data_loader.py`` in one of i
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import subprocess
@@ -56,6 +55,8 @@ from pathlib import Path
 from persia._launch.console import NAMES, Output, Progress, pump_lines
 from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
+from pyrsia.shared.constants import CHILD_POLL_S as POLL_S
+from pyrsia.shared.constants import CHILD_STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
     ENV_EMBEDDED,
@@ -66,15 +67,17 @@ from pyrsia.shared.constants import (
     ENV_NN_WORKER_ENTRY,
     ENV_REDIS_URL,
     ENV_VERBOSE,
+    FAILURE_LINES_JOIN_S,
+    LOG_READER_JOIN_S,
+    REDIS_PROBE_INTERVAL_S,
+    REDIS_PROBE_TIMEOUT_S,
+    REDIS_START_TIMEOUT_S,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.failure_report import FailureRecord, first_failure
 from pyrsia.shared.parent_death import die_with_parent
-
-STOP_TIMEOUT_S = 20.0
-"""Seconds a child gets between SIGTERM and SIGKILL."""
-REDIS_START_TIMEOUT_S = 10.0
-POLL_S = 0.1
+from pyrsia.shared.process_env import child_environment, export
+from pyrsia.shared.settings import current
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,7 +154,7 @@ class Job:
                 self.out.line("run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed")  # fmt: skip
                 c.proc.kill()
                 c.proc.wait()
-            c.reader.join(timeout=2.0)  # its last lines out before ours
+            c.reader.join(timeout=LOG_READER_JOIN_S)  # its last lines out before ours
 
 
 def _free_port() -> int:
@@ -165,10 +168,10 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection(("127.0.0.1", port), timeout=REDIS_PROBE_TIMEOUT_S):
                 return True
         except OSError:
-            time.sleep(0.05)
+            time.sleep(REDIS_PROBE_INTERVAL_S)
     return False
 
 
@@ -217,7 +220,7 @@ def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str
     """The children's environment: this process's, plus the job id (a fresh ``run-<8 hex>``
     unless set), a free port for torch's rendezvous, ``--verbose`` and the configs' absolute
     paths (the children may run in another directory)."""
-    env = dict(os.environ)
+    env = child_environment()
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
     env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
     if args.verbose:
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not env.get(ENV_REDIS_URL):
             env[ENV_REDIS_URL] = _start_redis(job)
-        os.environ.update({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
+        export({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
         nn = _start_children(job, args, train, loader)
         progress = Progress(out, started)
@@ -301,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tidy_log_dir(env: dict[str, str]) -> None:
     """The log folder ``run`` made, removed when no process wrote to it (nothing failed)."""
-    if os.environ.get(ENV_LOG_DIR):
+    if current().is_set(ENV_LOG_DIR):
         return  # the user's folder
     try:
         Path(env[ENV_LOG_DIR]).rmdir()
@@ -315,7 +318,7 @@ def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
     if first is None:
         return code
     for child in job.children:  # every child's last lines out before this one
-        child.reader.join(timeout=10.0)
+        child.reader.join(timeout=FAILURE_LINES_JOIN_S)
     sys.stdout.flush()
     print(first.line(), file=sys.stderr, flush=True)
     return first.code

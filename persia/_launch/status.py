@@ -51,6 +51,7 @@ from pyrsia.shared.constants import (
     ROLE_NN_WORKER_NODE,
     lease_key,
 )
+from pyrsia.shared.constants import STATUS_SCRAPE_TIMEOUT_S as SCRAPE_TIMEOUT_S
 from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.metrics_text import Samples, auth_headers, fetch_samples, sample_sum
 from pyrsia.shared.registry import Registry, RegistrySettings
@@ -59,7 +60,6 @@ SERVER_ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
 """Registered roles that serve /health and /metrics, in the order shown."""
 LAUNCHER_ROLES = (ROLE_NN_WORKER_NODE, ROLE_DATA_LOADER)
 """Roles that only hold a slot of the job lease (no address)."""
-SCRAPE_TIMEOUT_S = 3.0
 
 
 @dataclass

@@ -49,14 +49,13 @@ from pyrsia.shared.config import (
     load_embedding_config,
     load_global_config,
 )
+from pyrsia.shared.constants import SERVE_MAX_BATCH as MAX_BATCH
 from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["ServingModel", "export_model", "load_model"]
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 1 << 24
-"""Upper bound of the dynamic batch dimension recorded by torch.export."""
 EMBEDDING_DIR = "embedding"
 EMBEDDING_CONFIG_FILE = "embedding_config.yml"
 GLOBAL_CONFIG_FILE = "global_config.yml"

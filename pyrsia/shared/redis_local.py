@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from pyrsia.shared.constants import (
+    LOG_READER_JOIN_S,
     REDIS_RESTART_DELAY_S,
     REDIS_RESTART_LIMIT,
     REDIS_RESTART_WINDOW_S,
@@ -155,7 +156,7 @@ def supervise(
         reader = _start_line_filter(child, lines_to or sys.stdout) if quiet else None
         code = child.wait()
         if reader is not None:
-            reader.join(timeout=2.0)  # its last lines out before ours
+            reader.join(timeout=LOG_READER_JOIN_S)  # its last lines out before ours
         if stopping:
             return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
         if not restart:

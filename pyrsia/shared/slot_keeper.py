@@ -20,6 +20,7 @@ from pyrsia.shared.constants import (
     ENV_JOB_ID,
     LEASE_KEEPER_TICK_S,
     REDIS_STARTUP_WAIT_S,
+    SLOT_KEEPER_JOIN_SLACK_S,
 )
 from pyrsia.shared.errors import RegistryError, UsageError
 from pyrsia.shared.job_lease import JobConflictError
@@ -109,7 +110,9 @@ class SlotKeeper:
         """Give the slot back and end the thread (bounded; idempotent)."""
         self._stopping.set()
         if self._thread is not None:
-            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + 1.0)
+            self._thread.join(
+                timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + SLOT_KEEPER_JOIN_SLACK_S
+            )
 
 
 def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:

@@ -48,6 +48,7 @@ from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
 from pyrsia.services.embedding_ps.persia_metrics import PSPersiaMetrics
 from pyrsia.services.embedding_ps.ps_metrics import loader_gauges, request_metrics
+from pyrsia.shared.constants import PS_INCREMENTAL_SCAN_INTERVAL_S
 from pyrsia.shared.embedding_spec import optimizer_to_dict
 from pyrsia.shared.errors import (
     ConflictError,
@@ -312,7 +313,7 @@ def create_app(
     threads: int = 2,
     ready_without_configure: bool = False,
     incremental_loader: IncrementalLoader | None = None,
-    scan_interval_s: float = 10.0,
+    scan_interval_s: float = PS_INCREMENTAL_SCAN_INTERVAL_S,
     max_request_bytes: int | None = None,
     checkpoint_workers: int = 1,
     checkpoint_root: tuple[Path, ...] | Path | None = None,
