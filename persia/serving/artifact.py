@@ -48,7 +48,6 @@ from pyrsia.shared.config import (
     load_embedding_config,
     load_global_config,
 )
-from pyrsia.shared.constants import SERVE_MAX_BATCH as MAX_BATCH
 from pyrsia.shared.errors import InvalidInputError
 
 __all__ = ["ServingModel", "export_model", "load_model"]

@@ -16,12 +16,10 @@ from pathlib import Path
 import torch
 
 from persia.serving.signature import DENSE_KINDS
+from pyrsia.shared.constants import SERVE_MAX_BATCH as MAX_BATCH
 from pyrsia.shared.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
-
-MAX_BATCH = 1 << 24
-"""Upper bound of the dynamic batch dimension recorded by torch.export."""
 
 
 @contextlib.contextmanager
