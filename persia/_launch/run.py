@@ -41,21 +41,16 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from persia._launch.console import NAMES, Output, Progress, pump_lines
+from persia._launch.children import Child, Job, StopSignals, free_port, start_redis, watch
+from persia._launch.console import NAMES, Output, Progress
 from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
-from pyrsia.shared.constants import CHILD_POLL_S as POLL_S
 from pyrsia.shared.constants import CHILD_STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
@@ -68,14 +63,9 @@ from pyrsia.shared.constants import (
     ENV_REDIS_URL,
     ENV_VERBOSE,
     FAILURE_LINES_JOIN_S,
-    LOG_READER_JOIN_S,
-    REDIS_PROBE_INTERVAL_S,
-    REDIS_PROBE_TIMEOUT_S,
-    REDIS_START_TIMEOUT_S,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.failure_report import FailureRecord, first_failure
-from pyrsia.shared.parent_death import die_with_parent
 from pyrsia.shared.process_env import child_environment, export
 from pyrsia.shared.settings import current
 
@@ -103,90 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S,
                    help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})")  # fmt: skip
     return p
-
-
-# --- children -------------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    reader: threading.Thread
-    stopped: bool = False
-
-
-@dataclass
-class Job:
-    """The children of one ``run``, in start order."""
-
-    out: Output
-    env: dict[str, str]
-    children: list[Child] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str]) -> Child:
-        proc = subprocess.Popen(
-            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
-        reader = threading.Thread(target=pump_lines, args=(name, proc.stdout, self.out),
-                                  name=f"run-{name}", daemon=True)  # fmt: skip
-        reader.start()
-        child = Child(name, proc, reader)
-        self.children.append(child)
-        return child
-
-    def get(self, name: str) -> Child | None:
-        return next((c for c in self.children if c.name == name), None)
-
-    def stop(self, names: tuple[str, ...], timeout_s: float) -> None:
-        """SIGTERM the named children still running, wait for them, kill the late ones."""
-        group = [c for c in self.children if c.name in names]
-        for c in group:
-            if c.proc.poll() is None:
-                c.stopped = True
-                c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for c in group:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.out.line("run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed")  # fmt: skip
-                c.proc.kill()
-                c.proc.wait()
-            c.reader.join(timeout=LOG_READER_JOIN_S)  # its last lines out before ours
-
-
-def _free_port() -> int:
-    """A port the system has just handed out as free (loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=REDIS_PROBE_TIMEOUT_S):
-                return True
-        except OSError:
-            time.sleep(REDIS_PROBE_INTERVAL_S)
-    return False
-
-
-def _start_redis(job: Job) -> str:
-    """A local Redis on a free port (three tries: a port found free can be taken before redis
-    binds it); its URL."""
-    for _ in range(3):
-        port = _free_port()
-        child = job.start("redis", [sys.executable, "-m", "pyrsia.shared.redis_local", "--port",
-                                    str(port), "--restart-on-failure"])  # fmt: skip
-        if _wait_port(port, child.proc, REDIS_START_TIMEOUT_S):
-            return f"redis://127.0.0.1:{port}/0"
-        job.stop(("redis",), 2.0)
-        job.children.remove(child)
-    raise UsageError("could not start a local redis-server (see its lines above)")
 
 
 # --- the job --------------------------------------------------------------------------
@@ -222,7 +128,7 @@ def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str
     paths (the children may run in another directory)."""
     env = child_environment()
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
-    env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
+    env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
     if args.verbose:
         env[ENV_VERBOSE] = "1"
     if not env.get(ENV_LOG_DIR):
@@ -261,20 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
     env = _job_env(args, emb, glob)
     job = Job(out, env)
-    signals = _StopSignals()
+    signals = StopSignals()
     started = time.monotonic()
     progress: Progress | None = None
     if args.embedded:
         return _run_embedded(args, job, env, train, loader, signals, started)
     try:
         if not env.get(ENV_REDIS_URL):
-            env[ENV_REDIS_URL] = _start_redis(job)
+            env[ENV_REDIS_URL] = start_redis(job)
         export({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
         nn = _start_children(job, args, train, loader)
         progress = Progress(out, started)
         progress.start()
-        failed = _watch(job, nn, signals.received)
+        failed = watch(job, nn, signals.received)
     except UsageError as exc:
         job.stop(NAMES, args.stop_timeout)
         signals.restore()
@@ -325,14 +231,14 @@ def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
 
 
 def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train: Path,
-                  loader: Path, signals: _StopSignals, started: float) -> int:  # fmt: skip
+                  loader: Path, signals: StopSignals, started: float) -> int:  # fmt: skip
     """The whole job in one child: train.py as a rank (pyrsia.services.nn_worker.rank_entry),
     the engines and data_loader.py inside it; its exit code is ``run``'s."""
     env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(loader.resolve())})
     job.out.line("run", f"job {env[ENV_JOB_ID]} embedded: one process, no Redis")
     nn = job.start("nn_worker", [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry",
                                  str(train)])  # fmt: skip
-    _watch(job, nn, signals.received)
+    watch(job, nn, signals.received)
     job.out.end_status()
     job.stop(("nn_worker",), args.stop_timeout)
     signals.restore()
@@ -350,42 +256,6 @@ def _display(url: str) -> str:
     from pyrsia.shared.redaction import redact_url
 
     return redact_url(url)
-
-
-def _watch(job: Job, nn: Child, stop_requested: Callable[[], bool]) -> Child | None:
-    """Until the NN worker exits or a signal comes; the child that failed first, if any.
-
-    A data loader that finished (exit 0) is no failure; any other child ending is.
-    """
-    while not stop_requested():
-        if nn.proc.poll() is not None:
-            return None
-        for c in job.children:
-            code = c.proc.poll()
-            if c is nn or code is None or (c.name == "data_loader" and code == 0):
-                continue
-            return c
-        time.sleep(POLL_S)
-    return None
-
-
-class _StopSignals:
-    """SIGINT and SIGTERM recorded (the first one's number), restored on :meth:`restore`."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._saved = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _on(self, signum: int, _frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def received(self) -> bool:
-        return self.signum is not None
-
-    def restore(self) -> None:
-        for s, handler in self._saved.items():
-            signal.signal(s, handler)
 
 
 if __name__ == "__main__":
