@@ -86,9 +86,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+## lint fixes, then the formatter over the whole tree (scripts/dev/format_all.sh: strips every
+## `# fmt: skip`, keeps `# fmt: off`/`# fmt: on` tables, runs ruff format)
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
-	$(VENV)/bin/ruff format .
+	bash scripts/dev/format_all.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/ps_bench.py

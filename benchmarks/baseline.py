@@ -138,13 +138,10 @@ def train_single_process(
     ``fused_adam`` steps the dense model with ``Adam(fused=True)`` (one kernel per parameter
     instead of one per operation; the same update) instead of the issue's default ``Adam``.
     """
-
-    torch.manual_seed(seed)
     embeddings, model, emb_opt, dense_opt, loss_fn, autocast = _build_training(
-        slot_sizes, dim, model_factory, embedding_factory, emb_initialization,
+        seed, slot_sizes, dim, model_factory, embedding_factory, emb_initialization,
         embedding_lr, initial_accumulator_value, dense_lr, fused_adam, autocast_dtype,
     )  # fmt: skip
-    model.train()
     iterable = progress(train_batches) if progress is not None else train_batches
     losses, samples, first_samples, train_seconds = _train_pass(
         iterable, embeddings, model, emb_opt, dense_opt, loss_fn, autocast, max_steps, clock
@@ -171,6 +168,7 @@ def _summary(losses: list[float], samples: int, first_samples: int, train_second
 
 
 def _build_training(
+    seed: int,
     slot_sizes: Sequence[int],
     dim: int,
     model_factory: Callable[[], nn.Module],
@@ -184,15 +182,17 @@ def _build_training(
 ) -> tuple[
     nn.Module, nn.Module, torch.optim.Optimizer | None, torch.optim.Optimizer, nn.Module, Any
 ]:
-    """The embeddings, the dense model, their optimizers, the loss and the forward's autocast
-    context, built in this order after the caller seeds torch (so the initial weights are the
-    same on every run); the embedding optimizer is None for an embedding module with a
-    ``fused_optimizer`` of its own."""
+    """The embeddings, the dense model (in training mode), their optimizers, the loss and the
+    forward's autocast context, built in this order after torch is seeded with ``seed`` (so
+    the initial weights are the same on every run); the embedding optimizer is None for an
+    embedding module with a ``fused_optimizer`` of its own."""
+    torch.manual_seed(seed)
     if embedding_factory is None:
         embeddings: nn.Module = FlatEmbeddings(slot_sizes, dim, emb_initialization)
     else:
         embeddings = embedding_factory()
     model = model_factory()
+    model.train()
     emb_opt = (
         None
         if getattr(embeddings, "fused_optimizer", False)

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -95,8 +94,11 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 import torch  # noqa: E402
 from e2e import data as e2e_data  # noqa: E402
 from e2e.report import print_report, save_chart  # noqa: E402
+from e2e_baseline import run_baseline  # noqa: E402
 from e2e_cli import parse_args  # noqa: E402
-from e2e_runs import BATCH, rank_rows, run_baseline, run_pyrsia, run_pyrsia_embedded  # noqa: E402
+from e2e_embedded import run_pyrsia_embedded  # noqa: E402
+from e2e_runs import BATCH, rank_rows, run_pyrsia  # noqa: E402
+from e2e_summary import summarize  # noqa: E402
 
 from pyrsia.services.nn_worker.launch import rank_threads  # noqa: E402
 from pyrsia.services.nn_worker.precision import cpu_computes_bf16  # noqa: E402
@@ -183,8 +185,21 @@ def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[P
             max_steps=max_steps, profile=args.profile, fused_adam=args.fused_adam,
             malloc_tuning=mt,
         ))  # fmt: skip
+    run_services_sides(name, data_path, configs, tmp, args, sides, runs, threads=threads,
+                       max_steps=max_steps)  # fmt: skip
+    run_baselines(name, data, args, runs, threads=threads or TORCH_DEFAULT_THREADS,
+                  max_steps=max_steps)  # fmt: skip
+
+
+def run_services_sides(name: str, data_path: Path, configs: tuple[Path, Path], tmp: Path,
+                       args: argparse.Namespace, sides: dict[tuple, str],
+                       runs: dict[str, list[dict[str, Any]]], *, threads: int,
+                       max_steps: int) -> None:  # fmt: skip
+    """One run of every services-mode side at ``threads`` torch threads (0: torch's
+    default), each appended to its ``runs``."""
+    pyrsia_threads = threads or None  # None: train.py leaves torch's (the launcher's) default
     for (n, prio, rb, mt, st), side in sides.items():
-        print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {label} torch "
+        print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads or 'default'} torch "
               f"thread(s), {st}, {rank_rows(n, rb)}-row batches per "
               f"rank, services at {prio} CPU priority"
               f"{'' if mt == 'on' else ', NN worker malloc untuned'}"
@@ -197,7 +212,13 @@ def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[P
                                      cpu_priority=prio, rank_batch=rb,
                                      fused_adam=args.fused_adam,
                                      malloc_tuning=mt))  # fmt: skip
-    threads = threads or TORCH_DEFAULT_THREADS
+
+
+def run_baselines(name: str, data: dict[str, Any], args: argparse.Namespace,
+                  runs: dict[str, list[dict[str, Any]]], *, threads: int,
+                  max_steps: int) -> None:  # fmt: skip
+    """The baseline at ``threads`` torch threads, and the references the flags ask for
+    (TorchRec, fused Adam, bf16 autocast), each appended to its ``runs``."""
     print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
     runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
     if args.torchrec:
@@ -215,72 +236,6 @@ def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[P
         runs["baseline_bf16"].append(
             run_baseline(data, threads=threads, max_steps=max_steps, bf16=True)
         )
-
-
-def summarize(name: str, data: dict[str, Any], args: argparse.Namespace,
-              runs: dict[str, list[dict[str, Any]]], pyrsia_sides: list[str]) -> dict[str, Any]:  # fmt: skip
-    """One data set's result: the best run of each side, the same-run pairs and each side's
-    median over them (``medians``: ratio, AUC gap, samples/s of both sides), and the
-    references the flags asked for."""
-    best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
-    b = best["baseline"]
-    p = best[pyrsia_sides[0]]
-    pairs = [  # each Pyrsia run against the baseline run of the same repeat and threads
-        {"side": side, "nn_workers": pr["nn_workers"], "threads": pr["threads"],
-         "ratio": pr["samples_per_s"] / br["samples_per_s"], "auc_gap": pr["auc"] - br["auc"],
-         "pyrsia_samples_per_s": pr["samples_per_s"], "baseline_samples_per_s": br["samples_per_s"],
-         "pyrsia_auc": pr["auc"], "baseline_auc": br["auc"]}
-        for side in pyrsia_sides
-        for pr, br in zip(runs[side], runs["baseline"], strict=True)
-    ]  # fmt: skip
-    medians = {
-        side: {k: statistics.median(q[k] for q in pairs if q["side"] == side)
-               for k in ("ratio", "auc_gap", "pyrsia_samples_per_s", "baseline_samples_per_s",
-                         "pyrsia_auc", "baseline_auc")}
-        for side in pyrsia_sides
-    }  # fmt: skip
-    for side in pyrsia_sides:  # split rank batches: more, smaller batches, the same rows
-        if best[side]["samples"] != b["samples"]:
-            raise RuntimeError(
-                f"{name}: {side} trained {best[side]['samples']} rows, the baseline {b['samples']}"
-            )
-    return {
-        "dataset": name, "train_rows": len(data["train_label"]), "test_rows": len(data["test_label"]),
-        "slots": len(data["slot_names"]), "dense": int(data["train_dense"].shape[1]),
-        "batch_size": BATCH, "steps": p["steps"], "runs": runs, "pyrsia": p, "baseline": b,
-        "ratio": p["samples_per_s"] / b["samples_per_s"], "pairs": pairs, "medians": medians,
-        "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
-        "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
-        "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
-        **references(args, runs, best, pyrsia_sides[0]),
-    }  # fmt: skip
-
-
-def references(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-               best: dict[str, dict[str, Any]], first_side: str) -> dict[str, Any]:  # fmt: skip
-    """The result's fields of the peers and references the flags asked for: TorchRec and its
-    pairs, the bf16 baseline and its ratio, the fused-Adam baseline, its ratio and pairs
-    (against ``first_side``, the RESULT line's Pyrsia side)."""
-    p = best[first_side]
-    return {
-        **({"torchrec": best["torchrec"],
-            "torchrec_pairs": [
-                {"threads": tr["threads"], "ratio": tr["samples_per_s"] / br["samples_per_s"],
-                 "auc_gap": tr["auc"] - br["auc"]}
-                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)]}
-           if args.torchrec else {}),
-        **({"baseline_bf16": best["baseline_bf16"],
-            "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}
-           if args.mixed_precision else {}),
-        **({"baseline_fused_adam": best["baseline_fused_adam"],
-            "ratio_vs_fused_adam_baseline":
-                p["samples_per_s"] / best["baseline_fused_adam"]["samples_per_s"],
-            "fused_adam_pairs": [
-                {"threads": br["threads"], "ratio": pr["samples_per_s"] / br["samples_per_s"],
-                 "auc_gap": pr["auc"] - br["auc"]}
-                for pr, br in zip(runs[first_side], runs["baseline_fused_adam"], strict=True)]}
-           if args.fused_adam else {}),
-    }  # fmt: skip
 
 
 def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole",

@@ -37,6 +37,7 @@ def parse_args(
     """The parser and the checked arguments of ``argv`` (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=description)
     _add_run_flags(parser)
+    _add_output_flags(parser)
     _add_side_flags(parser)
     args = parser.parse_args(argv)  # fmt: skip
     _check(parser, args)
@@ -44,7 +45,7 @@ def parse_args(
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of the run as a whole: size, data sets, repeats, logs, profile, JSON."""
+    """The flags of the run as a whole: size, threads, data sets, the DataLoader's settings."""
     parser.add_argument(
         "--quick", action="store_true", help="tiny smoke run (20 steps, first --threads, < 60 s)"
     )
@@ -76,6 +77,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "embedding_staleness=--staleness, reproducible=True and a 16-batch buffer (sides "
         "*_tuned)",
     )  # fmt: skip
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of what a run keeps and compares: logs, profile, mixed precision, fused
+    Adam, repeats."""
     parser.add_argument(
         "--log-dir",
         type=Path,

@@ -3,9 +3,9 @@
 - :func:`run_pyrsia`: the whole pipeline in services mode, every process real on loopback
   (redis-server, embedding PS, embedding worker, ``nn_workers`` NN-worker ranks of
   ``e2e/train.py`` and as many data loaders of ``e2e/data_loader.py``);
-- :func:`run_pyrsia_embedded`: the same scripts in embedded mode, one process;
-- :func:`run_baseline`: the single-process PyTorch baseline (``baseline.py``), or the
-  TorchRec peer, on the same batches.
+- ``e2e_embedded.run_pyrsia_embedded``: the same scripts in embedded mode, one process;
+- ``e2e_baseline.run_baseline``: the single-process PyTorch baseline (``baseline.py``), or
+  the TorchRec peer, on the same batches.
 
 Each adds to the training script's JSON the start-up times, each process's CPU over the
 training window (``/proc``) and the exit codes. Kept apart from ``e2e_bench.py`` (the
@@ -23,23 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from _common import REPO, Cluster
-from baseline import array_batches, train_single_process
-from e2e.model import (
-    ADAGRAD_EPS,
-    DENSE_LR,
-    EMBEDDING_DIM,
-    EMBEDDING_LR,
-    INIT_RANGE,
-    INITIAL_ACCUMULATOR,
-    SEED,
-    build_model,
-)
-from e2e.procs import CpuSampler, minor_faults, scrape_histograms
-from torchrec_peer import TorchRecEmbeddings
+from e2e.procs import CpuSampler, scrape_histograms
 
-from pyrsia.services.nn_worker.step_clock import StepClock
 from pyrsia.shared.constants import (
     ENV_MALLOC_TUNING,
     ROLE_EMBEDDING_PS,
@@ -102,21 +88,27 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     }  # fmt: skip
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads or 'default'}.prof")
-    flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-             "--port", "0", "--replica-index", "0", "--replica-size", "1",
-             "--cpu-priority", cpu_priority]  # fmt: skip
+    flags = server_flags(configs, cpu_priority)
     sampler = CpuSampler()
     t_launch = time.time()
     codes, metrics, t_services = _run_cluster(
         tmp, env, flags, sampler, threads=threads, nn_workers=nn_workers, cpu_priority=cpu_priority
     )
     res = _read_result(result_path, tmp, threads, nn_workers, codes)
-    _add_launch_figures(res, sampler, t_launch, t_services - t_launch, metrics, codes)
-    res["nn_workers"] = nn_workers
-    res["cpu_priority"] = cpu_priority
-    res["rank_batch"] = batch
+    add_launch_figures(res, sampler, t_launch, t_services - t_launch, metrics, codes)
+    res.update(nn_workers=nn_workers, cpu_priority=cpu_priority, rank_batch=batch)
     res["malloc_tuning"] = malloc_tuning
     return res
+
+
+def server_flags(configs: tuple[Path, Path], cpu_priority: str) -> list[str]:
+    """The PS's and the embedding worker's flags: the job's configs, a port the system picks,
+    one replica, ``cpu_priority``."""
+    return [
+        "--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
+        "--port", "0", "--replica-index", "0", "--replica-size", "1",
+        "--cpu-priority", cpu_priority,
+    ]  # fmt: skip
 
 
 def _run_cluster(tmp: Path, env: dict[str, str], flags: list[str], sampler: CpuSampler, *,
@@ -217,7 +209,7 @@ def _read_result(result_path: Path, tmp: Path, threads: int | None, nn_workers: 
     return res
 
 
-def _add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: float,
+def add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: float,
                         services_registered_s: float, metrics: dict[str, Any],
                         codes: dict[str, int | None]) -> None:  # fmt: skip
     """Start-up times from ``t_launch`` (first batch, servers started, TrainCtx entered),
@@ -229,110 +221,3 @@ def _add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: floa
     res["cpu_s"] = sum(v["cpu_s"] for v in res["cpu"].values())
     res["metrics"] = metrics
     res["exit_codes"] = codes
-
-
-def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *,
-                        threads: int | None, staleness: int | None, max_steps: int,
-                        tuned: bool = False, profile: bool = False,
-                        fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
-    """One training run in embedded mode, ``persia-launcher run --embedded``: train.py, the
-    embedding PS and worker engines and data_loader.py in one process (no Redis, no servers).
-    The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON;
-    ``malloc_tuning`` as there."""
-    result_path = tmp / f"result-embedded-{threads or 'default'}-{time.monotonic_ns()}.json"
-    env = {
-        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
-        **loader_env(threads, staleness, tuned), "E2E_MAX_STEPS": str(max_steps),
-        "E2E_MIXED_PRECISION": "0", "E2E_DENSE_LR_SCALE": "1",
-        "E2E_FUSED_ADAM": "1" if fused_adam else "0", "PYTHONUNBUFFERED": "1",
-        ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
-    }  # fmt: skip
-    if profile:
-        env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads or 'default'}.prof")
-    log_path = tmp / f"embedded-{threads or 'default'}.log"
-    sampler = CpuSampler()
-    t_launch = time.time()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "persia.launcher", "run", "--embedded", "--no-progress",
-             "--nn-worker", str(E2E / "train.py"), "--data-loader", str(E2E / "data_loader.py"),
-             "--embedding-config", str(configs[0]), "--global-config", str(configs[1])],
-            cwd=REPO, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        sampler.track("nn_worker", proc.pid)  # the launcher and its one child
-        sampler.start()
-        try:
-            code = proc.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            sampler.stop()
-    if code != 0 or not result_path.exists():
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"Pyrsia embedded run failed, exit code {code}\n{tail}")
-    res = json.loads(result_path.read_text())
-    # no services: nothing registered, no metrics
-    _add_launch_figures(res, sampler, t_launch, 0.0, {}, {"nn_worker": code})
-    res.update(nn_workers=1, cpu_priority="normal", rank_batch=BATCH,
-               malloc_tuning=malloc_tuning, mode="embedded")  # fmt: skip
-    return res
-
-
-# ------------------------------------------------------------------------------- baseline
-def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
-                 bf16: bool = False, torchrec: bool = False,
-                 fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
-    """The single-process PyTorch run on the same batches (``threads`` torch threads);
-    with ``torchrec`` the TorchRec peer (its fused embeddings instead of ``nn.Embedding``),
-    with ``fused_adam`` its dense model stepped by ``Adam(fused=True)``."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    cpu: list[float] = []
-    faults: list[int] = []
-    clock = StepClock()
-
-    def timed(batches):  # CPU seconds and page faults of this process over the timed steps
-        it = iter(batches)
-        first = next(it, None)
-        if first is None:
-            return
-        yield first
-        cpu.append(time.process_time())
-        faults.append(minor_faults())
-        yield from it
-        cpu.append(time.process_time())
-        faults.append(minor_faults())
-
-    slot_sizes = [int(c) for c in data["cardinalities"]]
-    factory = None
-    if torchrec:
-
-        def factory():  # built after train_single_process seeds torch, as the baseline's
-            return TorchRecEmbeddings(slot_sizes, EMBEDDING_DIM, INIT_RANGE, lr=EMBEDDING_LR,
-                                      eps=ADAGRAD_EPS,
-                                      initial_accumulator_value=INITIAL_ACCUMULATOR)  # fmt: skip
-
-    try:
-        res = train_single_process(
-            array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], BATCH),
-            array_batches(data["test_cat_ids"], data["test_dense"], data["test_label"], 4096),
-            slot_sizes=slot_sizes,
-            dim=EMBEDDING_DIM,
-            model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
-            embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
-            initial_accumulator_value=INITIAL_ACCUMULATOR,
-            emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=timed,
-            autocast_dtype=torch.bfloat16 if bf16 else None, clock=clock,
-            embedding_factory=factory, fused_adam=fused_adam,
-        )  # fmt: skip
-    finally:
-        torch.set_num_threads(previous)
-    res["threads"] = threads
-    res["fused_adam"] = fused_adam
-    res["phases"] = clock.snapshot()
-    res["cpu_s"] = cpu[-1] - cpu[0] if len(cpu) == 2 else float("nan")
-    res["page_faults"] = faults[-1] - faults[0] if len(faults) == 2 else 0
-    res["first_losses"], res["last_losses"] = res["losses"][:3], res["losses"][-3:]
-    del res["losses"]
-    return res

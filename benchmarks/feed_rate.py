@@ -61,7 +61,6 @@ import itertools
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import REPO, Cluster, machine_info, write_json
+from _common import REPO, machine_info, write_json
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
@@ -84,19 +83,14 @@ from e2e.model import (  # noqa: E402  # noqa: E402
     SEED,
     build_model,
 )
-from e2e.procs import ENDED, CpuSampler, threads_window  # noqa: E402
+from e2e.procs import CpuSampler  # noqa: E402
 from feed_cli import parse_args  # noqa: E402
+from feed_job import run_job  # noqa: E402
 from feed_report import compare_trees, plot, print_report  # noqa: E402
+from feed_summary import summarize_run  # noqa: E402
 from request_cpu_bench import unpack_ref  # noqa: E402
 
-from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER  # noqa: E402
-from tests.redis_server import free_port  # noqa: E402
-
-E2E = REPO / "benchmarks" / "e2e"
-SERVICES = ("embedding_ps", "embedding_worker", "data_loader")
-REPLICATED = ("embedding_ps", "embedding_worker")  # CPU summed over their replicas
 WINDOW = (0.2, 0.8)  # the steady window, as fractions of the run's steps
-RUN_TIMEOUT_S = 1200.0
 TARGET_RATIO = 4.0
 BASELINE_MAX_STEPS = 150  # ~4 s at batch 1,024: a short run swung 36-47k samples/s on one machine
 
@@ -144,134 +138,6 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
                         threads=threads)  # fmt: skip
     return {"services": services, "ps_replicas": ps_replicas, "ew_replicas": ew_replicas, **out}
-
-
-def run_job(tmp: Path, tag: str, env: dict[str, str], flags: list[str], sampler: CpuSampler,
-            from_source: list[str] | None, ps_replicas: int = 1,
-            ew_replicas: int = 1) -> dict[str, int | None]:  # fmt: skip
-    """Redis, ``ps_replicas`` PS shards and ``ew_replicas`` embedding workers (run by
-    ``from_source`` when given), the NN worker (``feed_train.py``) and the data loader until
-    both of those exit (every child killed and reaped if one fails); the exit codes.
-    ``sampler`` tracks every process (PS shard i as ``embedding_ps.i``, embedding worker i as
-    ``embedding_worker.i``). The data loader starts once every embedding worker has
-    registered: it deals its batches among those it finds."""
-    with Cluster(log_dir=tmp) as cluster:
-        full_env = {**os.environ, **cluster.env, **env}
-        launcher = [sys.executable, "-m", "persia.launcher"]
-        logs = {name: open(tmp / f"{name}-{tag}.log", "wb") for name in ("nn", "dl")}  # noqa: SIM115
-        children: list[subprocess.Popen] = []
-        try:
-            nn = subprocess.Popen(
-                [*launcher, "nn-worker", str(E2E / "feed_train.py"), "--nproc-per-node", "1",
-                 "--master-port", str(free_port())],
-                cwd=REPO, env=full_env, stdout=logs["nn"], stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            children.append(nn)
-            sampler.track("nn_worker", nn.pid)
-            started = []  # in start order: the cluster stops them newest first
-            for service, role, count in (("embedding_ps", ROLE_EMBEDDING_PS, ps_replicas),
-                                         ("embedding_worker", ROLE_EMBEDDING_WORKER, ew_replicas)):  # fmt: skip
-                for i in range(count):
-                    svc = cluster.start(
-                        f"pyrsia.services.{service}",
-                        [*flags, "--replica-index", str(i), "--replica-size", str(count)],
-                        role=role, replica_index=i, wait_ready=False, python_args=from_source,
-                    )  # fmt: skip
-                    started.append(f"{service}.{i}")
-                    sampler.track(started[-1], svc.proc.pid)
-            dl = subprocess.Popen(
-                [*launcher, "data-loader", "--exit-when-done", "--replica-index", "0",
-                 "--replica-size", "1", str(E2E / "feed_data_loader.py")],
-                cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            children.append(dl)
-            sampler.track("data_loader", dl.pid)
-            sampler.start()
-            nn_code, dl_code = wait_both(nn, dl)
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
-            for fh in logs.values():
-                fh.close()
-            sampler.stop()
-        codes = {"nn_worker": nn_code, "data_loader": dl_code}
-        codes.update(zip(reversed(started), cluster.stop(), strict=True))
-    return codes
-
-
-def wait_both(nn: subprocess.Popen, dl: subprocess.Popen) -> tuple[int | None, int | None]:
-    """Exit codes of the NN worker and the data loader; a data loader that fails ends the
-    wait at once (the NN worker would wait for its batches until ``RUN_TIMEOUT_S``)."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if nn.poll() is not None:
-            try:
-                return nn.returncode, dl.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                return nn.returncode, None
-        if dl.poll() not in (None, 0):
-            return None, dl.returncode
-        time.sleep(0.2)
-    return None, dl.poll()
-
-
-def summarize_run(res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense: str,
-                  dense_ms: float, threads: int) -> dict[str, Any]:  # fmt: skip
-    """The steady window's figures of one run (train script JSON + the sampled /proc CPU)."""
-    (lo, a), (hi, b) = sorted(((int(k), v) for k, v in res["marks"].items()))
-    if a is None or b is None:
-        raise RuntimeError(f"the NN worker stopped before step {hi} of its steady window")
-    batches, seconds = hi - lo, b["t"] - a["t"]
-    samples = b["samples"] - a["samples"]
-    threads_cpu = threads_window(b["threads_cpu_s"], a["threads_cpu_s"])
-    nn_cpu = sum(threads_cpu.values())
-    phase_cpu = {
-        k: v["cpu_s"] - a["phases"].get(k, {}).get("cpu_s", 0.0) for k, v in b["phases"].items()
-    }
-    dense_phases = ("dense",) if dense == "sleep" else ("dense", "autograd", "dense_step")
-    dense_cpu = sum(phase_cpu.get(k, 0.0) for k in dense_phases)
-    if dense != "sleep":  # torch's intra-op pool works for the dense step only
-        named = {"MainThread", "pyrsia-runtime", ENDED}
-        dense_cpu += sum(
-            v for k, v in threads_cpu.items() if k not in named and not k.startswith("pyrsia")
-        )
-    window = sampler.window(a["t"], b["t"])
-    replicas = {}
-    for role in REPLICATED:
-        replicas[role] = {
-            k: 1e3 * v["cpu_s"] / batches for k, v in window.items() if k.startswith(f"{role}.")
-        }
-        window[role] = {
-            "cpu_s": sum(v["cpu_s"] for k, v in window.items() if k in replicas[role]),
-            "cores": sum(v["cores"] for k, v in window.items() if k in replicas[role]),
-        }
-    services = {s: 1e3 * window[s]["cpu_s"] / batches for s in SERVICES if s in window}
-    batches_per_s = batches / seconds
-    feeds = {
-        s: (1e3 / services[s]) / batches_per_s if services.get(s, 0) > 0 else float("inf")
-        for s in ("embedding_worker", "embedding_ps")
-    }
-    return {
-        "dense": dense, "dense_ms": dense_ms if dense == "sleep" else None, "batch": batch,
-        "threads": threads, "steps": res["steps"], "window_steps": [lo, hi],
-        "window_seconds": seconds, "samples_per_s": samples / seconds,
-        "run_samples_per_s": res["samples_per_s"], "batches_per_s": batches_per_s,
-        "nn_cpu_ms_per_batch": 1e3 * nn_cpu / batches,
-        "nn_cpu_ms_outside_dense": 1e3 * (nn_cpu - dense_cpu) / batches,
-        "nn_dense_cpu_ms": 1e3 * dense_cpu / batches,
-        "nn_threads_cpu_ms": {k: 1e3 * v / batches for k, v in threads_cpu.items() if v > 0},
-        "nn_phases_ms": {k: {"wall": 1e3 * (v["wall_s"] - a["phases"].get(k, {}).get("wall_s", 0.0)) / batches,
-                             "cpu": 1e3 * phase_cpu[k] / batches}
-                         for k, v in b["phases"].items()},
-        "services_cpu_ms_per_batch": services,
-        "ps_shards_cpu_ms_per_batch": replicas["embedding_ps"],
-        "ew_replicas_cpu_ms_per_batch": replicas["embedding_worker"],
-        "nn_workers_fed_per_core": feeds,
-        "cores_used": {k: v["cores"] for k, v in window.items()},
-        "device": res.get("device", "cpu"),
-    }  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- baseline

@@ -53,6 +53,14 @@ def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any
 def print_report(results: list[dict[str, Any]], compare: list[dict[str, Any]]) -> None:
     """Every run's table, the services' comparison with ``--services-ref`` (when run), then
     each working-tree run's phase split, thread CPU and cores."""
+    _print_runs(results)
+    if compare:
+        _print_comparison(compare)
+    _print_details(results)
+
+
+def _print_runs(results: list[dict[str, Any]]) -> None:
+    """One row per run: samples/s, the baseline, CPU ms per batch, NN workers fed per core."""
     rows = []
     for r in results:
         for c in r["configs"]:
@@ -72,27 +80,34 @@ def print_report(results: list[dict[str, Any]], compare: list[dict[str, Any]]) -
                        ("ratio", "ratio"), ("nn_out", "nn_cpu_ms"), ("ps", "ps_cpu_ms"),
                        ("ew", "ew_cpu_ms"), ("dl", "dl_cpu_ms"), ("fed_ew", "nn/ew_core"),
                        ("fed_ps", "nn/ps_core")])  # fmt: skip
-    if compare:
-        ref = next(k for k in compare[0]["embedding_worker"] if k not in ("working_tree", "ratio"))
-        print(f"\nServices of the working tree against {ref} (medians of same-run runs; "
-              "ratio = old / new, > 1 a saving):")  # fmt: skip
-        print_table(
-            [{"config": c["config"], "runs": c["runs"],
-              **{f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
-                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
-                 for p in ("working_tree", ref)},
-              **{f"{k}_ratio": f"{c[k]['ratio']:.3f}"
-                 for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")}}
-             for c in compare],
-            [("config", "config"), ("runs", "runs")]
-            + [(f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
-               for k, short in (("embedding_worker", "ew_ms"), ("embedding_ps", "ps_ms"),
-                                ("nn_worker", "nn_ms"), ("samples_per_s", "samples/s"))
-               for p in ("working_tree", ref)]
-            + [(f"{k}_ratio", f"{short}_ratio") for k, short in
-               (("embedding_worker", "ew"), ("embedding_ps", "ps"), ("nn_worker", "nn"),
-                ("samples_per_s", "samples/s"))],
-        )  # fmt: skip
+
+
+def _print_comparison(compare: list[dict[str, Any]]) -> None:
+    """The working tree's services against ``--services-ref``'s, medians side by side."""
+    ref = next(k for k in compare[0]["embedding_worker"] if k not in ("working_tree", "ratio"))
+    print(f"\nServices of the working tree against {ref} (medians of same-run runs; "
+          "ratio = old / new, > 1 a saving):")  # fmt: skip
+    print_table(
+        [{"config": c["config"], "runs": c["runs"],
+          **{f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
+             for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
+             for p in ("working_tree", ref)},
+          **{f"{k}_ratio": f"{c[k]['ratio']:.3f}"
+             for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")}}
+         for c in compare],
+        [("config", "config"), ("runs", "runs")]
+        + [(f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
+           for k, short in (("embedding_worker", "ew_ms"), ("embedding_ps", "ps_ms"),
+                            ("nn_worker", "nn_ms"), ("samples_per_s", "samples/s"))
+           for p in ("working_tree", ref)]
+        + [(f"{k}_ratio", f"{short}_ratio") for k, short in
+           (("embedding_worker", "ew"), ("embedding_ps", "ps"), ("nn_worker", "nn"),
+            ("samples_per_s", "samples/s"))],
+    )  # fmt: skip
+
+
+def _print_details(results: list[dict[str, Any]]) -> None:
+    """Each working-tree run's training-thread phases, CPU by thread and cores used."""
     for r in results:
         for c in r["configs"]:
             phases = ", ".join(f"{k} {v['wall']:.2f} ({v['cpu']:.2f})"

@@ -65,6 +65,22 @@ def _steps(model, optimizer, data, batch: int, steps: int) -> dict[str, float]:
     }
 
 
+def _compare(data, batch: int, steps: int) -> dict:
+    """``steps`` steps of the local model and of the sharded one at ``batch``, side by side."""
+    torch.manual_seed(0)
+    local = WideModel()
+    local_r = _steps(local, torch.optim.SGD(local.parameters(), lr=0.1), data, batch, steps)
+    with hb.scope(sharding=True):
+        sharded = WideModel()
+    opt = hb.wraps(torch.optim.SGD)(sharded.parameters(), lr=0.1)
+    sharded_r = _steps(sharded, opt, data, batch, steps)
+    return {
+        "batch": batch, **{f"local_{k}": v for k, v in local_r.items()},
+        **{f"sharded_{k}": v for k, v in sharded_r.items()},
+        "ratio": sharded_r["step_ms"] / local_r["step_ms"],
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -74,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     data = adult_dataset("train")
     config = REPO / "examples" / "hb_adult" / "embedding_config.yml"
-    rows = []
     with Cluster() as cluster:
         cluster.start("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
         cluster.start("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
@@ -83,21 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ.update(cluster.env)
         try:
-            for batch in sizes:
-                torch.manual_seed(0)
-                local = WideModel()
-                local_r = _steps(
-                    local, torch.optim.SGD(local.parameters(), lr=0.1), data, batch, args.steps
-                )
-                with hb.scope(sharding=True):
-                    sharded = WideModel()
-                opt = hb.wraps(torch.optim.SGD)(sharded.parameters(), lr=0.1)
-                sharded_r = _steps(sharded, opt, data, batch, args.steps)
-                rows.append({
-                    "batch": batch, **{f"local_{k}": v for k, v in local_r.items()},
-                    **{f"sharded_{k}": v for k, v in sharded_r.items()},
-                    "ratio": sharded_r["step_ms"] / local_r["step_ms"],
-                })  # fmt: skip
+            rows = [_compare(data, batch, args.steps) for batch in sizes]
         finally:
             connection.close()
     table = [{k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]

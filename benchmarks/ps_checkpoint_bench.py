@@ -49,7 +49,8 @@ def _same_bytes(a: Path, b: Path) -> bool:
     return len(fa) == len(fb) and all(filecmp.cmp(x, y, shallow=False) for x, y in zip(fa, fb, strict=True))  # fmt: skip
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line; ``--quick`` makes the table small and runs once."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=2_000_000)
     parser.add_argument("--dim", type=int, default=32)
@@ -62,8 +63,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.entries, args.repeats = 100_000, 1
-    store = _filled_store(args.entries, args.dim, args.shards)
-    table_mb = args.entries * (2 * args.dim * 4 + 8) / 1e6
+    return args
+
+
+def time_dumps_and_loads(
+    store: EmbeddingStore, args: argparse.Namespace
+) -> tuple[dict[str, dict[int, list[float]]], bool]:
+    """Seconds of each dump and load with 1 and with ``--workers`` threads, ``--repeats``
+    times interleaved; and whether every dump's files are byte-identical to a 1-thread one."""
     times: dict[str, dict[int, list[float]]] = {"dump": {}, "load": {}}
     identical = True
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
@@ -82,6 +89,13 @@ def main() -> int:
                 times["load"].setdefault(workers, []).append(time.perf_counter() - started)
                 assert loaded == len(store), (loaded, len(store))
                 del fresh
+    return times, identical
+
+
+def result_rows(
+    times: dict[str, dict[int, list[float]]], args: argparse.Namespace, table_mb: float
+) -> list[dict]:
+    """One row per operation: median seconds at 1 and ``--workers`` threads, MB/s, speedup."""
     rows = []
     for op, by_workers in times.items():
         one, many = statistics.median(by_workers[1]), statistics.median(by_workers[args.workers])
@@ -91,6 +105,15 @@ def main() -> int:
             "speedup": round(one / many, 2),
             "mb_per_s_1": round(table_mb / one), f"mb_per_s_{args.workers}": round(table_mb / many),
         })  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    store = _filled_store(args.entries, args.dim, args.shards)
+    table_mb = args.entries * (2 * args.dim * 4 + 8) / 1e6
+    times, identical = time_dumps_and_loads(store, args)
+    rows = result_rows(times, args, table_mb)
     print(f"PS checkpoint, {args.entries} entries x dim {args.dim} (Adagrad), {args.shards} shards, "
           f"median of {args.repeats}, interleaved; files byte-identical: {identical}")  # fmt: skip
     n = args.workers

@@ -64,7 +64,8 @@ def run_child(entries: int, batch: int, dim: int, copy: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked; ``--quick``: 200,000 entries, one repeat."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=1_700_000, help="entries to grow to")
     parser.add_argument("--batch", type=int, default=8_000, help="new entries per batch")
@@ -79,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         args.entries, args.repeats = 200_000, 1
     if min(args.entries, args.batch, args.dim, args.repeats) < 1:
         parser.error("--entries, --batch, --dim, --repeats: expected positive integers")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     runs: dict[str, list[dict]] = {"in place": [], "copy": []}
     t0 = time.perf_counter()
     for _ in range(args.repeats):

@@ -240,7 +240,29 @@ def int_list(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int
     return items
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_dataset(dataset: str, configs: list[str], seeds: list[int], tmp: Path,
+                criteo_rows: int, caps: dict[str, int]) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Every configuration on ``dataset`` drawn with each seed: its runs per configuration."""
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for seed in seeds:
+        path = e2e_data.prepare(
+            dataset, tmp / f"{dataset}-{seed}.npz", criteo_rows=criteo_rows, seed=seed, **caps
+        )
+        data = e2e_data.load(path)
+        for name in configs:
+            res = run_config(name, data, path, tmp, seed)
+            res["seed"] = seed
+            runs[name].append(res)
+            print(f"{dataset} seed {seed} {name}: AUC {res['auc']:.4f}, "
+                  f"{res['samples_per_s'] / 1e3:.1f}k samples/s", flush=True)  # fmt: skip
+    return runs
+
+
+def parse_args(
+    argv: list[str] | None,
+) -> tuple[argparse.Namespace, list[str], list[str], list[int]]:
+    """The command line, checked: the args, the data sets, the configurations (the baseline
+    first: every gap is to it) and the seeds."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="criteo,census",
                         help="data sets, in this order (default criteo,census)")  # fmt: skip
@@ -265,25 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     seeds = int_list(parser, "--seeds", args.seeds)
     if args.criteo_rows < 1 or args.max_train_rows < 0:
         parser.error("--criteo-rows: expected >= 1; --max-train-rows: expected >= 0")
+    return args, datasets, configs, seeds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, datasets, configs, seeds = parse_args(argv)
     caps = {"max_train_rows": args.max_train_rows} if args.max_train_rows else {}
     torch.set_num_threads(1)  # the in-process sides, as Pyrsia's ranks: 1 torch thread each
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pyrsia-rank-quality-") as tmp_name:
         tmp = Path(tmp_name)
         for dataset in datasets:
-            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-            for seed in seeds:
-                path = e2e_data.prepare(
-                    dataset, tmp / f"{dataset}-{seed}.npz", criteo_rows=args.criteo_rows,
-                    seed=seed, **caps,
-                )  # fmt: skip
-                data = e2e_data.load(path)
-                for name in configs:
-                    res = run_config(name, data, path, tmp, seed)
-                    res["seed"] = seed
-                    runs[name].append(res)
-                    print(f"{dataset} seed {seed} {name}: AUC {res['auc']:.4f}, "
-                          f"{res['samples_per_s'] / 1e3:.1f}k samples/s", flush=True)  # fmt: skip
+            runs = run_dataset(dataset, configs, seeds, tmp, args.criteo_rows, caps)
             rows = summarize(runs)
             results[dataset] = {"runs": runs, "rows": rows}
             print_rows(dataset, rows)

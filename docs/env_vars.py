@@ -38,6 +38,8 @@ ENV_MEANINGS: dict[str, str] = {
     "PERSIA_MALLOC_TUNING": "`1` (default) or `0`: `0` leaves the NN worker's and the "
     "services' malloc at glibc's defaults; why they are changed: `pyrsia/shared/allocator.py`. "
     "A bad value stops a service at start with exit 2",
+    "PERSIA_BIND_HOST": "address servers bind when `--host` is not given (default "
+    "`127.0.0.1`; the image, `docker-compose.yml` and the Kubernetes manifests set `0.0.0.0`)",
     "PYRSIA_MAX_MESSAGE_BYTES": "largest request body a server accepts (413 beyond) when "
     "`--max-request-bytes` is not given; default 1 GiB",
     "PYRSIA_BODY_TIMEOUT_S": "longest gap in a request body, and the grace before the "
@@ -51,8 +53,6 @@ ENV_MEANINGS: dict[str, str] = {
 }
 
 OTHER_ENV: list[tuple[str, str]] = [
-    ("PERSIA_BIND_HOST", "address servers bind when `--host` is not given (default "
-     "`127.0.0.1`; the image, `docker-compose.yml` and the Kubernetes manifests set `0.0.0.0`)"),
     ("EMBEDDING_WORKER_SERVICE", "comma-separated `host:port` of embedding workers, used "
      "instead of the registry (PERSIA's variable; `persia.service`, `persia-launcher serve`)"),
     ("REPLICA_INDEX, REPLICA_SIZE", "set by `persia-launcher data-loader`; read by "

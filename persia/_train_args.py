@@ -1,5 +1,6 @@
 """``TrainCtx``'s arguments: each checked with its name and what it needs, and PERSIA's
-arguments that Pyrsia accepts without effect (a warning when one is not PERSIA's default)."""
+arguments that Pyrsia accepts without effect (a warning when one is not PERSIA's default);
+also the arguments of its methods ``backward`` (the loss) and ``log_scalar``."""
 
 from __future__ import annotations
 
@@ -77,3 +78,21 @@ def warn_no_effect(grad_update_buffer_size: int, lookup_emb_directly: bool) -> N
             "lookup_emb_directly=False accepted as PERSIA did; direct lookups "
             "(get_embedding_from_data, an IterableDataset) still work in Pyrsia"
         )
+
+
+def check_loss(loss: object) -> None:
+    """``TrainCtx.backward``'s loss: a scalar tensor that requires grad."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+        raise InvalidInputError(
+            "loss", "a scalar tensor that requires grad (the model's loss)", loss
+        )
+
+
+def check_scalar(tag: object, value: object) -> None:
+    """``TrainCtx.log_scalar``'s tag (a non-empty string) and value (a number or a
+    one-element tensor, read later on the writer's thread)."""
+    if not isinstance(tag, str) or not tag:
+        raise InvalidInputError("tag", "a non-empty string such as 'eval/auc'", tag)
+    scalar = isinstance(value, torch.Tensor) and value.numel() == 1
+    if not scalar and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise InvalidInputError("value", "a number or a one-element tensor", value)

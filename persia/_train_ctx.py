@@ -26,8 +26,9 @@ import torch
 from persia import env
 from persia._base_ctx import PreprocessMode, cnt_ctx
 from persia._embedding_ctx import EmbeddingCtx
-from persia._train_args import check_args, warn_no_effect
-from persia._train_parts import TrainParts, apply_train_extension
+from persia._train_args import check_args, check_loss, warn_no_effect
+from persia._train_parts import TrainParts, extended_step
+from persia._train_report import RankReport
 from persia.distributed import DistributedBaseOption, get_default_distributed_option
 from persia.embedding import get_default_embedding_config
 from persia.embedding.optim import Optimizer
@@ -36,21 +37,14 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.checkpointer import PeriodicCheckpointer
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.precision import Precision
-from pyrsia.services.nn_worker.ps_curves import PSCurves
 from pyrsia.services.nn_worker.rank_stats import RankStats
-from pyrsia.services.nn_worker.step import HookHandle, StepEvent, TrainingStep
+from pyrsia.services.nn_worker.step import HookHandle
 from pyrsia.services.nn_worker.step_clock import StepClock
-from pyrsia.services.nn_worker.tensorboard import TensorBoardLog, run_dir
 from pyrsia.services.nn_worker.termination import SIGTERM_DRAIN_S
 from pyrsia.shared import job_checkpoint
 from pyrsia.shared.allocator import keep_freed_memory
-from pyrsia.shared.constants import (
-    DEFAULT_JOB_ID,
-    DEFAULT_WAIT_TIMEOUT_S,
-    ENV_JOB_ID,
-    ENV_TENSORBOARD_DIR,
-)
-from pyrsia.shared.errors import InvalidInputError, MisuseError
+from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
+from pyrsia.shared.errors import MisuseError
 from pyrsia.shared.scatter import warm_in_background
 from pyrsia.shared.validate import positive_int
 
@@ -127,27 +121,26 @@ class TrainCtx(EmbeddingCtx):
         parts = TrainParts(
             self.model, dense_optimizer, distributed_option, precision, self.device_id
         )
-        # EPL options (epl_config= or persia.epl.init): the extension persia.epl registers
-        self.epl_plan, parts = apply_train_extension(
-            "epl_config", parts, epl_config, "a persia.epl.Config (or None)"
+        # training_step: what ``backward`` runs; ``training_step.add_hook(point, fn)`` extends it
+        self.epl_plan, parts, self.training_step = extended_step(
+            parts, epl_config, self.grad_scalar_update_factor
         )
         self.model, self.dense_optimizer = parts.model, parts.dense_optimizer
         self.distributed_option = parts.distributed_option
-        self.training_step = TrainingStep(
-            parts.precision, grad_scalar_update_factor=self.grad_scalar_update_factor
-        )
-        """The step ``backward`` runs; ``training_step.add_hook(point, fn)`` extends it."""
         self._owns_process_group = False
         self._checkpointer: PeriodicCheckpointer | None = None
         self._step_hooks: list[HookHandle] = []  # this context's own hooks, while entered
         self.log_every_n_steps = positive_int(log_every_n_steps, "log_every_n_steps")
         self.tensorboard_dir = tensorboard_dir
-        self._tensorboard: TensorBoardLog | None = None
-        self.stats: RankStats | None = None
-        """What this rank's training did (steps, samples, loss, waits); read by /metrics and
-        the TensorBoard writer. Set while the context is entered."""
+        self._report = RankReport()  # the stats and TensorBoard curves, while entered
 
     # --- the step's state, as PERSIA's attributes ----------------------------------------
+    @property
+    def stats(self) -> RankStats | None:
+        """What this rank's training did (steps, samples, loss, waits); read by /metrics and
+        the TensorBoard writer. Set while the context is entered."""
+        return self._report.stats
+
     @property
     def update_times(self) -> int:
         """Training steps taken (restored by ``--resume``)."""
@@ -188,10 +181,8 @@ class TrainCtx(EmbeddingCtx):
             if self.world_size > 1:
                 self._make_distributed()
             step = self.training_step
-            step.world_size, step.embedding_grad_divisor = (
-                self.world_size,
-                self.embedding_grad_divisor,
-            )
+            step.world_size = self.world_size
+            step.embedding_grad_divisor = self.embedding_grad_divisor
             step.start(
                 BackwardEngine(self.session.runtime, self.session.client, limits=self.inflight)
             )
@@ -201,7 +192,7 @@ class TrainCtx(EmbeddingCtx):
         except BaseException:
             self._remove_step_hooks()
             self.training_step.stop()
-            self._close_tensorboard()
+            self._report.close()
             super()._exit(failed=True)
             raise
 
@@ -217,7 +208,7 @@ class TrainCtx(EmbeddingCtx):
                 drain_s = SIGTERM_DRAIN_S if step.termination.triggered else None
                 engine.flush(raise_errors=not failed, timeout_s=drain_s)
         finally:
-            self._close_tensorboard()
+            self._report.close()
             if self._owns_process_group and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
                 self._owns_process_group = False
@@ -241,48 +232,21 @@ class TrainCtx(EmbeddingCtx):
 
     def _start_stats(self) -> None:
         """The rank's stats (served by the ingress) and, when asked for, TensorBoard curves."""
-        stats = self.stats = self.session.stats
-        stats.loss_every = self.log_every_n_steps
-        stats.clock = self.step_clock
-        stats.steps = self.update_times  # restored by --resume
-        engine = self.training_step.gradients
-        stats.in_flight = lambda: engine.in_flight
-        root = self.tensorboard_dir or os.environ.get(ENV_TENSORBOARD_DIR) or None
-        if root is not None:
-            job_id = os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
-            settings = self.session.settings  # None: addresses or embedded mode, no registry
-            ps = PSCurves(settings) if self.rank_id == 0 and settings is not None else None
-            self._tensorboard = TensorBoardLog(
-                run_dir(root, job_id, self.rank_id), stats,
-                has_scaler=self.grad_scaler is not None, ps=ps,
-            )  # fmt: skip
-            self._tensorboard.start()
-        # after the checkpoint's hook: /metrics shows a step once it is complete
-        self._step_hooks.append(self.training_step.add_hook("step_boundary", self._record_step))
-
-    def _record_step(self, event: StepEvent) -> None:
-        """The ``step_boundary`` hook of the rank's statistics and TensorBoard curves."""
-        batch_size = event.batch.batch_size
-        if self.stats.step_done(event.step, batch_size, event.loss, event.scale, event.finite):
-            if self._tensorboard is not None:
-                self._tensorboard.record_step()
-
-    def _close_tensorboard(self) -> None:
-        tensorboard, self._tensorboard = self._tensorboard, None
-        if tensorboard is not None:
-            tensorboard.close()  # writes what is left
+        hook = self._report.start(
+            self.session.stats,
+            self.training_step,
+            loss_every=self.log_every_n_steps,
+            tensorboard_dir=self.tensorboard_dir,
+            rank_id=self.rank_id,
+            settings=self.session.settings,
+        )
+        self._step_hooks.append(hook)
 
     def log_scalar(self, tag: str, value, step: int | None = None) -> None:
         """Add one scalar to this rank's TensorBoard run (``ctx.log_scalar("eval/auc", auc)``)
         at ``step`` (default: the steps trained so far); nothing without a ``tensorboard_dir``.
         ``value`` may be a tensor: it is read as a float on the writer's thread."""
-        if not isinstance(tag, str) or not tag:
-            raise InvalidInputError("tag", "a non-empty string such as 'eval/auc'", tag)
-        scalar = isinstance(value, torch.Tensor) and value.numel() == 1
-        if not scalar and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise InvalidInputError("value", "a number or a one-element tensor", value)
-        if self._tensorboard is not None:
-            self._tensorboard.log_scalar(tag, value, self.update_times if step is None else step)
+        self._report.log_scalar(tag, value, self.update_times if step is None else step)
 
     def wait_servers_ready(self) -> None:
         """Wait until every embedding worker (and through it every PS replica) is ready."""
@@ -329,10 +293,7 @@ class TrainCtx(EmbeddingCtx):
             raise MisuseError(
                 "TrainCtx.backward() called outside the context: call it inside `with TrainCtx(...) as ctx:`"
             )
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            raise InvalidInputError(
-                "loss", "a scalar tensor that requires grad (the model's loss)", loss
-            )
+        check_loss(loss)
         frequency = positive_int(
             embedding_gradient_check_frequency, "embedding_gradient_check_frequency"
         )

@@ -24,6 +24,7 @@ from torch import nn
 
 from persia.distributed import DistributedBaseOption
 from pyrsia.services.nn_worker.precision import Precision
+from pyrsia.services.nn_worker.step import TrainingStep
 from pyrsia.shared.errors import InvalidInputError
 
 
@@ -72,3 +73,15 @@ def apply_train_extension(
             raise InvalidInputError(keyword, expected, options)
         return None, parts
     return extension(parts, options)
+
+
+def extended_step(
+    parts: TrainParts, epl_config: Any, grad_scalar_update_factor: float
+) -> tuple[Any, TrainParts, TrainingStep]:
+    """``(plan, parts, step)``: the parts after the extension registered for ``epl_config=``
+    (``persia.epl``) had its say, its plan, and the training step built on their precision."""
+    plan, parts = apply_train_extension(
+        "epl_config", parts, epl_config, "a persia.epl.Config (or None)"
+    )
+    step = TrainingStep(parts.precision, grad_scalar_update_factor=grad_scalar_update_factor)
+    return plan, parts, step

@@ -29,7 +29,7 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
 from pyrsia.services.nn_worker.lookups import DirectLookups, StreamedLookups
 from pyrsia.services.nn_worker.prefetch import Prefetcher
-from pyrsia.shared.constants import AUTO_EMBEDDING_STALENESS
+from pyrsia.shared.constants import AUTO_EMBEDDING_STALENESS, DATALOADER_TIMEOUT_MS
 from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 from pyrsia.shared.validate import positive_int
 
@@ -129,7 +129,7 @@ class DataLoader:
     """
 
     def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10,
-                 timeout_ms: int = 1000 * 60 * 10, num_workers: int = 10, reproducible: bool = False,
+                 timeout_ms: int = DATALOADER_TIMEOUT_MS, num_workers: int = 10, reproducible: bool = False,
                  embedding_staleness: int | None = None, *, is_training: bool = True):  # fmt: skip
         if not isinstance(dataset, IterableDatasetBase):
             raise InvalidTypeError(

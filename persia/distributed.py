@@ -21,6 +21,8 @@ import torch
 from torch.distributed.constants import default_pg_timeout
 
 from pyrsia.shared.errors import ConfigError, InvalidInputError
+from pyrsia.shared.process_env import export
+from pyrsia.shared.settings import current
 
 __all__ = [
     "BaguaDistributedOption",
@@ -298,12 +300,12 @@ class BaguaDistributedOption(DistributedBaseOption):
                 "BaguaDistributedOption needs the bagua package (pip install bagua-cuda11x); "
                 "or use DDPOption"
             ) from exc
-        os.environ.update(self.bagua_environment(master_addr))
+        export(self.bagua_environment(master_addr))
         if self.enable_bagua_net:
             import importlib.resources
 
             net = importlib.resources.files("bagua_core") / "data" / "bagua-net"
-            os.environ["LD_LIBRARY_PATH"] = f"{net}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+            export({"LD_LIBRARY_PATH": f"{net}:{current().text('LD_LIBRARY_PATH')}"})
         bagua_api.init_process_group()
         algorithm, optimizer = self._algorithm(bagua_api.algorithms, model, optimizer)
         return model.with_bagua([optimizer], algorithm), optimizer

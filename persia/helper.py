@@ -38,7 +38,22 @@ from pathlib import Path
 import yaml
 
 from persia.utils import find_free_port
+from pyrsia.shared.constants import (
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+    ENV_REDIS_URL,
+    HELPER_HEALTH_POLL_S,
+    HELPER_HEALTH_TIMEOUT_S,
+    HELPER_READY_TIMEOUT_S,
+    HELPER_START_ATTEMPTS,
+    HELPER_STOP_TIMEOUT_S,
+    REDIS_PROBE_INTERVAL_S,
+    REDIS_PROBE_TIMEOUT_S,
+    REDIS_START_TIMEOUT_S,
+)
 from pyrsia.shared.errors import InvalidInputError, ServiceUnavailableError
+from pyrsia.shared.process_env import child_environment, export, unset
+from pyrsia.shared.settings import current
 
 __all__ = ["PersiaServiceCtx", "ensure_persia_service"]
 
@@ -49,10 +64,7 @@ _DEFAULT_GLOBAL_CONFIG = {
     "common_config": {"metrics_config": {"enable_metrics": False}},
 }
 _REPO = Path(__file__).resolve().parent.parent
-_READY_TIMEOUT_S = 60.0
-_STOP_TIMEOUT_S = 10.0
-_START_ATTEMPTS = 3
-_ENV_SET = ("PERSIA_REDIS_URL", "PERSIA_EMBEDDING_CONFIG", "PERSIA_GLOBAL_CONFIG")
+_ENV_SET = (ENV_REDIS_URL, ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG)
 """Set in this process while the block runs (the services and the functions read them)."""
 
 
@@ -70,13 +82,13 @@ def _wait_healthy(
     headers = {}
     if env.get("PERSIA_AUTH_TOKEN"):
         headers["Authorization"] = f"Bearer {env['PERSIA_AUTH_TOKEN']}"
-    deadline = time.monotonic() + _READY_TIMEOUT_S
+    deadline = time.monotonic() + HELPER_READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServiceUnavailableError(f"{what} exited with {proc.returncode} while starting")
         request = urllib.request.Request(f"http://127.0.0.1:{port}/health", headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=2) as resp:
+            with urllib.request.urlopen(request, timeout=HELPER_HEALTH_TIMEOUT_S) as resp:
                 if resp.status == 200:
                     return
         except urllib.error.HTTPError:
@@ -84,8 +96,8 @@ def _wait_healthy(
                 return  # listening: a PS is ready once configured
         except OSError:
             pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not ready on port {port} after {_READY_TIMEOUT_S:.0f}s")
+        time.sleep(HELPER_HEALTH_POLL_S)
+    raise TimeoutError(f"{what} not ready on port {port} after {HELPER_READY_TIMEOUT_S:.0f}s")
 
 
 class _Runner(threading.Thread):
@@ -186,23 +198,23 @@ class PersiaServiceCtx:
         )  # fmt: skip
         import socket
 
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise ServiceUnavailableError(f"redis-server exited with {proc.returncode}")
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                with socket.create_connection(("127.0.0.1", port), timeout=REDIS_PROBE_TIMEOUT_S):
                     break
             except OSError:
-                time.sleep(0.05)
-        os.environ["PERSIA_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+                time.sleep(REDIS_PROBE_INTERVAL_S)
+        export({ENV_REDIS_URL: f"redis://127.0.0.1:{port}/0"})
 
     def _start_services(self, role: str, module: str, count: int, first_port: int) -> None:
-        env = dict(os.environ)
+        env = child_environment()
         port = first_port
         for index in range(count):
             what = f"{role}[{index}]"
-            for attempt in range(_START_ATTEMPTS):
+            for attempt in range(HELPER_START_ATTEMPTS):
                 # a port found free can be taken before the service binds it (an outgoing
                 # connection's ephemeral port): then the service exits and the next port is tried
                 port = find_free_port(port)
@@ -217,25 +229,25 @@ class PersiaServiceCtx:
                     break
                 except ServiceUnavailableError:
                     self._procs.pop()
-                    if attempt == _START_ATTEMPTS - 1:
+                    if attempt == HELPER_START_ATTEMPTS - 1:
                         raise
                     port += 1
             port += 1
 
     def __enter__(self) -> PersiaServiceCtx:
         self._tmp = tempfile.TemporaryDirectory(prefix="persia-helper-")
-        self._saved_env = {key: os.environ.get(key) for key in _ENV_SET}
+        settings = current()
+        self._saved_env = {key: settings.environ.get(key) for key in _ENV_SET}
         try:
-            if not os.environ.get("PERSIA_REDIS_URL", "").strip():
-                self._start_redis(dict(os.environ))
+            if not settings.text(ENV_REDIS_URL).strip():
+                self._start_redis(child_environment())
             embedding_path = self.embedding_config_path or _write_yaml(
                 self.embedding_config, self._tmp.name, "embedding_config.yml"
             )
             global_path = self.global_config_path or _write_yaml(
                 self.global_config, self._tmp.name, "global_config.yml"
             )
-            os.environ["PERSIA_EMBEDDING_CONFIG"] = str(embedding_path)
-            os.environ["PERSIA_GLOBAL_CONFIG"] = str(global_path)
+            export({ENV_EMBEDDING_CONFIG: str(embedding_path), ENV_GLOBAL_CONFIG: str(global_path)})
             self._start_services(
                 "embedding PS", "pyrsia.services.embedding_ps",
                 self.embedding_parameter_replica_num, self.embedding_parameter_server_port,
@@ -269,19 +281,17 @@ class PersiaServiceCtx:
                 proc.send_signal(signal.SIGTERM)
         for what, proc in reversed(self._procs):
             try:
-                proc.wait(timeout=_STOP_TIMEOUT_S)
+                proc.wait(timeout=HELPER_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 _logger.warning(
-                    "%s did not exit %.0fs after SIGTERM: killed", what, _STOP_TIMEOUT_S
+                    "%s did not exit %.0fs after SIGTERM: killed", what, HELPER_STOP_TIMEOUT_S
                 )
                 proc.kill()
                 proc.wait()
         self._procs.clear()
-        for key, value in (self._saved_env or {}).items():  # the environment as it was
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        saved = self._saved_env or {}  # the environment as it was
+        unset(key for key, value in saved.items() if value is None)
+        export({key: value for key, value in saved.items() if value is not None})
         self._saved_env = None
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -291,7 +301,7 @@ class PersiaServiceCtx:
     def __exit__(self, exc_type, exc, tb) -> None:
         errors = []
         for runner in self._threads:
-            runner.join(timeout=_STOP_TIMEOUT_S)
+            runner.join(timeout=HELPER_STOP_TIMEOUT_S)
             if runner.is_alive():
                 _logger.warning("%s still running when the block ended", runner.name)
             elif runner.error is not None:

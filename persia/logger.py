@@ -39,6 +39,7 @@ import sys
 
 from pyrsia.shared.constants import ENV_LOG_LEVEL
 from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.settings import current
 
 __all__ = [
     "COLOR_FORMATTER",
@@ -118,7 +119,7 @@ def _parse_level(value: int | str, field: str) -> int:
 
 
 def _env_level() -> int:
-    raw = os.environ.get(ENV_LOG_LEVEL) or "INFO"
+    raw = current().log_level
     try:
         return _parse_level(raw, ENV_LOG_LEVEL)
     except InvalidInputError:

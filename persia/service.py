@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER
 from pyrsia.shared.errors import PersiaError
+from pyrsia.shared.settings import current
 
 __all__ = ["get_embedding_worker_services"]
 
@@ -43,7 +43,7 @@ def _registered() -> list[str]:
 
 def get_embedding_worker_services() -> list[str]:
     """``host:port`` of every embedding worker (environment, then the registry, then PERSIA's default)."""
-    raw = os.environ.get(ENV_EMBEDDING_WORKER_SERVICE, "").strip()
+    raw = current().text(ENV_EMBEDDING_WORKER_SERVICE).strip()
     if raw:
         return [part.strip() for part in raw.split(",") if part.strip()]
     try:

@@ -87,6 +87,37 @@ def test_missing_nn_workers_are_named(job):
             pass
 
 
+def _embedding_worker(config, index: int, env: dict, tmp_path) -> ServiceProc:
+    """Replica ``index`` of 2 embedding workers, started without waiting for it."""
+    return ServiceProc.start(
+        "pyrsia.services.embedding_worker",
+        ["--port", "0", "--embedding-config", str(config), "--replica-index", str(index),
+         "--replica-size", "2"],
+        env, role=ROLE_EMBEDDING_WORKER, replica_index=index, wait_ready=False,
+        log_dir=tmp_path,
+    )  # fmt: skip
+
+
+def _send_four_batches(env: dict, late: threading.Thread) -> list:
+    """A loader (replica 0 of 1) sends four batches, ``late`` started just before it; the
+    four items the NN worker's ingress received."""
+    from persia.env import reload_env
+
+    with environ(**env, REPLICA_INDEX="0", REPLICA_SIZE="1"):
+        reload_env()
+        ingress, queue = start_ingress(env, capacity=8)
+        try:
+            late.start()
+            with DataCtx() as ctx:
+                for k in range(4):
+                    ctx.send_data(make_batch([10 * k, 10 * k + 1], seed=k))
+            items = [get_runtime().run(queue.get()) for _ in range(4)]
+        finally:
+            get_runtime().run(ingress.stop())
+    reload_env()
+    return items
+
+
 def test_a_loader_deals_batches_to_every_embedding_worker_replica(redis_server, tmp_path):
     """Started while replica 1 of 2 embedding workers is still starting, the loader waits for
     it (as the NN worker does) instead of sending every batch to replica 0."""
@@ -96,13 +127,7 @@ def test_a_loader_deals_batches_to_every_embedding_worker_replica(redis_server, 
     procs: list[ServiceProc] = []
 
     def worker(index: int) -> None:
-        procs.append(ServiceProc.start(
-            "pyrsia.services.embedding_worker",
-            ["--port", "0", "--embedding-config", str(config), "--replica-index", str(index),
-             "--replica-size", "2"],
-            env, role=ROLE_EMBEDDING_WORKER, replica_index=index, wait_ready=False,
-            log_dir=tmp_path,
-        ))  # fmt: skip
+        procs.append(_embedding_worker(config, index, env, tmp_path))
 
     late = threading.Thread(target=lambda: (time.sleep(0.5), worker(1)))
     try:
@@ -111,20 +136,7 @@ def test_a_loader_deals_batches_to_every_embedding_worker_replica(redis_server, 
             wait_ready=False, log_dir=tmp_path,
         ))  # fmt: skip
         worker(0)
-        with environ(**env, REPLICA_INDEX="0", REPLICA_SIZE="1"):
-            from persia.env import reload_env
-
-            reload_env()
-            ingress, queue = start_ingress(env, capacity=8)
-            try:
-                late.start()
-                with DataCtx() as ctx:
-                    for k in range(4):
-                        ctx.send_data(make_batch([10 * k, 10 * k + 1], seed=k))
-                items = [get_runtime().run(queue.get()) for _ in range(4)]
-            finally:
-                get_runtime().run(ingress.stop())
-        reload_env()
+        items = _send_four_batches(env, late)
         assert sorted((item.batch_id, item.worker) for item in items) == [
             (0, 0), (1, 1), (2, 0), (3, 1)
         ]  # fmt: skip

@@ -37,16 +37,7 @@ def _finite_positive(value: float) -> bool:
 def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     pytest.importorskip("matplotlib")
     out_json = tmp_path / "feed.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
-         "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
-         "--max-steps", "8", "--ps-replicas", "1,2", "--ew-replicas", "1,2",
-         "--json", str(out_json),
-         "--log-dir", str(tmp_path / "logs")],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
-    )  # fmt: skip
-    out = proc.stdout
-    assert proc.returncode == 0, out[-4000:]
+    out = _run_tiny(tmp_path, out_json)
     assert out.rstrip().splitlines()[-1].startswith("RESULT "), "RESULT is not the last line"
     result = parse_result_line(out)
     assert list(result) == ["feed_samples_per_s", "baseline_samples_per_s", "ratio"]
@@ -59,6 +50,34 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     assert list(configs) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # --ps-replicas x --ew-replicas
     config, sharded = configs[1, 1], configs[2, 2]
     assert config["dense"] == "sleep" and config["batch"] == 256 and config["steps"] == 8
+    _check_replicas_tracked(sharded)
+    for name in ("criteo/sleep/256/ps2 ", "criteo/sleep/256/ew2 ", "criteo/sleep/256/ps2/ew2 "):
+        assert name in out, name
+    _check_config_figures(config)
+    (baseline,) = criteo["baselines"]
+    assert baseline["batch"] == 256 and baseline["threads"] == 2
+    png = out_json.with_suffix(".png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert f"PNG: {png}" in out
+
+
+def _run_tiny(tmp_path: Path, out_json: Path) -> str:
+    """A few 256-row Criteo batches, sleep dense step, 1 and 2 PS shards x 1 and 2 embedding
+    workers; its output (the script exited 0)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
+         "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
+         "--max-steps", "8", "--ps-replicas", "1,2", "--ew-replicas", "1,2",
+         "--json", str(out_json),
+         "--log-dir", str(tmp_path / "logs")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+def _check_replicas_tracked(sharded: dict) -> None:
+    """Both PS shards and both embedding workers ran, were tracked, and sum to the service."""
     for role, key, names in (
         ("embedding_ps", "ps_shards_cpu_ms_per_batch", {"embedding_ps.0", "embedding_ps.1"}),
         ("embedding_worker", "ew_replicas_cpu_ms_per_batch",
@@ -68,8 +87,10 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
         assert set(replicas) == names  # (an 8-step window may read 0)
         assert all(v >= 0 for v in replicas.values())
         assert sum(replicas.values()) == pytest.approx(sharded["services_cpu_ms_per_batch"][role])
-    for name in ("criteo/sleep/256/ps2 ", "criteo/sleep/256/ew2 ", "criteo/sleep/256/ps2/ew2 "):
-        assert name in out, name
+
+
+def _check_config_figures(config: dict) -> None:
+    """One configuration's promised figures: finite and positive where they must be."""
     for key in ("samples_per_s", "baseline_samples_per_s", "ratio", "nn_cpu_ms_per_batch",
                 "nn_cpu_ms_outside_dense"):  # fmt: skip
         assert _finite_positive(config[key]), (key, config[key])
@@ -81,11 +102,6 @@ def test_feed_rate_sleep_run_writes_json_fields_and_png(tmp_path):
     assert config["ratio"] == pytest.approx(
         config["samples_per_s"] / config["baseline_samples_per_s"]
     )
-    (baseline,) = criteo["baselines"]
-    assert baseline["batch"] == 256 and baseline["threads"] == 2
-    png = out_json.with_suffix(".png")
-    assert png.read_bytes()[:8] == PNG_SIGNATURE
-    assert f"PNG: {png}" in out
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,12 @@ from tests.test_embedding_worker_service import (  # noqa: F401 - fixtures
 )
 
 
-async def test_worker_answers_400_when_the_ps_refuses_a_forwarded_body(services, configs, client, tmp_path):  # noqa: F811  # fmt: skip
+async def test_worker_answers_400_when_the_ps_refuses_a_forwarded_body(
+    services,
+    configs,  # noqa: F811 - the fixture imported above
+    client,  # noqa: F811 - the fixture imported above
+    tmp_path,
+):
     """Fuzz finding 1: /load of a missing directory through the worker was a 502
     ("upstream_error"): the PS's 400 naming the field became a server error. (The directory
     lies inside the PS's checkpoint roots, so the refusal is the missing checkpoint's.)"""

@@ -23,64 +23,10 @@ import pytest
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.http_client import HttpClient
+from tests.raw_socket import chunk, closed_by_server, connect, head, post, read_answer
 
 MiB = 1 << 20
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
-
-
-# --- helpers: a raw socket client that sends exactly what the test says --------------
-
-
-def _connect(url: str, timeout_s: float = 10.0) -> socket.socket:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=timeout_s)
-
-
-def _head(path: str, length: int | None, *, chunked: bool = False) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: pyrsia", "Content-Type: application/msgpack"]
-    if chunked:
-        lines.append("Transfer-Encoding: chunked")
-    else:
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def _read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of one answer read from ``sock`` (Content-Length answers)."""
-    raw = b""
-    while b"\r\n\r\n" not in raw:
-        got = sock.recv(65536)
-        if not got:
-            raise ConnectionError(f"closed before an answer: {raw[:200]!r}")
-        raw += got
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        got = sock.recv(65536)
-        if not got:
-            break
-        body += got
-    return status, headers, body[:length]
-
-
-def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
-    """True when the server closes the connection (EOF or reset) within ``within_s``."""
-    sock.settimeout(within_s)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -92,12 +38,6 @@ def _metrics(url: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
-
-
-def _post(url: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-    with _connect(url) as sock:
-        sock.sendall(_head(path, len(body)) + body)
-        return _read_answer(sock)
 
 
 def _rss_kib(pid: int, field: str) -> int:
@@ -164,9 +104,9 @@ def start_ps(services, monkeypatch):
 async def test_content_length_over_the_cap_is_413_before_any_body_byte(start_ps):
     ps = start_ps()  # the default cap, 1 GiB
     await _configure(ps.url)
-    with _connect(ps.url, timeout_s=10) as sock:
-        sock.sendall(_head("/lookup", 2 << 30))  # 2 GiB announced, nothing sent
-        status, headers, body = _read_answer(sock)
+    with connect(ps.url, timeout_s=10) as sock:
+        sock.sendall(head("/lookup", 2 << 30))  # 2 GiB announced, nothing sent
+        status, headers, body = read_answer(sock)
     assert status == 413
     answer = unpackb(body)
     assert answer["error"] == "too_large" and answer["limit"] == 1 << 30
@@ -178,18 +118,18 @@ async def test_content_length_over_the_cap_is_413_before_any_body_byte(start_ps)
 async def test_chunked_body_is_counted_as_it_arrives_and_cut_at_the_cap(start_ps):
     ps = start_ps(PYRSIA_MAX_MESSAGE_BYTES=str(8 * MiB))
     await _configure(ps.url)
-    with _connect(ps.url) as sock:
-        sock.sendall(_head("/lookup", None, chunked=True) + _chunk(b"\x01" * (3 * MiB)))
+    with connect(ps.url) as sock:
+        sock.sendall(head("/lookup", None, chunked=True) + chunk(b"\x01" * (3 * MiB)))
         held = _wait_for(
             lambda: (v := _metrics(ps.url)["pyrsia_request_bytes_held"]) >= 3 * MiB and v
         )
         assert 3 * MiB <= held <= 8 * MiB
         try:  # keep sending; the server answers 413 once the cap is passed
             for _ in range(10):
-                sock.sendall(_chunk(b"\x01" * MiB))
+                sock.sendall(chunk(b"\x01" * MiB))
         except (ConnectionResetError, BrokenPipeError):
             pass
-        status, _, body = _read_answer(sock)
+        status, _, body = read_answer(sock)
     assert status == 413 and unpackb(body)["limit"] == 8 * MiB
     assert _wait_for(lambda: _metrics(ps.url)["pyrsia_request_bytes_held"] == 0.0 or "zero")
     assert ps.health()[0] == 200
@@ -203,11 +143,11 @@ async def test_a_body_that_would_pass_the_inflight_bound_gets_503_with_retry_aft
     ps = start_ps(PYRSIA_MAX_MESSAGE_BYTES=str(limit), PYRSIA_MAX_INFLIGHT_REQUEST_BYTES=str(limit))
     await _configure(ps.url)
     first = _padded(6 * MiB)
-    with _connect(ps.url) as a, _connect(ps.url) as b:
-        a.sendall(_head("/lookup", len(first)) + first[:MiB])  # admitted, then waits
+    with connect(ps.url) as a, connect(ps.url) as b:
+        a.sendall(head("/lookup", len(first)) + first[:MiB])  # admitted, then waits
         _wait_for(lambda: _metrics(ps.url)["pyrsia_request_bytes_held"] == len(first))
-        b.sendall(_head("/lookup", len(first)))  # would hold 12 MiB > 8 MiB
-        status, headers, body = _read_answer(b)
+        b.sendall(head("/lookup", len(first)))  # would hold 12 MiB > 8 MiB
+        status, headers, body = read_answer(b)
         assert status == 503 and int(headers["retry-after"]) >= 1
         assert unpackb(body)["error"] == "unavailable"
         assert "PYRSIA_MAX_INFLIGHT_REQUEST_BYTES" in unpackb(body)["message"]
@@ -215,9 +155,9 @@ async def test_a_body_that_would_pass_the_inflight_bound_gets_503_with_retry_aft
         assert metrics['pyrsia_requests_refused_total{reason="inflight_bytes"}'] == 1
         assert metrics["pyrsia_request_bytes_held"] == len(first)
         a.sendall(first[MiB:])
-        assert _read_answer(a)[0] == 400  # /lookup names the field it does not know
+        assert read_answer(a)[0] == 400  # /lookup names the field it does not know
     # room again: one request of the whole bound is admitted (no deadlock at bound == cap)
-    assert _post(ps.url, "/lookup", _padded(limit))[0] == 400
+    assert post(ps.url, "/lookup", _padded(limit))[0] == 400
     metrics = _metrics(ps.url)
     assert metrics["pyrsia_request_bytes_held"] == 0
     assert metrics["pyrsia_request_bytes_held_peak"] <= limit
@@ -226,10 +166,10 @@ async def test_a_body_that_would_pass_the_inflight_bound_gets_503_with_retry_aft
 
 def _send_concurrently(url: str, bodies: list[bytes]) -> list[int]:
     """Send every body on its own connection at once; their statuses."""
-    socks = [_connect(url, timeout_s=60) for _ in bodies]
+    socks = [connect(url, timeout_s=60) for _ in bodies]
     try:
         for sock, body in zip(socks, bodies, strict=True):
-            sock.sendall(_head("/lookup", len(body)) + body[: 4 * MiB])
+            sock.sendall(head("/lookup", len(body)) + body[: 4 * MiB])
         import threading
 
         def rest(sock: socket.socket, body: bytes) -> None:
@@ -243,7 +183,7 @@ def _send_concurrently(url: str, bodies: list[bytes]) -> list[int]:
         ]
         for t in threads:
             t.start()
-        statuses = [_read_answer(s)[0] for s in socks]
+        statuses = [read_answer(s)[0] for s in socks]
         for t in threads:
             t.join()
         return statuses
@@ -281,8 +221,8 @@ async def test_concurrent_large_bodies_stay_under_the_bound_in_memory(start_ps):
 async def test_dropped_body_is_one_info_line_and_the_service_keeps_serving(start_ps):
     ps = start_ps()
     await _configure(ps.url)
-    with _connect(ps.url) as sock:
-        sock.sendall(_head("/lookup", 1_000_000) + b"\0" * 1000)
+    with connect(ps.url) as sock:
+        sock.sendall(head("/lookup", 1_000_000) + b"\0" * 1000)
         _wait_for(lambda: _metrics(ps.url)["pyrsia_request_bytes_held"] == 1_000_000)
     lines = _wait_for(lambda: _log_lines(ps, r"/lookup.*disconnected"))
     time.sleep(0.3)  # anything else the drop would log lands by now
@@ -292,31 +232,31 @@ async def test_dropped_body_is_one_info_line_and_the_service_keeps_serving(start
     _no_errors_in(ps)
     assert _metrics(ps.url)['pyrsia_request_bodies_aborted_total{reason="disconnect"}'] == 1
     assert ps.health()[0] == 200
-    assert _post(ps.url, "/lookup", packb({"train": False, "groups": []}))[0] == 200
+    assert post(ps.url, "/lookup", packb({"train": False, "groups": []}))[0] == 200
 
 
 async def test_a_stalled_body_is_disconnected_after_the_body_timeout(start_ps):
     ps = start_ps(PYRSIA_BODY_TIMEOUT_S="1")
     await _configure(ps.url)
-    with _connect(ps.url) as sock:
+    with connect(ps.url) as sock:
         started = time.monotonic()
-        sock.sendall(_head("/lookup", 100_000) + b"\0" * 10)
-        assert _closed_by_server(sock, within_s=10)
+        sock.sendall(head("/lookup", 100_000) + b"\0" * 10)
+        assert closed_by_server(sock, within_s=10)
         took = time.monotonic() - started
     assert 0.9 < took < 8, took
     lines = _wait_for(lambda: _log_lines(ps, r"/lookup.*timed out"))
     assert len(lines) == 1 and " INFO " in lines[0], lines
     _no_errors_in(ps)
     assert _metrics(ps.url)['pyrsia_request_bodies_aborted_total{reason="timeout"}'] == 1
-    assert _post(ps.url, "/lookup", packb({"train": False, "groups": []}))[0] == 200
+    assert post(ps.url, "/lookup", packb({"train": False, "groups": []}))[0] == 200
 
 
 async def test_a_trickled_body_is_disconnected_too(start_ps):
     """A byte every 0.2 s never stalls for the timeout, but is far under the least rate."""
     ps = start_ps(PYRSIA_BODY_TIMEOUT_S="1")
     await _configure(ps.url)
-    with _connect(ps.url) as sock:
-        sock.sendall(_head("/lookup", 100 * MiB))
+    with connect(ps.url) as sock:
+        sock.sendall(head("/lookup", 100 * MiB))
         started = time.monotonic()
         cut = False
         while time.monotonic() - started < 15:
@@ -325,7 +265,7 @@ async def test_a_trickled_body_is_disconnected_too(start_ps):
             except (ConnectionResetError, BrokenPipeError):
                 cut = True
                 break
-            if _closed_by_server(sock, within_s=0.2):
+            if closed_by_server(sock, within_s=0.2):
                 cut = True
                 break
         took = time.monotonic() - started
@@ -340,14 +280,14 @@ async def test_a_healthy_body_slower_than_the_timeout_in_total_is_read(start_ps)
     ps = start_ps(PYRSIA_BODY_TIMEOUT_S="1", PYRSIA_MAX_MESSAGE_BYTES=str(32 * MiB))
     await _configure(ps.url)
     body = _padded(24 * MiB)
-    with _connect(ps.url) as sock:
-        sock.sendall(_head("/lookup", len(body)))
+    with connect(ps.url) as sock:
+        sock.sendall(head("/lookup", len(body)))
         started = time.monotonic()
         for i in range(0, len(body), MiB):
             sock.sendall(body[i : i + MiB])
             time.sleep(0.1)
         assert time.monotonic() - started > 1.5
-        assert _read_answer(sock)[0] == 400
+        assert read_answer(sock)[0] == 400
     _no_errors_in(ps)
 
 
@@ -389,7 +329,7 @@ async def test_flags_set_the_bound_and_the_body_timeout(services, monkeypatch):
     )
     assert _metrics(ps.url)["pyrsia_request_bytes_held_limit"] == 24 * MiB
     await _configure(ps.url)
-    with _connect(ps.url) as sock:
-        sock.sendall(_head("/lookup", 100_000) + b"\0" * 10)
-        assert _closed_by_server(sock, within_s=10)
+    with connect(ps.url) as sock:
+        sock.sendall(head("/lookup", 100_000) + b"\0" * 10)
+        assert closed_by_server(sock, within_s=10)
     assert len(_log_lines(ps, r"/lookup.*timed out")) == 1

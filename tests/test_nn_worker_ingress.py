@@ -137,37 +137,38 @@ async def test_ingress_registers_answers_http_and_deregisters(registry_settings)
     await registry.close()
 
 
+async def _feed(n_batches: int) -> None:
+    """A fake data loader: ``n_batches`` id parts to the embedding worker, their dense parts to
+    rank 0's ingress, then ``/done``."""
+    registry = Registry()
+    client = HttpClient()
+    try:
+        worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
+        rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
+        for k in range(n_batches):
+            batch = make_batch([5000 + k, 5001 + k], seed=k)
+            await client.call(
+                f"{worker.url}/batch",
+                {"loader": 0, "batch_id": k, "batch": batch.id_part().to_wire()},
+            )
+            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
+                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+        await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": n_batches})
+    finally:
+        await client.close()
+        await registry.close()
+
+
 def test_streaming_dataset_ends_when_the_loaders_are_done(redis_server, tmp_path):
     """A fake data loader pushes id parts to the embedding worker and dense parts to the ingress."""
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"stream-{uuid.uuid4().hex[:8]}"}
     n_batches = 6
 
-    async def feed() -> None:
-        registry = Registry()
-        client = HttpClient()
-        try:
-            worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
-            rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
-            for k in range(n_batches):
-                batch = make_batch([5000 + k, 5001 + k], seed=k)
-                await client.call(
-                    f"{worker.url}/batch",
-                    {"loader": 0, "batch_id": k, "batch": batch.id_part().to_wire()},
-                )
-                await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
-                                                           "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
-            await client.call(
-                f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": n_batches}
-            )
-        finally:
-            await client.close()
-            await registry.close()
-
     errors: list[BaseException] = []
 
     def loader_thread() -> None:
         try:
-            asyncio.run(feed())
+            asyncio.run(_feed(n_batches))
         except BaseException as exc:  # reported by the test below
             errors.append(exc)
 

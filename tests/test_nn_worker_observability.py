@@ -134,7 +134,7 @@ def test_a_directory_that_cannot_be_made_stops_the_context_at_enter(job, tmp_pat
         ctx.__enter__()
     with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
                   mixed_precision=False, tensorboard_dir=tmp_path / "tb") as ctx:  # fmt: skip
-        assert ctx._tensorboard is not None
+        assert ctx._report.tensorboard is not None
 
 
 def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):
@@ -151,7 +151,7 @@ def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):
             ctx.log_scalar("eval/auc", bad)
     with ctx:
         ctx.log_scalar("eval/auc", 0.5)  # no directory: nothing, no error
-        assert ctx._tensorboard is None
+        assert ctx._report.tensorboard is None
 
 
 GLOBAL_CONFIG = """\

@@ -231,12 +231,7 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
         feeder.start()
         try:
             asyncio.run(_wait_registered(env, ROLE_NN_WORKER))
-            made = run_prometheus_targets(env, "--output", str(targets / "pyrsia.json"))
-            assert made.returncode == 0, made.stderr
-            groups = json.loads((targets / "pyrsia.json").read_text())
-            check_file_sd(groups)
-            roles = sorted(g["labels"]["role"] for g in groups)
-            assert roles == sorted([ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER])
+            _write_targets(env, targets)
             prometheus = Prometheus(tmp_path, targets)
             prometheus.wait_ready()
             missing = _until_every_panel_has_data(prometheus, job, timeout_s=40)
@@ -254,6 +249,17 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
                   for r in up) == sorted([(ROLE_EMBEDDING_PS, "0", "1"),
                                           (ROLE_EMBEDDING_WORKER, "0", "1"),
                                           (ROLE_NN_WORKER, "0", "1")])  # fmt: skip
+
+
+def _write_targets(env: dict[str, str], targets) -> None:
+    """``persia-launcher prometheus-targets`` writes the job's file_sd JSON into ``targets``:
+    one group per server role."""
+    made = run_prometheus_targets(env, "--output", str(targets / "pyrsia.json"))
+    assert made.returncode == 0, made.stderr
+    groups = json.loads((targets / "pyrsia.json").read_text())
+    check_file_sd(groups)
+    roles = sorted(g["labels"]["role"] for g in groups)
+    assert roles == sorted([ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER])
 
 
 async def _feed_the_job(env: dict[str, str], stop_feeding: threading.Event) -> None:

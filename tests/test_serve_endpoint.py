@@ -17,39 +17,21 @@ import uuid
 
 import numpy as np
 import pytest
-import torch
 
-from persia.ctx import TrainCtx, eval_ctx
-from persia.embedding.optim import Adagrad
-from persia.serving import export_model, load_model
+from persia.serving import load_model
 from pyrsia.shared.codec import packb, unpackb
-from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from pyrsia.shared.wire.serve import PredictAnswer
-from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, environ, make_batch
+from tests.nn_helpers import EMBEDDING_CONFIG, environ
 from tests.redis_server import free_port
 from tests.service_procs import ServiceProc
-
-IDS = list(range(1, 65))
-SCAN_INTERVAL_S = 1
-NO_REDIS = "redis://127.0.0.1:1/0"
-
-
-def _train(model, steps: int, ids, seed: int) -> None:
-    with TrainCtx(Adagrad(lr=0.2), torch.optim.SGD(model.parameters(), lr=0.05), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
-        for step in range(steps):
-            out, labels = ctx.forward(
-                ctx.get_embedding_from_data(make_batch(ids, seed=seed + step))
-            )
-            ctx.backward(torch.nn.functional.binary_cross_entropy(out, labels[0]))
-
-
-def _eval(model, batch):
-    with eval_ctx(model=model) as ctx, torch.no_grad():
-        looked_up = ctx.get_embedding_from_data(batch)
-        out, _ = ctx.forward(looked_up)
-        non_id, emb, _ = ctx.prepare_features(looked_up)
-    return out.numpy(), non_id, emb
+from tests.serving_stack import (
+    IDS,
+    SCAN_INTERVAL_S,
+    predictions,
+    start_serving_stack,
+    train,
+    train_and_export,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +52,8 @@ def stack(redis_server, tmp_path_factory):
 
     try:
         with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None, EMBEDDING_WORKER_SERVICE=None):  # fmt: skip
-            model, probe, want, export = _train_and_export(root, start, env)
-            infer_ps, serve = _start_serving_stack(root, start, env, export, inc)
+            model, probe, want, export = train_and_export(root, start, env)
+            infer_ps, serve = start_serving_stack(root, start, env, export, inc)
             yield {"root": root, "model": model, "probe": probe, "want": want, "export": export,
                    "serve": serve, "infer_ps": infer_ps, "inc": inc}  # fmt: skip
     finally:
@@ -79,73 +61,6 @@ def stack(redis_server, tmp_path_factory):
         assert all(c == 0 for c in codes.values()), codes
         serve_logs = [p.log_text() for p in procs if p.role == "serve"]
         assert all("private embedding worker exited with code 0" in t for t in serve_logs)
-
-
-def _train_and_export(root, start, env):
-    """The training stack (2 PS replicas writing incremental packets, 1 embedding worker)
-    started with ``start``; a SmallModel trained 4 steps, its eval predictions for a probe
-    batch taken, and the model exported to ``root / "model"``.
-
-    Returns (model, probe batch, eval predictions, export directory)."""
-    common = ["--embedding-config", str(root / "embedding_config.yml")]
-    for i in range(2):
-        start("pyrsia.services.embedding_ps", [*common, "--global-config", str(root / "train.yml"), "--port", "0",
-              "--replica-index", str(i), "--replica-size", "2"], env, role=ROLE_EMBEDDING_PS, replica_index=i,
-              wait_ready=False)  # fmt: skip
-    start(
-        "pyrsia.services.embedding_worker",
-        [*common, "--port", "0"],
-        env,
-        role=ROLE_EMBEDDING_WORKER,
-    )
-    model = SmallModel()
-    _train(model, 4, IDS, seed=0)
-    probe = make_batch(IDS, requires_grad=False, seed=99)
-    want, non_id, emb = _eval(model, probe)
-    with TrainCtx(Adagrad(lr=0.2), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
-        export = export_model(root / "model", model, example_inputs=(non_id, emb),
-                              embedding_config=root / "embedding_config.yml", ctx=ctx)  # fmt: skip
-    return model, probe, want, export
-
-
-def _start_serving_stack(root, start, env, export, inc):
-    """The serving stack, Redis unreachable (``NO_REDIS``): 2 PS replicas with ``job_type:
-    Infer`` loading the export's embedding checkpoint and scanning ``inc``, and
-    ``persia-launcher serve`` on the export. Returns (the two PS, the serve process)."""
-    ports = [free_port(), free_port()]
-    servers = "".join(f"\n    - 127.0.0.1:{p}" for p in ports)
-    (root / "infer.yml").write_text(
-        f"common_config:\n  job_type: Infer\n  infer_config:\n    servers:{servers}\n"
-        f"    embedding_checkpoint: {export / 'embedding'}\n"
-        "embedding_parameter_server_config:\n  enable_incremental_update: true\n"
-        f"  incremental_dir: {inc}\n  incremental_scan_interval_seconds: {SCAN_INTERVAL_S}\n"
-    )
-    infer_env = {**env, "PERSIA_REDIS_URL": NO_REDIS}
-    infer_ps = [
-        start(
-            "pyrsia.services.embedding_ps",
-            [
-                "--global-config",
-                str(root / "infer.yml"),
-                "--port",
-                str(p),
-                "--replica-index",
-                str(i),
-                "--replica-size",
-                "2",
-            ],
-            infer_env,
-            role="infer_ps",
-            replica_index=i,
-            address=f"127.0.0.1:{p}",
-        )  # fmt: skip
-        for i, p in enumerate(ports)
-    ]
-    serve_port = free_port()
-    serve = start("persia.launcher", ["serve", "--model", str(export), "--global-config", str(root / "infer.yml"),
-                  "--port", str(serve_port)], infer_env, role="serve", address=f"127.0.0.1:{serve_port}")  # fmt: skip
-    return infer_ps, serve
 
 
 def _post(url: str, body, *, as_json: bool = False) -> tuple[int, dict]:
@@ -262,9 +177,9 @@ def test_served_predictions_follow_incremental_updates(stack):
     torn.mkdir()
     (torn / "manifest.json").write_text("{}")  # a writer that died mid-packet: no done marker
     updated = IDS[:16]
-    _train(stack["model"], 3, updated, seed=10)  # leaving TrainCtx waits for every gradient
+    train(stack["model"], 3, updated, seed=10)  # leaving TrainCtx waits for every gradient
     trained_at = time.monotonic()
-    _, non_id, emb = _eval(stack["model"], probe)
+    _, non_id, emb = predictions(stack["model"], probe)
     expected = load_model(stack["export"]).predict(non_id, emb)[0].numpy()
     assert not np.array_equal(expected, before)
     deadline = trained_at + SCAN_INTERVAL_S + 20  # scan interval, plus slack for a loaded machine

@@ -120,19 +120,9 @@ def main() -> None:
     device_id = 0 if dense == "cuda" else None
     model = dense_model(dense, data, device_id)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    ctx_args = dict(
-        model=model,
-        embedding_optimizer=Adagrad(
-            lr=EMBEDDING_LR, initial_accumulator_value=INITIAL_ACCUMULATOR, eps=ADAGRAD_EPS
-        ),
-        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR),
-        embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
-        mixed_precision=False,  # fp32 on every side, as the baseline
-        device_id=device_id,
-    )
     window = os.environ.get("FEED_WINDOW", "")
     marks: dict[int, dict | None] = {int(i): None for i in window.split(",")} if window else {}
-    with TrainCtx(**ctx_args) as ctx:
+    with TrainCtx(**ctx_args(model, device_id)) as ctx:
         loader = DataLoader(
             StreamingDataset(buffer_size=16), reproducible=True, embedding_staleness=staleness
         )
@@ -142,21 +132,45 @@ def main() -> None:
                         max_steps=max_steps, marks=marks, device_id=device_id)  # fmt: skip
         threads_window_s = threads_window(threads_cpu(), win.threads_before)
         phases = loop_phases(win, ctx.step_clock.snapshot())
-    timed_steps = win.steps - 1
-    steps, samples, train_seconds = win.steps, win.samples, win.train_seconds
     result = {
         "dense": dense, "dense_ms": dense_s * 1e3 if dense == "sleep" else None,
-        "samples": samples, "steps": steps, "timed_steps": timed_steps,
-        "timed_samples": samples - win.first_samples, "train_seconds": train_seconds,
-        "samples_per_s": (samples - win.first_samples) / train_seconds if timed_steps else 0.0,
-        "phases": phases, "threads_cpu_s": threads_window_s, "threads": torch.get_num_threads(),
-        "staleness": staleness, "t_first": win.t_first, "t_end": win.t_end,
+        **window_figures(win), "phases": phases, "threads_cpu_s": threads_window_s,
+        "threads": torch.get_num_threads(), "staleness": staleness,
         "marks": {str(k): v for k, v in marks.items()},
         "device": torch.cuda.get_device_name(device_id) if device_id is not None else "cpu",
     }  # fmt: skip
     with open(os.environ["E2E_RESULT"], "w") as fh:
         json.dump(result, fh)
-    print(f"feed train ({dense}): {samples} samples, {steps} steps in {train_seconds:.2f}s")
+    print(
+        f"feed train ({dense}): {win.samples} samples, {win.steps} steps "
+        f"in {win.train_seconds:.2f}s"
+    )
+
+
+def ctx_args(model: torch.nn.Module, device_id: int | None) -> dict[str, Any]:
+    """The TrainCtx of the benchmark: Adagrad embeddings, Adam dense, fp32 as the baseline."""
+    return dict(
+        model=model,
+        embedding_optimizer=Adagrad(
+            lr=EMBEDDING_LR, initial_accumulator_value=INITIAL_ACCUMULATOR, eps=ADAGRAD_EPS
+        ),
+        dense_optimizer=torch.optim.Adam(model.parameters(), lr=DENSE_LR),
+        embedding_config=EmbeddingConfig(emb_initialization=INIT_RANGE, weight_bound=0),
+        mixed_precision=False,  # fp32 on every side, as the baseline
+        device_id=device_id,
+    )
+
+
+def window_figures(win: FeedWindow) -> dict[str, Any]:
+    """Steps, samples and samples/s of the loop, timed from the end of its first step."""
+    timed_steps = win.steps - 1
+    timed_samples = win.samples - win.first_samples
+    return {
+        "samples": win.samples, "steps": win.steps, "timed_steps": timed_steps,
+        "timed_samples": timed_samples, "train_seconds": win.train_seconds,
+        "samples_per_s": timed_samples / win.train_seconds if timed_steps else 0.0,
+        "t_first": win.t_first, "t_end": win.t_end,
+    }  # fmt: skip
 
 
 def dense_model(dense: str, data: dict, device_id: int | None) -> torch.nn.Module:
@@ -182,16 +196,7 @@ def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: f
     first_samples, ctx_before, threads_before = 0, {}, {}
     while batch is not None:
         clock.start()
-        non_id, embeddings, labels = ctx.prepare_features(batch)
-        clock.lap("features")
-        if dense == "sleep":
-            time.sleep(dense_s)
-            clock.lap("dense")
-            loss = stand_in_loss(embeddings, grad)
-        else:
-            loss = loss_fn(ctx.model(non_id, embeddings), labels[0])
-            clock.lap("dense")
-        ctx.backward(loss)
+        one_step(ctx, batch, clock, dense=dense, dense_s=dense_s, grad=grad, loss_fn=loss_fn)
         steps += 1
         samples += batch.batch_size
         if steps in marks:  # the steady window's ends: wall clock, thread CPU, phases
@@ -210,15 +215,37 @@ def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: f
     if t0 is None:
         raise SystemExit("feed_train: the data loader sent no batch")
     whole.lap("loop")
-    clock.start()
-    ctx.wait_for_gradients()
-    if dense == "cuda":
-        torch.cuda.synchronize(device_id)
-    clock.lap("flush")
+    flush(ctx, clock, device_id if dense == "cuda" else None)
     train_seconds = time.perf_counter() - t0
     t_end = time.time()
     return FeedWindow(steps, samples, first_samples, t_first, t_end, train_seconds, clock,
                       whole, ctx_before, threads_before)  # fmt: skip
+
+
+def one_step(
+    ctx: TrainCtx, batch: Any, clock: StepClock, *, dense: str, dense_s: float, grad: float,
+    loss_fn: torch.nn.Module,
+) -> None:  # fmt: skip
+    """One training step of ``batch``: features, the dense step (or its sleep), backward."""
+    non_id, embeddings, labels = ctx.prepare_features(batch)
+    clock.lap("features")
+    if dense == "sleep":
+        time.sleep(dense_s)
+        clock.lap("dense")
+        loss = stand_in_loss(embeddings, grad)
+    else:
+        loss = loss_fn(ctx.model(non_id, embeddings), labels[0])
+        clock.lap("dense")
+    ctx.backward(loss)
+
+
+def flush(ctx: TrainCtx, clock: StepClock, cuda_device: int | None) -> None:
+    """Wait for the gradients in flight (and the CUDA device's queue), timed as ``flush``."""
+    clock.start()
+    ctx.wait_for_gradients()
+    if cuda_device is not None:
+        torch.cuda.synchronize(cuda_device)
+    clock.lap("flush")
 
 
 if __name__ == "__main__":

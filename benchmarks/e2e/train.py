@@ -116,7 +116,6 @@ def main() -> None:
         train_seconds = win.t5 - win.t0
         t_end = time.time()
         phases = window_phases(win, ctx.step_clock.snapshot())
-        wait_ms = np.array(win.waits or [0.0]) * 1e3
         rank, world_size = get_rank() or 0, get_world_size() or 1
         own = {"samples": win.samples, "timed_samples": win.samples - win.first_samples,
                "steps": len(win.losses), "train_seconds": train_seconds, "phases": phases,
@@ -129,23 +128,32 @@ def main() -> None:
         with open(f"{os.environ['E2E_RESULT']}.rank{rank}", "w") as fh:
             json.dump(own, fh)
     if rank == 0:
-        result = {
-            "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
-            "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
-            "rank_timed_steps": len(win.losses) - 1,  # rank 0's: phases and threads_cpu_s are its
-            "samples_per_s": totals["timed_samples"] / totals["train_seconds"], "auc": auc,
-            "nn_workers": world_size, "eval_seconds": eval_seconds, "phases": phases,
-            "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": win.threads_window,
-            "page_faults": win.page_faults, "threads": torch.get_num_threads(), "loader_options": options,
-            "dense_lr": DENSE_LR * dense_lr_scale(),
+        write_result(win, totals, world_size, {
+            "auc": auc, "eval_seconds": eval_seconds, "phases": phases, "loader_options": options,
             "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
-            "t_main": t_main, "t_ready": t_ready, "t_first": win.t_first, "t_end": t_end,
-            "first_losses": win.losses[:3], "last_losses": win.losses[-3:],
-        }  # fmt: skip
-        with open(os.environ["E2E_RESULT"], "w") as fh:
-            json.dump(result, fh)
-        print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
-              f"{totals['train_seconds']:.2f}s, test AUC {auc:.4f}")  # fmt: skip
+            "t_main": t_main, "t_ready": t_ready, "t_end": t_end,
+        })  # fmt: skip
+
+
+def write_result(win: Window, totals: dict[str, Any], world_size: int, extra: dict) -> None:
+    """Rank 0's JSON at ``E2E_RESULT``: the job's totals, rank 0's own waits, thread CPU and
+    losses, and ``extra`` (AUC, phases, options, times); then its one-line summary."""
+    wait_ms = np.array(win.waits or [0.0]) * 1e3
+    result = {
+        "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
+        "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
+        "rank_timed_steps": len(win.losses) - 1,  # rank 0's: phases and threads_cpu_s are its
+        "samples_per_s": totals["timed_samples"] / totals["train_seconds"],
+        "nn_workers": world_size,
+        "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": win.threads_window,
+        "page_faults": win.page_faults, "threads": torch.get_num_threads(),
+        "dense_lr": DENSE_LR * dense_lr_scale(), "t_first": win.t_first,
+        "first_losses": win.losses[:3], "last_losses": win.losses[-3:], **extra,
+    }  # fmt: skip
+    with open(os.environ["E2E_RESULT"], "w") as fh:
+        json.dump(result, fh)
+    print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
+          f"{totals['train_seconds']:.2f}s, test AUC {extra['auc']:.4f}")  # fmt: skip
 
 
 def loader_options() -> dict[str, Any]:

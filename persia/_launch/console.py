@@ -15,11 +15,10 @@ import threading
 import time
 from typing import IO
 
-from pyrsia.shared.constants import ROLE_NN_WORKER
+from pyrsia.shared.constants import PROGRESS_INTERVAL_S, PROGRESS_STOP_TIMEOUT_S, ROLE_NN_WORKER
 
 __all__ = ["NAMES", "Output", "Progress", "progress_text", "pump_lines"]
 
-PROGRESS_INTERVAL_S = 1.0
 
 NAMES = ("redis", "embedding_parameter_server", "embedding_worker", "nn_worker", "data_loader")
 _WIDTH = max(map(len, NAMES))
@@ -118,7 +117,7 @@ class Progress(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
-        self.join(timeout=5.0)
+        self.join(timeout=PROGRESS_STOP_TIMEOUT_S)
 
     def run(self) -> None:
         asyncio.run(self._loop())

@@ -39,13 +39,13 @@ import tempfile
 from pathlib import Path
 
 from persia._launch.status import SERVER_ROLES
+from pyrsia.shared.constants import PROMETHEUS_REDIS_WAIT_S
+from pyrsia.shared.constants import PROMETHEUS_TARGETS_INTERVAL_S as DEFAULT_INTERVAL_S
 from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.registry import Registry, RegistrySettings
 
 log = logging.getLogger(__name__)
-
-DEFAULT_INTERVAL_S = 5.0
 
 
 async def target_groups(registry: Registry) -> list[dict]:
@@ -97,7 +97,8 @@ async def _watch(settings: RegistrySettings, output: Path, interval_s: float) ->
     registry = Registry(settings)
     written: str | None = None
     try:
-        await registry.ping(wait_s=30.0)  # under compose, Redis may start alongside
+        # under compose, Redis may start alongside
+        await registry.ping(wait_s=PROMETHEUS_REDIS_WAIT_S)
         while not stop.is_set():
             try:
                 text = render(await target_groups(registry))

@@ -40,22 +40,18 @@ the embedding PS and worker engines inside it and ``data_loader.py`` in one of i
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from persia._launch.console import NAMES, Output, Progress, pump_lines
+from persia._launch.children import Child, Job, StopSignals, free_port, start_redis, watch
+from persia._launch.console import NAMES, Output, Progress
 from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.shared.cli import add_config_flags, fail, resolve_file
+from pyrsia.shared.constants import CHILD_STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from pyrsia.shared.constants import (
     ENV_DATALOADER_ENTRY,
     ENV_EMBEDDED,
@@ -66,15 +62,12 @@ from pyrsia.shared.constants import (
     ENV_NN_WORKER_ENTRY,
     ENV_REDIS_URL,
     ENV_VERBOSE,
+    FAILURE_LINES_JOIN_S,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.failure_report import FailureRecord, first_failure
-from pyrsia.shared.parent_death import die_with_parent
-
-STOP_TIMEOUT_S = 20.0
-"""Seconds a child gets between SIGTERM and SIGKILL."""
-REDIS_START_TIMEOUT_S = 10.0
-POLL_S = 0.1
+from pyrsia.shared.process_env import child_environment, export
+from pyrsia.shared.settings import current
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,90 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S,
                    help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})")  # fmt: skip
     return p
-
-
-# --- children -------------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    reader: threading.Thread
-    stopped: bool = False
-
-
-@dataclass
-class Job:
-    """The children of one ``run``, in start order."""
-
-    out: Output
-    env: dict[str, str]
-    children: list[Child] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str]) -> Child:
-        proc = subprocess.Popen(
-            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
-        reader = threading.Thread(target=pump_lines, args=(name, proc.stdout, self.out),
-                                  name=f"run-{name}", daemon=True)  # fmt: skip
-        reader.start()
-        child = Child(name, proc, reader)
-        self.children.append(child)
-        return child
-
-    def get(self, name: str) -> Child | None:
-        return next((c for c in self.children if c.name == name), None)
-
-    def stop(self, names: tuple[str, ...], timeout_s: float) -> None:
-        """SIGTERM the named children still running, wait for them, kill the late ones."""
-        group = [c for c in self.children if c.name in names]
-        for c in group:
-            if c.proc.poll() is None:
-                c.stopped = True
-                c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for c in group:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.out.line("run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed")  # fmt: skip
-                c.proc.kill()
-                c.proc.wait()
-            c.reader.join(timeout=2.0)  # its last lines out before ours
-
-
-def _free_port() -> int:
-    """A port the system has just handed out as free (loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
-def _start_redis(job: Job) -> str:
-    """A local Redis on a free port (three tries: a port found free can be taken before redis
-    binds it); its URL."""
-    for _ in range(3):
-        port = _free_port()
-        child = job.start("redis", [sys.executable, "-m", "pyrsia.shared.redis_local", "--port",
-                                    str(port), "--restart-on-failure"])  # fmt: skip
-        if _wait_port(port, child.proc, REDIS_START_TIMEOUT_S):
-            return f"redis://127.0.0.1:{port}/0"
-        job.stop(("redis",), 2.0)
-        job.children.remove(child)
-    raise UsageError("could not start a local redis-server (see its lines above)")
 
 
 # --- the job --------------------------------------------------------------------------
@@ -217,9 +126,9 @@ def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str
     """The children's environment: this process's, plus the job id (a fresh ``run-<8 hex>``
     unless set), a free port for torch's rendezvous, ``--verbose`` and the configs' absolute
     paths (the children may run in another directory)."""
-    env = dict(os.environ)
+    env = child_environment()
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
-    env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(_free_port()))
+    env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
     if args.verbose:
         env[ENV_VERBOSE] = "1"
     if not env.get(ENV_LOG_DIR):
@@ -258,20 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
     env = _job_env(args, emb, glob)
     job = Job(out, env)
-    signals = _StopSignals()
+    signals = StopSignals()
     started = time.monotonic()
     progress: Progress | None = None
     if args.embedded:
         return _run_embedded(args, job, env, train, loader, signals, started)
     try:
         if not env.get(ENV_REDIS_URL):
-            env[ENV_REDIS_URL] = _start_redis(job)
-        os.environ.update({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
+            env[ENV_REDIS_URL] = start_redis(job)
+        export({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
         nn = _start_children(job, args, train, loader)
         progress = Progress(out, started)
         progress.start()
-        failed = _watch(job, nn, signals.received)
+        failed = watch(job, nn, signals.received)
     except UsageError as exc:
         job.stop(NAMES, args.stop_timeout)
         signals.restore()
@@ -301,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tidy_log_dir(env: dict[str, str]) -> None:
     """The log folder ``run`` made, removed when no process wrote to it (nothing failed)."""
-    if os.environ.get(ENV_LOG_DIR):
+    if current().is_set(ENV_LOG_DIR):
         return  # the user's folder
     try:
         Path(env[ENV_LOG_DIR]).rmdir()
@@ -315,21 +224,21 @@ def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
     if first is None:
         return code
     for child in job.children:  # every child's last lines out before this one
-        child.reader.join(timeout=10.0)
+        child.reader.join(timeout=FAILURE_LINES_JOIN_S)
     sys.stdout.flush()
     print(first.line(), file=sys.stderr, flush=True)
     return first.code
 
 
 def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train: Path,
-                  loader: Path, signals: _StopSignals, started: float) -> int:  # fmt: skip
+                  loader: Path, signals: StopSignals, started: float) -> int:  # fmt: skip
     """The whole job in one child: train.py as a rank (pyrsia.services.nn_worker.rank_entry),
     the engines and data_loader.py inside it; its exit code is ``run``'s."""
     env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(loader.resolve())})
     job.out.line("run", f"job {env[ENV_JOB_ID]} embedded: one process, no Redis")
     nn = job.start("nn_worker", [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry",
                                  str(train)])  # fmt: skip
-    _watch(job, nn, signals.received)
+    watch(job, nn, signals.received)
     job.out.end_status()
     job.stop(("nn_worker",), args.stop_timeout)
     signals.restore()
@@ -347,42 +256,6 @@ def _display(url: str) -> str:
     from pyrsia.shared.redaction import redact_url
 
     return redact_url(url)
-
-
-def _watch(job: Job, nn: Child, stop_requested: Callable[[], bool]) -> Child | None:
-    """Until the NN worker exits or a signal comes; the child that failed first, if any.
-
-    A data loader that finished (exit 0) is no failure; any other child ending is.
-    """
-    while not stop_requested():
-        if nn.proc.poll() is not None:
-            return None
-        for c in job.children:
-            code = c.proc.poll()
-            if c is nn or code is None or (c.name == "data_loader" and code == 0):
-                continue
-            return c
-        time.sleep(POLL_S)
-    return None
-
-
-class _StopSignals:
-    """SIGINT and SIGTERM recorded (the first one's number), restored on :meth:`restore`."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._saved = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _on(self, signum: int, _frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def received(self) -> bool:
-        return self.signum is not None
-
-    def restore(self) -> None:
-        for s, handler in self._saved.items():
-            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

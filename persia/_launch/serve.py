@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
 from persia.service import ENV_EMBEDDING_WORKER_SERVICE
@@ -31,11 +30,21 @@ from pyrsia.shared.cli import (
     resolve_file,
 )
 from pyrsia.shared.config import load_embedding_config, load_global_config
-from pyrsia.shared.constants import ENV_EMBEDDING_CONFIG, ENV_GLOBAL_CONFIG
+from pyrsia.shared.constants import (
+    DEFAULT_BIND_HOST,
+    DEFAULT_WAIT_TIMEOUT_S,
+    ENV_BIND_HOST,
+    ENV_EMBEDDING_CONFIG,
+    ENV_GLOBAL_CONFIG,
+    MAX_BATCH_SIZE,
+    SERVE_MAX_INFLIGHT,
+    SERVE_THREADS,
+)
 from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
 from pyrsia.shared.http_server import serve
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.service_runner import run
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="persia-launcher serve",
         description="Serve an exported model (persia.serving.export_model): batch predictions over HTTP, msgpack or JSON.",  # fmt: skip
     )
+    _add_model_flags(p)
+    _add_server_flags(p)
+    add_server_security_flags(p)  # --insecure, --max-request-bytes: the services' bind rule and cap
+    return p
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """What is served: the export, its configs and the embedding workers it reads from."""
     p.add_argument("--model", required=True, help="the export directory (signature.json, dense.pt2|dense.ts, embedding/)")  # fmt: skip
     p.add_argument("--embedding-config", default=None, help=f"embedding_config.yml; must match the model's (default: ${ENV_EMBEDDING_CONFIG}, else the model's copy)")  # fmt: skip
     p.add_argument("--global-config", default=None, help=f"global_config.yml for the private embedding worker, usually job_type: Infer with infer_config.servers (default: ${ENV_GLOBAL_CONFIG}, else the model's copy)")  # fmt: skip
     add_unknown_keys_flags(p)  # --allow-unknown-config-keys, --strict-config (the default)
     p.add_argument("--embedding-worker", action="append", default=None, metavar="HOST:PORT", help=f"an embedding worker to use (repeatable; default ${ENV_EMBEDDING_WORKER_SERVICE}, else start one)")  # fmt: skip
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    """Where and how much it serves: the address, batch and concurrency bounds."""
     p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT, help=f"port to listen on, 0 picks a free one (default {DEFAULT_SERVE_PORT})")  # fmt: skip
-    p.add_argument("--host", default=os.environ.get("PERSIA_BIND_HOST", "127.0.0.1"), help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)")  # fmt: skip
-    p.add_argument("--max-batch-size", type=int, default=65535, help="largest batch a request may carry (default 65535)")  # fmt: skip
-    p.add_argument("--max-inflight", type=int, default=16, help="predictions running at once; more get 429 (default 16)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=2, help="threads running the dense model (default 2)")  # fmt: skip
-    p.add_argument("--wait-timeout", type=float, default=120.0, help="seconds to wait for the embedding workers (default 120)")  # fmt: skip
-    add_server_security_flags(p)  # --insecure, --max-request-bytes: the services' bind rule and cap
-    return p
+    p.add_argument("--host", default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST), help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE, help=f"largest batch a request may carry (default {MAX_BATCH_SIZE})")  # fmt: skip
+    p.add_argument("--max-inflight", type=int, default=SERVE_MAX_INFLIGHT, help=f"predictions running at once; more get 429 (default {SERVE_MAX_INFLIGHT})")  # fmt: skip
+    p.add_argument("--threads", type=int, default=SERVE_THREADS, help=f"threads running the dense model (default {SERVE_THREADS})")  # fmt: skip
+    p.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT_S, help=f"seconds to wait for the embedding workers (default {DEFAULT_WAIT_TIMEOUT_S:g})")  # fmt: skip
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -86,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"{emb_path}: not the embedding config the model at {args.model} was exported with (slots, dims or pooling differ)")  # fmt: skip
         glob_path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False) or model.global_config_path  # fmt: skip
         load_global_config(glob_path, strict=args.strict_config)
-        workers = args.embedding_worker or [a.strip() for a in os.environ.get(ENV_EMBEDDING_WORKER_SERVICE, "").split(",") if a.strip()]  # fmt: skip
+        workers = args.embedding_worker or [a.strip() for a in current().text(ENV_EMBEDDING_WORKER_SERVICE).split(",") if a.strip()]  # fmt: skip
     except (UsageError, ConfigError, InvalidInputError) as exc:
         return fail(str(exc))
     configure_logging("serve", 0)

@@ -27,7 +27,6 @@ expected and what came. A Config is immutable: build a new one to change it.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +41,7 @@ from pyrsia.shared.options import (
     Nullable,
     mismatch,
 )
+from pyrsia.shared.settings import current
 
 __all__ = ["Config", "KEYS"]
 
@@ -171,7 +171,7 @@ class Config:
     Arguments:
         param_dict: ``{"category.attribute": value}``; keys left out come from the
             ``EPL_<CATEGORY>_<ATTRIBUTE>`` environment variables, else EPL's defaults.
-        environ: the environment to read (default ``os.environ``; tests pass a dict).
+        environ: the environment to read (default: this process's settings; tests pass a dict).
     """
 
     def __init__(
@@ -186,7 +186,7 @@ class Config:
             raise InvalidInputError(
                 "param_dict", 'a dict such as {"pipeline.num_micro_batch": 4}', param_dict
             )
-        environ = os.environ if environ is None else environ
+        environ = current().environ if environ is None else environ
         values, self._from_env = TABLE.resolve(param_dict, environ)
         for name, hint in TABLE.stray_env(environ, ENV_PREFIX):
             log.warning("environment variable %s is not an EPL config key: ignored%s", name, hint)

@@ -21,14 +21,15 @@ from __future__ import annotations
 import atexit
 import datetime
 import logging
-import os
 import threading
 
 import torch
 
 from persia import env
 from persia.hb._options import Options
+from pyrsia.shared.constants import HB_LEAVE_BARRIER_S as LEAVE_BARRIER_S
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ class Context:
             return True
         if self.world_size <= 1:
             return False
-        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+        settings = current()
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not settings.is_set(k)]
         if missing:
             raise ConfigError(
                 f"WORLD_SIZE={self.world_size} but {', '.join(missing)} not set: start the ranks "
@@ -135,9 +137,6 @@ class Context:
         return (
             f"Context(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank})"
         )
-
-
-LEAVE_BARRIER_S = 60.0
 
 
 def _meet_peers_before_leaving() -> None:

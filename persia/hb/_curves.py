@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyrsia.services.nn_worker.tensorboard import run_dir
-from pyrsia.shared.constants import DEFAULT_JOB_ID, ENV_JOB_ID, ENV_TENSORBOARD_DIR
+from pyrsia.shared.constants import ENV_TENSORBOARD_DIR
+from pyrsia.shared.settings import Settings, current
 
 __all__ = ["EvalCurves"]
 
@@ -27,12 +28,14 @@ class EvalCurves:
         self._writer = None
 
     @classmethod
-    def from_env(cls, rank: int) -> EvalCurves | None:
-        """The curves of ``rank`` when ``PERSIA_TENSORBOARD_DIR`` is set; else None."""
-        root = os.environ.get(ENV_TENSORBOARD_DIR)
+    def from_env(cls, rank: int, settings: Settings | None = None) -> EvalCurves | None:
+        """The curves of ``rank`` when ``PERSIA_TENSORBOARD_DIR`` is set (in ``settings``,
+        default this process's); else None."""
+        settings = settings or current()
+        root = settings.text(ENV_TENSORBOARD_DIR)
         if not root:
             return None
-        return cls(run_dir(root, os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID, rank))
+        return cls(run_dir(root, settings.job_id, rank))
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         """One point per value at ``step``, flushed to disk at once."""

@@ -36,7 +36,6 @@ reads them again.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +44,7 @@ from typing import Any
 from persia.embedding import EmbeddingConfig
 from persia.embedding.optim import Optimizer as EmbeddingOptimizer
 from pyrsia.shared.options import Boolean, Choice, InstanceOf, Integer, Key, KeyTable, Nullable
+from pyrsia.shared.settings import current
 
 ENV_PREFIX = "HB_"
 COMM_BACKENDS = ("auto", "nccl", "gloo")
@@ -109,7 +109,7 @@ class Options:
 
     def reload_env(self, environ: dict[str, str] | None = None) -> None:
         """Reset every option to its default, taken from ``HB_<NAME>`` when set."""
-        values, _ = TABLE.resolve({}, os.environ if environ is None else environ)
+        values, _ = TABLE.resolve({}, current().environ if environ is None else environ)
         with self._lock:
             self._values.clear()
             self._values.update(values)

@@ -33,12 +33,11 @@ from pyrsia.services.nn_worker.backward import BackwardEngine
 from pyrsia.services.nn_worker.inflight import InflightLimits
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
+from pyrsia.shared.constants import HB_GRADIENT_SENDERS as GRADIENT_SENDERS
 from pyrsia.shared.errors import ConfigError, MisuseError
 from pyrsia.shared.wire.batch import IDPart
 
 log = logging.getLogger(__name__)
-
-GRADIENT_SENDERS = 8
 
 
 @dataclass

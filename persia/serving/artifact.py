@@ -18,15 +18,13 @@ plus JSON.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
 import secrets
 import shutil
 import time
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ import numpy as np
 import torch
 import yaml
 
+from persia.serving.dense_model import load_dense, save_dense
 from persia.serving.embedding_files import checkpoint_manifests, copy_checkpoint
 from persia.serving.signature import (
     DENSE_KINDS,
@@ -55,8 +54,6 @@ __all__ = ["ServingModel", "export_model", "load_model"]
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 1 << 24
-"""Upper bound of the dynamic batch dimension recorded by torch.export."""
 EMBEDDING_DIR = "embedding"
 EMBEDDING_CONFIG_FILE = "embedding_config.yml"
 GLOBAL_CONFIG_FILE = "global_config.yml"
@@ -158,35 +155,6 @@ def _slots(schema: EmbeddingSchema, id_slots: Sequence[str] | None, emb: list[to
     return slots
 
 
-@contextlib.contextmanager
-def _torchscript_quietly() -> Iterator[None]:
-    """TorchScript is deprecated in torch 2.13; it stays as the fallback format on purpose
-    (torch.export is tried first), so its DeprecationWarning is not repeated to the user."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
-        yield
-
-
-def _save_dense(model: torch.nn.Module, non_id: list, emb: list, kind: str, dst: Path) -> str:
-    """Write ``dense.pt2`` (torch.export) or ``dense.ts``; ``auto`` falls back to TorchScript."""
-    if kind in ("auto", "torch.export"):
-        batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-        dynamic = ([{0: batch} for _ in non_id], [{0: batch} for _ in emb])
-        try:
-            program = torch.export.export(model, (non_id, emb), dynamic_shapes=dynamic)
-            torch.export.save(program, str(dst / DENSE_KINDS["torch.export"]))
-            return "torch.export"
-        except Exception as exc:  # torch raises many kinds; auto mode tries TorchScript next
-            if kind != "auto":
-                raise
-            log.warning("torch.export failed (%s); exporting TorchScript instead", exc)
-    if kind not in ("auto", "torchscript"):
-        raise InvalidInputError("dense_format", "'auto', 'torch.export' or 'torchscript'", kind)
-    with _torchscript_quietly():
-        torch.jit.save(torch.jit.script(model), str(dst / DENSE_KINDS["torchscript"]))
-    return "torchscript"
-
-
 def _non_id_names(non_id_names: Sequence[str] | None, count: int) -> list[str]:
     """One non-empty name per non-ID input (default ``non_id_<i>``)."""
     names = [f"non_id_{i}" for i in range(count)] if non_id_names is None else list(non_id_names)
@@ -256,11 +224,17 @@ def _signature(
     )
 
 
-def _publish(tmp: Path, export_dir: Path) -> None:
+def _publish(tmp: Path, export_dir: Path, signature: Signature) -> None:
     """Rename the finished ``tmp`` to ``export_dir``, replacing an older artifact there."""
     if export_dir.exists():
         shutil.rmtree(export_dir)
     os.replace(tmp, export_dir)
+    log.info(
+        "exported %s model (%d embedding entries) to %s",
+        signature.dense_kind,
+        signature.embedding_entries,
+        export_dir,
+    )
 
 
 def export_model(
@@ -307,17 +281,16 @@ def export_model(
     export_dir, tmp = _staging_dir(export_dir, overwrite)
     try:
         dense, outputs = _eval_copy(model, non_id, emb)
-        kind = _save_dense(dense, non_id, emb, dense_format, tmp)
+        kind = save_dense(dense, non_id, emb, dense_format, tmp)
         manifests = _save_embeddings(tmp / EMBEDDING_DIR, ctx, embedding_checkpoint_dir)
         (tmp / EMBEDDING_CONFIG_FILE).write_text(embedding_yaml, "utf-8")
         (tmp / GLOBAL_CONFIG_FILE).write_text(global_yaml, "utf-8")
         signature = _signature(kind, zip(names, non_id, strict=True), schema, slots, outputs, manifests)  # fmt: skip
         signature.write(tmp / SIGNATURE_FILE)
-        _publish(tmp, export_dir)
+        _publish(tmp, export_dir, signature)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("exported %s model (%d embedding entries) to %s", kind, signature.embedding_entries, export_dir)  # fmt: skip
     return export_dir
 
 
@@ -377,18 +350,10 @@ def load_model(export_dir: str | Path, *, map_location: str | torch.device = "cp
             "the embedding schema recorded in signature.json",
             "a different one",
         )
-    if signature.dense_kind == "torch.export":
-        dense = torch.export.load(str(path / signature.dense_file)).module()
-        if str(map_location) != "cpu":
-            dense = dense.to(map_location)
-    else:
-        with _torchscript_quietly():
-            dense = torch.jit.load(str(path / signature.dense_file), map_location=map_location)
-        dense.eval()
     return ServingModel(
         path=path,
         signature=signature,
-        dense=dense,
+        dense=load_dense(path / signature.dense_file, signature.dense_kind, map_location),
         embedding_dir=path / EMBEDDING_DIR,
         embedding_config_path=path / EMBEDDING_CONFIG_FILE,
         global_config_path=path / GLOBAL_CONFIG_FILE,

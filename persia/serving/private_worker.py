@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from pyrsia.shared.constants import SERVE_WATCH_INTERVAL_S as WATCH_INTERVAL_S
 from pyrsia.shared.constants import SHUTDOWN_BUDGET_S
 from pyrsia.shared.http_server import STATE
 from pyrsia.shared.parent_death import die_with_parent
@@ -27,7 +28,6 @@ from pyrsia.shared.parent_death import die_with_parent
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "pyrsia.services.embedding_worker"
-WATCH_INTERVAL_S = 0.5
 
 
 def free_loopback_port() -> int:

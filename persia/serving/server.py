@@ -30,7 +30,14 @@ from aiohttp import web
 from persia.serving.artifact import ServingModel
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
 from pyrsia.shared.codec import packb, unpackb
-from pyrsia.shared.constants import MSGPACK_CONTENT_TYPE
+from pyrsia.shared.constants import (
+    DEFAULT_WAIT_TIMEOUT_S,
+    MAX_BATCH_SIZE,
+    MSGPACK_CONTENT_TYPE,
+    SERVE_MAX_INFLIGHT,
+    SERVE_THREADS,
+)
+from pyrsia.shared.constants import SERVE_SCHEMA_TIMEOUT_S as SCHEMA_TIMEOUT_S
 from pyrsia.shared.errors import BackPressureError, PersiaError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.http_server import METRICS, STATE, make_app, read_body, require_ready
@@ -40,8 +47,6 @@ from pyrsia.shared.wire.worker import WorkerSchema
 __all__ = ["SERVE", "ServeState", "create_app"]
 
 log = logging.getLogger(__name__)
-
-SCHEMA_TIMEOUT_S = 10.0
 
 
 class ServeState:
@@ -178,10 +183,10 @@ def create_app(
     model: ServingModel,
     embedding_workers: list[str],
     *,
-    max_batch: int = 65535,
-    max_inflight: int = 16,
-    threads: int = 2,
-    wait_timeout_s: float = 120.0,
+    max_batch: int = MAX_BATCH_SIZE,
+    max_inflight: int = SERVE_MAX_INFLIGHT,
+    threads: int = SERVE_THREADS,
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     max_request_bytes: int | None = None,
 ) -> web.Application:
     """The serve app: ``model`` answered through the embedding workers at ``embedding_workers``.

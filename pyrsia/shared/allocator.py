@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import sys
 
 from pyrsia.shared.constants import (
@@ -40,6 +39,7 @@ from pyrsia.shared.constants import (
     MALLOC_TRIM_THRESHOLD_BYTES,
 )
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import current
 
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -50,7 +50,7 @@ USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 def malloc_tuning_enabled() -> bool:
     """``PERSIA_MALLOC_TUNING``: 1 (the default when unset or empty) or 0."""
-    value = os.environ.get(ENV_MALLOC_TUNING, "").strip() or "1"
+    value = current().text(ENV_MALLOC_TUNING).strip() or "1"
     if value not in ("0", "1"):
         raise ConfigError(f"{ENV_MALLOC_TUNING} must be 0 or 1, got {value!r}")
     return value == "1"
@@ -58,10 +58,11 @@ def malloc_tuning_enabled() -> bool:
 
 def user_malloc_settings() -> str | None:
     """The environment variable through which the user tuned malloc already, if any."""
+    settings = current()
     for name in USER_MALLOC_ENV:
-        if os.environ.get(name):
+        if settings.is_set(name):
             return name
-    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+    if "glibc.malloc" in settings.text("GLIBC_TUNABLES"):
         return "GLIBC_TUNABLES"
     return None
 

@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 import socket
 
 from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_INSECURE, MIN_AUTH_TOKEN_CHARS
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import Settings, current
 
 AUTH_HEADER = "Authorization"
 AUTH_SCHEME = "Bearer"
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 def check_token(token: str, source: str = ENV_AUTH_TOKEN) -> str:
@@ -44,21 +41,16 @@ def check_token(token: str, source: str = ENV_AUTH_TOKEN) -> str:
     return token
 
 
-def auth_token_from_env() -> str | None:
-    """The job's shared token (``PERSIA_AUTH_TOKEN``), or None when unset or empty."""
-    raw = os.environ.get(ENV_AUTH_TOKEN, "")
+def auth_token_from_env(settings: Settings | None = None) -> str | None:
+    """The job's shared token (``PERSIA_AUTH_TOKEN`` of ``settings``, default this process's),
+    or None when unset or empty."""
+    raw = (settings or current()).text(ENV_AUTH_TOKEN)
     return check_token(raw) if raw else None
 
 
-def insecure_from_env() -> bool:
+def insecure_from_env(settings: Settings | None = None) -> bool:
     """``PERSIA_INSECURE``: 1/true/yes/on or 0/false/no/off (unset = false)."""
-    raw = os.environ.get(ENV_INSECURE, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{ENV_INSECURE}: expected 1/true/yes/on or 0/false/no/off, got {raw!r}")
+    return (settings or current()).yes_no(ENV_INSECURE)
 
 
 def auth_header_value(token: str) -> str:

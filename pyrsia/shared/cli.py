@@ -7,26 +7,25 @@ the path or URL and the flag or variable that set it, and exit code 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env
 from pyrsia.shared.config import GlobalConfig, default_global_config, load_global_config
 from pyrsia.shared.constants import (
+    DEFAULT_BIND_HOST,
     ENV_ALLOW_UNKNOWN_CONFIG_KEYS,
     ENV_AUTH_TOKEN,
+    ENV_BIND_HOST,
     ENV_BODY_TIMEOUT_S,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     ENV_HEADER_TIMEOUT_S,
     ENV_IDLE_TIMEOUT_S,
     ENV_INSECURE,
-    ENV_LOG_LEVEL,
     ENV_MAX_CONNECTIONS,
     ENV_MAX_INFLIGHT_REQUEST_BYTES,
     ENV_MAX_MESSAGE_BYTES,
-    ENV_VERBOSE,
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_CONNECTIONS_CAP,
@@ -36,7 +35,9 @@ from pyrsia.shared.failure_report import report
 from pyrsia.shared.http_body import body_timeout_s, max_inflight_request_bytes
 from pyrsia.shared.http_connections import ConnectionLimits
 from pyrsia.shared.http_server import max_message_bytes
+from pyrsia.shared.process_env import export
 from pyrsia.shared.redaction import redact
+from pyrsia.shared.settings import Settings, current
 
 EXIT_USAGE = 2
 
@@ -94,7 +95,7 @@ def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0)
     )
     parser.add_argument(
         "--host",
-        default=os.environ.get("PERSIA_BIND_HOST", "127.0.0.1"),
+        default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST),
         help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1; 0.0.0.0 in containers)",
     )
     add_server_security_flags(parser)
@@ -113,7 +114,7 @@ class _ToEnvironment(argparse.Action):
         if not values > 0:  # type: ignore[operator]
             parser.error(f"{option_string} must be positive, got {values}")
         setattr(namespace, self.dest, values)
-        os.environ[self.env] = str(values)
+        export({self.env: str(values)})
 
 
 def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,12 +193,13 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
 def check_server_security_flags(args: argparse.Namespace) -> None:
     """Resolve ``args.auth_token``, ``args.insecure`` and ``args.max_request_bytes`` from the
     flags and environment, and refuse a non-loopback ``--host`` without a token."""
+    settings = current()  # after parsing: the flags above are exported by now
     try:
-        args.auth_token = auth_token_from_env()
+        args.auth_token = auth_token_from_env(settings)
         if args.insecure is None:
-            args.insecure = insecure_from_env()
+            args.insecure = insecure_from_env(settings)
         if args.max_request_bytes is None:
-            args.max_request_bytes = max_message_bytes()
+            args.max_request_bytes = max_message_bytes(settings)
         check_bind(args.host, token=args.auth_token, insecure=args.insecure)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
@@ -206,9 +208,9 @@ def check_server_security_flags(args: argparse.Namespace) -> None:
             f"--max-request-bytes must be a positive number of bytes, got {args.max_request_bytes}"
         )
     try:  # checked here, so that a bad value is one line and exit 2, not a traceback
-        max_inflight_request_bytes(args.max_request_bytes)
-        body_timeout_s()
-        ConnectionLimits.from_env()
+        max_inflight_request_bytes(args.max_request_bytes, settings)
+        body_timeout_s(settings)
+        ConnectionLimits.from_env(settings)
     except ConfigError as exc:
         raise UsageError(
             f"{exc} (--max-inflight-request-bytes, --body-timeout-s, --header-timeout-s, "
@@ -229,12 +231,16 @@ def check_replica_flags(args: argparse.Namespace) -> None:
     check_server_security_flags(args)
 
 
-def resolve_file(flag_value: str | None, flag: str, env: str, *, required: bool) -> Path | None:
-    """The file named by ``flag`` or else ``$env``; a missing file is a UsageError naming both."""
+def resolve_file(
+    flag_value: str | None, flag: str, env: str, *, required: bool, settings: Settings | None = None
+) -> Path | None:
+    """The file named by ``flag`` or else ``$env`` (of ``settings``, default this process's);
+    a missing file is a UsageError naming both."""
+    settings = settings or current()
     if flag_value:
         path, source = Path(flag_value), flag
-    elif os.environ.get(env):
-        path, source = Path(os.environ[env]), f"${env}"
+    elif settings.is_set(env):
+        path, source = Path(settings.text(env)), f"${env}"
     elif required:
         raise UsageError(f"no file given: pass {flag} or set ${env}")
     else:
@@ -260,10 +266,7 @@ def fail(message: str) -> int:
 
 def verbose() -> bool:
     """``$PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
-    return (
-        os.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
-        or os.environ.get(ENV_LOG_LEVEL, "").strip().lower() == "debug"
-    )
+    return current().verbose
 
 
 def fail_known(exc: BaseException) -> int:

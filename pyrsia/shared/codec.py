@@ -22,6 +22,7 @@ import msgpack
 import numpy as np
 
 from pyrsia.shared.constants import MAX_ARRAY_DIMS, MAX_MESSAGE_BYTES, NDARRAY_EXT_CODE
+from pyrsia.shared.constants import MAX_DECODE_DEPTH as _MAX_DEPTH
 from pyrsia.shared.errors import (
     InvalidInputError,
     InvalidTypeError,
@@ -124,7 +125,6 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
         out.append(packer.pack(obj))
 
 
-_MAX_DEPTH = 512
 _SCALARS = frozenset((str, int, float, bool, bytes, type(None)))
 """Types msgpack packs itself: encoded in place by their container, without a recursive call."""
 

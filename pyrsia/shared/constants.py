@@ -87,9 +87,6 @@ LEASE_TTL_S = REGISTRATION_TTL_S
 lease itself lapses this long after its last member's heartbeat."""
 LEASE_CLAIM_POLL_S = 0.5
 """How often a process waiting for a slot held on another host to lapse asks again."""
-LEASE_KEEPER_STOP_MARGIN_S = 1.0
-"""How long stopping a launcher's lease thread waits for it beyond the slot's give-back bound
-(the thread sleeps between heartbeats; the stop wakes it)."""
 REDIS_SOCKET_TIMEOUT_S = 2.0
 REDIS_STARTUP_WAIT_S = 3.0
 """How long a starting service waits for Redis (under a Procfile it starts alongside, and
@@ -173,6 +170,10 @@ MAX_CONNECTIONS_CAP = 4096
 
 # --- HTTP --------------------------------------------------------------------------------
 DEFAULT_BIND_HOST = "127.0.0.1"
+ENV_BIND_HOST = "PERSIA_BIND_HOST"
+"""The address a service binds (``--host`` wins; 0.0.0.0 in containers)."""
+DEFAULT_MASTER_PORT = 29500
+"""torch's rendezvous port on node 0 when neither ``--master-port`` nor ``MASTER_PORT`` is set."""
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_RETRIES = 3
@@ -271,3 +272,110 @@ DEFAULT_EMBEDDING_WORKER_PORT = 8887
 # --- embedding checkpoints (PS /dump, serving artifacts) --------------------------------
 EMBEDDING_CHECKPOINT_FORMAT = "pyrsia-embedding-checkpoint"
 EMBEDDING_CHECKPOINT_VERSION = 1
+
+# --- launchers, helpers and in-process observers: timeouts and intervals --------------
+DATALOADER_TIMEOUT_MS = 1000 * 60 * 10
+"""``persia.data.DataLoader``'s longest wait for the next batch (PERSIA's default, 10 min)."""
+PROGRESS_INTERVAL_S = 1.0
+"""How often ``persia-launcher run`` redraws its live progress line."""
+PROGRESS_STOP_TIMEOUT_S = 5.0
+"""How long ``run`` waits for its progress thread to end."""
+CHILD_STOP_TIMEOUT_S = 20.0
+"""Seconds a child of ``persia-launcher run`` gets between SIGTERM and SIGKILL."""
+CHILD_POLL_S = 0.1
+"""How often ``run`` looks whether a child has exited."""
+REDIS_START_TIMEOUT_S = 10.0
+"""How long ``run`` and ``PersiaServiceCtx`` wait for the redis-server they started to listen."""
+REDIS_PROBE_TIMEOUT_S = 0.2
+"""One connection attempt to a starting redis-server."""
+REDIS_PROBE_INTERVAL_S = 0.05
+"""The pause between two connection attempts to a starting redis-server."""
+LOG_READER_JOIN_S = 2.0
+"""How long a launcher waits for a stopped child's last output lines before writing its own."""
+FAILURE_LINES_JOIN_S = 10.0
+"""How long ``run`` waits for every child's last lines before it names the failed process."""
+STATUS_SCRAPE_TIMEOUT_S = 3.0
+"""``persia-launcher status``: how long one service's ``/metrics`` may take to answer."""
+PROMETHEUS_TARGETS_INTERVAL_S = 5.0
+"""``persia-launcher prometheus-targets``: seconds between two rewrites of the targets file."""
+PROMETHEUS_REDIS_WAIT_S = 30.0
+"""``prometheus-targets`` waits this long for Redis (under compose it may start alongside)."""
+HELPER_READY_TIMEOUT_S = 60.0
+"""How long ``PersiaServiceCtx`` waits for a service it started to answer ``/health``."""
+HELPER_STOP_TIMEOUT_S = 10.0
+"""Seconds a service ``PersiaServiceCtx`` started gets between SIGTERM and SIGKILL."""
+HELPER_HEALTH_TIMEOUT_S = 2.0
+"""One ``/health`` request of ``PersiaServiceCtx`` to a starting service."""
+HELPER_HEALTH_POLL_S = 0.1
+"""The pause between two ``/health`` requests of ``PersiaServiceCtx``."""
+HB_LEAVE_BARRIER_S = 60.0
+"""HybridBackend's context waits this long at its closing barrier for the other ranks."""
+SERVE_WATCH_INTERVAL_S = 0.5
+"""How often ``persia-launcher serve`` looks whether its private embedding worker still runs."""
+SERVE_SCHEMA_TIMEOUT_S = 10.0
+"""How long ``serve`` waits for an embedding worker's schema."""
+PROGRESS_LINE_INTERVAL_S = 2.0
+"""Seconds between two lines of one progress bar on a pipe (its first and last always show)."""
+STALL_REPORT_S = 5.0
+"""An HTTP attempt without an answer for this long is logged (a warning), and again every period."""
+STALL_FIRST_REPORT_MAX_S = 30.0
+"""The first report of a stalled HTTP attempt comes at most this long after it started."""
+RATE_WINDOW_S = 1.0
+"""Samples/s is the rate over the last window of at least this many seconds."""
+STALLED_S = 10.0
+"""Samples/s reads 0 once no step has finished for this long."""
+PS_POLL_INTERVAL_S = 10.0
+"""Seconds between two PS points of the TensorBoard curves."""
+PS_SCRAPE_TIMEOUT_S = 2.0
+"""How long one PS-curve poll waits for a replica's /metrics before leaving it out of that point."""
+TENSORBOARD_FLUSH_INTERVAL_S = 1.0
+"""How often the TensorBoard writer thread writes what was recorded (and flushes to disk)."""
+RENDEZVOUS_TIMEOUT_S = 600
+"""torch's static rendezvous default: how long a rank waits for the others to join."""
+PS_INCREMENTAL_SCAN_INTERVAL_S = 10.0
+"""How often an Infer PS looks for new incremental-update packets."""
+SLOT_KEEPER_JOIN_SLACK_S = 1.0
+"""Added to the slot keeper's own bounds when waiting for its thread to end (the thread sleeps
+between heartbeats; stopping it wakes it)."""
+
+# --- limits ------------------------------------------------------------------------------
+MAX_BATCH_SIZE = 65535
+"""PERSIA's largest batch (the wire's bound, and ``persia-launcher serve``'s default)."""
+MAX_FEATURES = 4096
+"""Most id-type (or dense) features one batch may carry."""
+MAX_LOADERS = 1 << 16
+"""Most data-loader replicas one job may have."""
+MAX_GROUPS = 1024
+"""Most dim groups one PS lookup or update may carry."""
+MAX_DIM = 1 << 16
+"""Largest embedding dimension a PS request may name."""
+MAX_DECODE_DEPTH = 512
+"""Deepest nesting of containers a msgpack body may have."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Status line + headers of one HTTP answer, at most."""
+MAX_ANSWER_BYTES = 1 << 32
+"""An HTTP answer body beyond this (msgpack's own limit) is refused."""
+HTTP_DNS_CACHE_TTL_S = 300
+"""How long the aiohttp client session keeps a resolved host name."""
+MAX_CHECKPOINT_WORKERS = 64
+"""Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
+MAX_INTERNAL_SHARDS = 64
+"""More PS shards than this buy no parallelism on the machines Pyrsia targets."""
+MAX_CACHED_SCHEMAS = 16
+"""Embedding schemas whose batch layouts an embedding worker keeps."""
+MAX_CACHED_LAYOUTS = 64
+"""Batch layouts kept per schema."""
+MAX_PENDING_CURVE_POINTS = 100_000
+"""TensorBoard records kept while the writer falls behind; the oldest go first beyond."""
+MIN_LITERAL_SECRET_CHARS = 4
+"""A secret shorter than this is not replaced in free text (it would mangle ordinary words)."""
+SERVE_MAX_BATCH = 1 << 24
+"""Upper bound of the dynamic batch dimension recorded by torch.export."""
+SERVE_MAX_INFLIGHT = 16
+"""``persia-launcher serve``: predictions running at once; more get 429."""
+SERVE_THREADS = 2
+"""``persia-launcher serve``: threads running the dense model."""
+HB_GRADIENT_SENDERS = 8
+"""Gradient senders (``backward_workers``) of a HybridBackend rank's embedding session."""
+HELPER_START_ATTEMPTS = 3
+"""``PersiaServiceCtx`` tries this many ports before a service's start fails."""

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from pyrsia.shared.constants import ENV_JOB_ID, ENV_LOG_DIR, ENV_PROCESS
+from pyrsia.shared.constants import ENV_LOG_DIR, ENV_PROCESS
 from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError
 from pyrsia.shared.redaction import redact
+from pyrsia.shared.settings import current
 
 KNOWN_ERRORS = (ConfigError, RegistryError)
 """Errors whose message says the cause and the fix (a bad config or flag, Redis unreachable,
@@ -74,7 +75,7 @@ def process_name(default: str | None = None) -> str:
     running a user script), else the service's own name, else the script's file name."""
     return (
         default
-        or os.environ.get(ENV_PROCESS)
+        or current().text(ENV_PROCESS)
         or (_NAME[0] if _NAME else None)
         or Path(sys.argv[0] or "python").name
     )
@@ -82,10 +83,11 @@ def process_name(default: str | None = None) -> str:
 
 def log_dir() -> Path:
     """Where tracebacks and failure records go (created on first use)."""
-    raw = os.environ.get(ENV_LOG_DIR)
+    settings = current()
+    raw = settings.text(ENV_LOG_DIR)
     if raw:
         return Path(raw)
-    job = re.sub(r"[^A-Za-z0-9_.-]", "_", os.environ.get(ENV_JOB_ID) or "default")
+    job = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.job_id)
     return Path(tempfile.gettempdir()) / f"persia-{job}"
 
 
@@ -209,7 +211,7 @@ def _write_record(
     process: str, message: str, code: int, path: Path | None, seen_at: float | None = None
 ) -> None:
     """Under ``persia-launcher run`` (``$PERSIA_LOG_DIR`` set): the record, written whole."""
-    folder = os.environ.get(ENV_LOG_DIR)
+    folder = current().text(ENV_LOG_DIR)
     if not folder:
         return
     record = {"time": seen_at or time.time(), "process": process, "message": message, "code": code,
@@ -238,7 +240,7 @@ def first_failure(folder: Path) -> FailureRecord | None:
 
 def started_by_hand() -> bool:
     """A user script run as ``python train.py``: no launcher or service named this process."""
-    return not _NAME and not os.environ.get(ENV_PROCESS)
+    return not _NAME and not current().is_set(ENV_PROCESS)
 
 
 def end_script_on_persia_errors(depth: int = 2) -> None:

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from pyrsia.shared.constants import MAX_CHECKPOINT_WORKERS
 from pyrsia.shared.options import Section, strict_default
 
 __all__ = [
@@ -53,10 +54,6 @@ class MetricsConfig:
     enable_metrics: bool = False
     job_name: str = "persia_default_jobname"
     push_interval_seconds: int = 10
-
-
-MAX_CHECKPOINT_WORKERS = 64
-"""Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from pyrsia.shared.errors import (
     ProtocolError,
     ServiceUnavailableError,
 )
+from pyrsia.shared.settings import Settings, current
 
 _CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
@@ -227,22 +228,6 @@ def _read_error(
     return ProtocolError(f"malformed request body: {exc.message}")
 
 
-def positive_env(name: str, kind: type, int_unit: str = " (bytes)") -> int | float | None:
-    """The positive ``kind`` set in environment variable ``name``, or None when it is unset;
-    anything else is a ConfigError naming the variable (``int_unit`` follows "integer")."""
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = 0
-    if not value > 0:
-        expected = f"a positive integer{int_unit}" if kind is int else "a positive number (seconds)"
-        raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
-    return value
-
-
 def physical_memory_bytes() -> int | None:
     """The machine's memory, or the cgroup's limit when that is lower; ``None`` if unknown."""
     try:
@@ -258,7 +243,7 @@ def physical_memory_bytes() -> int | None:
     return total
 
 
-def max_inflight_request_bytes(cap: int) -> int:
+def max_inflight_request_bytes(cap: int, settings: Settings | None = None) -> int:
     """The in-flight bound for a service whose per-request cap is ``cap``.
 
     ``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES`` if set (at least ``cap``: a smaller bound would
@@ -267,7 +252,7 @@ def max_inflight_request_bytes(cap: int) -> int:
     1/``INFLIGHT_BYTES_MEMORY_SHARE`` of the memory (a decoded body takes about its size
     again, so bodies then use at most about a quarter), and never less than ``cap``.
     """
-    value = positive_env(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
+    value = (settings or current()).positive(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
     if value is not None:
         if value < cap:
             raise ConfigError(
@@ -283,7 +268,8 @@ def max_inflight_request_bytes(cap: int) -> int:
     return max(cap, default)
 
 
-def body_timeout_s() -> float:
-    """``PYRSIA_BODY_TIMEOUT_S`` if set, else ``BODY_TIMEOUT_S``."""
-    value = positive_env(ENV_BODY_TIMEOUT_S, float)
+def body_timeout_s(settings: Settings | None = None) -> float:
+    """``PYRSIA_BODY_TIMEOUT_S`` of ``settings`` (default: this process's) if set, else
+    ``BODY_TIMEOUT_S``."""
+    value = (settings or current()).positive(ENV_BODY_TIMEOUT_S, float)
     return BODY_TIMEOUT_S if value is None else float(value)

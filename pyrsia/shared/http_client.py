@@ -38,9 +38,12 @@ from pyrsia.shared.constants import (
     CONNECTION_POOL_LIMIT,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
+    HTTP_DNS_CACHE_TTL_S,
     MSGPACK_CONTENT_TYPE,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_S,
+    STALL_FIRST_REPORT_MAX_S,
+    STALL_REPORT_S,
 )
 from pyrsia.shared.errors import (
     AuthError,
@@ -59,8 +62,6 @@ from pyrsia.shared.http_conn import ConnectionPool
 
 log = logging.getLogger(__name__)
 
-STALL_REPORT_S = 5.0
-"""An attempt without an answer for this long is logged (a warning), and again every period."""
 
 _BY_STATUS: dict[int, type[RemoteError]] = {
     400: RemoteBadRequestError,
@@ -131,7 +132,9 @@ class HttpClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._pool_limit, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_limit, ttl_dns_cache=HTTP_DNS_CACHE_TTL_S
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),
@@ -247,7 +250,7 @@ class _StallWatch:
     """
 
     TICKS = 5
-    FIRST_REPORT_MAX_S = 30.0
+    FIRST_REPORT_MAX_S = STALL_FIRST_REPORT_MAX_S
 
     def __init__(self, period: float):
         self.period = period

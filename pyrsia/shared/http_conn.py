@@ -22,13 +22,9 @@ import asyncio
 import collections
 from urllib.parse import urlsplit
 
-from pyrsia.shared.constants import CONNECT_TIMEOUT_S
+from pyrsia.shared.constants import CONNECT_TIMEOUT_S, MAX_ANSWER_BYTES, MAX_HEAD_BYTES
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
 
-MAX_HEAD_BYTES = 64 * 1024
-"""Status line + headers of one answer, at most."""
-MAX_ANSWER_BYTES = 1 << 32
-"""A body beyond this (msgpack's own limit) is refused."""
 _URL_CACHE_MAX = 1024
 _WRITE_JOINED_MAX = 1 << 16  # smaller bodies are joined with the head: one write, one segment
 

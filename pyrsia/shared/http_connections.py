@@ -48,7 +48,7 @@ from pyrsia.shared.constants import (
     MAX_CONNECTIONS_CAP,
 )
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.http_body import positive_env
+from pyrsia.shared.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,13 @@ class ConnectionLimits:
                 raise ConfigError(f"{name}: expected a positive value, got {getattr(self, name)}")
 
     @classmethod
-    def from_env(cls) -> ConnectionLimits:
-        """The limits from the environment, each defaulting as the module docstring says."""
-        header = positive_env(ENV_HEADER_TIMEOUT_S, float)
-        idle = positive_env(ENV_IDLE_TIMEOUT_S, float)
-        most = positive_env(ENV_MAX_CONNECTIONS, int, "")
+    def from_env(cls, settings: Settings | None = None) -> ConnectionLimits:
+        """The limits from ``settings`` (default: this process's), each defaulting as the
+        module docstring says."""
+        settings = settings or current()
+        header = settings.positive(ENV_HEADER_TIMEOUT_S, float)
+        idle = settings.positive(ENV_IDLE_TIMEOUT_S, float)
+        most = settings.positive(ENV_MAX_CONNECTIONS, int, "")
         return cls(
             header_timeout_s=HEADER_TIMEOUT_S if header is None else float(header),
             idle_timeout_s=IDLE_TIMEOUT_S if idle is None else float(idle),

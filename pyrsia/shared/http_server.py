@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -58,6 +57,7 @@ from pyrsia.shared.http_middleware import (
 )
 from pyrsia.shared.redaction import redact_value
 from pyrsia.shared.service_state import METRICS, STATE, ServiceState
+from pyrsia.shared.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,10 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
 
 
-def max_message_bytes() -> int:
-    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` if set, else ``MAX_MESSAGE_BYTES``."""
-    raw = os.environ.get(ENV_MAX_MESSAGE_BYTES)
+def max_message_bytes(settings: Settings | None = None) -> int:
+    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` of ``settings`` (default: this
+    process's) if set, else ``MAX_MESSAGE_BYTES``."""
+    raw = (settings or current()).text(ENV_MAX_MESSAGE_BYTES)
     if not raw:
         return MAX_MESSAGE_BYTES
     try:
@@ -159,7 +160,11 @@ _FROM_ENV = "from the environment"
 
 
 def make_app(
-    name: str, *, client_max_size: int | None = None, auth_token: str | None = _FROM_ENV
+    name: str,
+    *,
+    client_max_size: int | None = None,
+    auth_token: str | None = _FROM_ENV,
+    settings: Settings | None = None,
 ) -> web.Application:
     """An aiohttp app with health, metrics, error handling and drain support.
 
@@ -170,13 +175,15 @@ def make_app(
     ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``) makes every route require it (401).
     ``PYRSIA_HEADER_TIMEOUT_S``, ``PYRSIA_IDLE_TIMEOUT_S`` and ``PYRSIA_MAX_CONNECTIONS``
     bound the connections ``serve`` holds (``pyrsia.shared.http_connections``).
+    Every variable is read from ``settings`` (default: this process's, read now).
     """
-    client_max_size = client_max_size or max_message_bytes()
-    inflight = InflightBytes(max_inflight_request_bytes(client_max_size))
-    timeout_s = body_timeout_s()
-    guard = ConnectionGuard(ConnectionLimits.from_env())
+    settings = settings or current()
+    client_max_size = client_max_size or max_message_bytes(settings)
+    inflight = InflightBytes(max_inflight_request_bytes(client_max_size, settings))
+    timeout_s = body_timeout_s(settings)
+    guard = ConnectionGuard(ConnectionLimits.from_env(settings))
     if auth_token is _FROM_ENV:
-        auth_token = auth_token_from_env()
+        auth_token = auth_token_from_env(settings)
     middlewares = [guard.middleware(), error_middleware]
     if auth_token is not None:
         middlewares.insert(1, auth_middleware(auth_token))

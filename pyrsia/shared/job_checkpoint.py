@@ -34,6 +34,7 @@ import numpy as np
 from pyrsia.shared.config import CheckpointingConfig, load_global_config
 from pyrsia.shared.constants import ENV_GLOBAL_CONFIG, ENV_RESUME
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ _STEP_DIR = re.compile(r"^step_(\d{10})$")
 
 def resume_requested() -> bool:
     """True when the launcher was given ``--resume`` (it sets ``PERSIA_RESUME=1``)."""
-    raw = os.environ.get(ENV_RESUME, "")
+    raw = current().text(ENV_RESUME)
     if raw not in ("", "0", "1"):
         raise ConfigError(f"{ENV_RESUME}: expected 0 or 1, got {raw!r}")
     return raw == "1"
@@ -57,7 +58,7 @@ def resume_requested() -> bool:
 
 def checkpointing_config() -> CheckpointingConfig:
     """``common_config.checkpointing_config`` of ``$PERSIA_GLOBAL_CONFIG`` (defaults without it)."""
-    path = os.environ.get(ENV_GLOBAL_CONFIG)
+    path = current().text(ENV_GLOBAL_CONFIG)
     if not path:
         return CheckpointingConfig()
     return load_global_config(path).common_config.checkpointing_config

@@ -20,6 +20,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from pyrsia.shared.settings import current
+
 
 def fingerprint(paths: Sequence[Path]) -> str:
     """A digest of the files' names and contents."""
@@ -36,7 +38,7 @@ def drop_if_inlined_changed(module_file: str, inlined: Sequence[str]) -> bool:
     With no fingerprint yet, what is cached is dropped once: nothing says which sources it
     was built from.
     """
-    if os.environ.get("NUMBA_CACHE_DIR"):
+    if current().is_set("NUMBA_CACHE_DIR"):
         return False
     source = Path(module_file)
     cache = source.parent / "__pycache__"

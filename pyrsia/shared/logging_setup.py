@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from pyrsia.shared.constants import ENV_LOG_LEVEL
 from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
+from pyrsia.shared.settings import current
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
 
@@ -23,7 +23,7 @@ def configure_logging(service: str, replica_index: int | None = None) -> None:
     """
     progress_lines_when_piped()
     tag = service if replica_index is None else f"{service}/{replica_index}"
-    raw = (os.environ.get(ENV_LOG_LEVEL) or "INFO").upper()
+    raw = current().log_level.upper()
     level = logging.getLevelName(raw)
     bad_level = not isinstance(level, int)
     logging.basicConfig(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -32,6 +31,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.http_server import METRICS
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def push_settings(config: MetricsConfig) -> MetricsPushSettings | None:
 
     Raises ConfigError naming the variable or key when a value cannot work.
     """
-    raw = (os.environ.get(ENV_METRICS_GATEWAY_ADDR) or "").strip()
+    raw = current().text(ENV_METRICS_GATEWAY_ADDR).strip()
     if not config.enable_metrics:
         if raw:
             log.info(

@@ -34,7 +34,6 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from pyrsia.shared.option_kinds import (
     mismatch,
     parse_env,
 )
+from pyrsia.shared.settings import current
 from pyrsia.shared.yaml_file import show_value
 
 __all__ = [
@@ -188,7 +188,7 @@ class KeyTable:
     ) -> tuple[dict[str, Any], list[str]]:
         """Every key's value (given in code, else from the environment, else the default)
         and the names whose value came from the environment."""
-        environ = os.environ if environ is None else environ
+        environ = current().environ if environ is None else environ
         for name in given:
             self.lookup(name)
         values: dict[str, Any] = {}
@@ -220,7 +220,7 @@ class KeyTable:
 
 def unknown_keys_allowed() -> bool:
     """``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is 1 (true, yes, on)."""
-    return os.environ.get(ENV_ALLOW_UNKNOWN_CONFIG_KEYS, "").strip().lower() in TRUE_WORDS
+    return current().text(ENV_ALLOW_UNKNOWN_CONFIG_KEYS).strip().lower() in TRUE_WORDS
 
 
 def strict_default(strict: bool | None) -> bool:

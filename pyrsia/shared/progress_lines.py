@@ -22,8 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-PROGRESS_LINE_INTERVAL_S = 2.0
-"""Seconds between two lines of one progress bar on a pipe (its first and last always show)."""
+from pyrsia.shared.constants import PROGRESS_LINE_INTERVAL_S
 
 _TOKENS = re.compile(r"(\r\n|\r|\n)")
 

@@ -20,15 +20,14 @@ line while hiding nothing worth hiding.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_REDIS_URL
+from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_REDIS_URL, MIN_LITERAL_SECRET_CHARS
+from pyrsia.shared.settings import read
 
 REDACTED = "***"
-MIN_LITERAL_SECRET_CHARS = 4
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s]*)@")
 _QUERY_SECRET = re.compile(r"(?P<head>[?&](?:password|token)=)(?P<pw>[^&\s#]*)", re.IGNORECASE)
@@ -71,8 +70,8 @@ def env_secrets() -> list[str]:
     Read from the environment on every call (never cached at import), longest first so
     that a secret containing another is replaced whole.
     """
-    found = _url_secrets(os.environ.get(ENV_REDIS_URL, ""))
-    found.append(os.environ.get(ENV_AUTH_TOKEN, ""))
+    found = _url_secrets(read(ENV_REDIS_URL))
+    found.append(read(ENV_AUTH_TOKEN))
     unique = {s for s in found if len(s) >= MIN_LITERAL_SECRET_CHARS}
     return sorted(unique, key=len, reverse=True)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from pyrsia.shared.constants import (
+    LOG_READER_JOIN_S,
     REDIS_RESTART_DELAY_S,
     REDIS_RESTART_LIMIT,
     REDIS_RESTART_WINDOW_S,
@@ -121,6 +122,16 @@ def _how(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
+def _spawn(argv: list[str], quiet: bool) -> subprocess.Popen:
+    """Start redis-server, killed if we die; with ``quiet`` its output comes through a pipe."""
+    return subprocess.Popen(
+        argv,
+        preexec_fn=die_with_parent_sigkill,
+        stdout=subprocess.PIPE if quiet else None,
+        stderr=subprocess.STDOUT if quiet else None,
+    )
+
+
 def supervise(
     argv: list[str],
     *,
@@ -149,13 +160,11 @@ def supervise(
     signal.signal(signal.SIGINT, stop)
     restarts: deque[float] = deque()
     while True:
-        piped = subprocess.PIPE if quiet else None
-        child = subprocess.Popen(argv, preexec_fn=die_with_parent_sigkill, stdout=piped,
-                                 stderr=subprocess.STDOUT if quiet else None)  # fmt: skip
+        child = _spawn(argv, quiet)
         reader = _start_line_filter(child, lines_to or sys.stdout) if quiet else None
         code = child.wait()
         if reader is not None:
-            reader.join(timeout=2.0)  # its last lines out before ours
+            reader.join(timeout=LOG_READER_JOIN_S)  # its last lines out before ours
         if stopping:
             return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
         if not restart:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -51,6 +50,7 @@ from pyrsia.shared.registry_settings import (
     unreachable_error,
     wait_timeout_s,
 )
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,8 @@ class Registry:
                     continue
                 error = exc
                 break
-        if not os.environ.get(ENV_REDIS_URL) and started_by_hand():
+        given = current().redis_url_given
+        if not given and started_by_hand():
             raise RegistryError(
                 f"started without the launcher, and no Redis answers at "
                 f"{self.settings.display_url} ({ENV_REDIS_URL} is unset): start the job with "
@@ -171,11 +172,7 @@ class Registry:
                 "--embedding-config embedding_config.yml (it starts Redis and every service), "
                 f"or set {ENV_REDIS_URL} to a running job's Redis"
             ) from error
-        source = (
-            f"set by {ENV_REDIS_URL}"
-            if os.environ.get(ENV_REDIS_URL)
-            else f"the default; set {ENV_REDIS_URL}"
-        )
+        source = f"set by {ENV_REDIS_URL}" if given else f"the default; set {ENV_REDIS_URL}"
         raise RegistryError(
             f"cannot reach Redis at {self.settings.display_url} ({source}): {error}"
             f"{redis_fix(error)}"

@@ -10,21 +10,14 @@ password as ``***``, and what to do). ``pyrsia.shared.registry`` and
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from redis.exceptions import AuthenticationError, ResponseError
 
-from pyrsia.shared.constants import (
-    DEFAULT_JOB_ID,
-    DEFAULT_REDIS_URL,
-    ENV_JOB_ID,
-    ENV_NATS_URLS,
-    ENV_REDIS_URL,
-    ENV_WAIT_TIMEOUT_S,
-)
-from pyrsia.shared.errors import ConfigError, RegistryError
+from pyrsia.shared.constants import DEFAULT_JOB_ID, DEFAULT_REDIS_URL, ENV_REDIS_URL
+from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.redaction import redact_url
+from pyrsia.shared.settings import Settings, current
 
 _REDIS_FIX = f"; start a Redis there or point {ENV_REDIS_URL} at one every process can reach"
 
@@ -49,46 +42,22 @@ class RegistrySettings:
         return f"RegistrySettings(redis_url={self.display_url!r}, job_id={self.job_id!r})"
 
     @classmethod
-    def from_env(cls) -> RegistrySettings:
-        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` (read now, not at import).
+    def from_env(cls, settings: Settings | None = None) -> RegistrySettings:
+        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` of ``settings`` (default:
+        this process's, read now, not at import).
 
         A PERSIA deployment sets ``PERSIA_NATS_URL`` (or ``PERSIA_NATS_IP``) instead; without
         ``PERSIA_REDIS_URL`` that is a RegistryError saying, in one line, what to set.
         """
-        check_no_nats_without_redis()
-        return cls(
-            redis_url=os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL,
-            job_id=os.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID,
-        )
+        settings = settings or current()
+        settings.check_no_nats_without_redis()
+        return cls(redis_url=settings.redis_url, job_id=settings.job_id)
 
 
-def check_no_nats_without_redis() -> None:
-    """Raise RegistryError when a PERSIA NATS variable is set and ``PERSIA_REDIS_URL`` is not."""
-    if os.environ.get(ENV_REDIS_URL):
-        return
-    for name in ENV_NATS_URLS:
-        if os.environ.get(name):
-            raise RegistryError(
-                f"{name} is set but Pyrsia finds its services through Redis, not NATS: "
-                f"set {ENV_REDIS_URL}=redis://<host>:6379/0 (a Redis every process can reach; "
-                f"default {DEFAULT_REDIS_URL}) and unset {name}"
-            )
-
-
-def wait_timeout_s(default_s: float) -> float:
-    """``$PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else ``default_s``."""
-    raw = os.environ.get(ENV_WAIT_TIMEOUT_S, "").strip()
-    if not raw:
-        return default_s
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(
-            f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
-        )
-    return value
+def wait_timeout_s(default_s: float, settings: Settings | None = None) -> float:
+    """``$PERSIA_WAIT_TIMEOUT_S`` of ``settings`` (default: this process's) when set (a
+    positive number of seconds), else ``default_s``."""
+    return (settings or current()).wait_timeout_s(default_s)
 
 
 def redis_fix(exc: BaseException) -> str:

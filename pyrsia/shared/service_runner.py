@@ -19,6 +19,7 @@ from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import MetricsPushSettings, push_settings
 from pyrsia.shared.process_exit import exit_now
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 def advertise_host(bind_host: str) -> str:
     """The host other services should dial: ``PERSIA_ADVERTISE_HOST``, else the bind host,
     else (when bound to all interfaces) this machine's host name."""
-    explicit = os.environ.get(ENV_ADVERTISE_HOST)
+    explicit = current().text(ENV_ADVERTISE_HOST)
     if explicit:
         return explicit
     if bind_host in ("0.0.0.0", "::", ""):

@@ -18,8 +18,8 @@ from redis.exceptions import RedisError
 from pyrsia.shared.constants import (
     DEREGISTER_TIMEOUT_S,
     ENV_JOB_ID,
-    LEASE_KEEPER_STOP_MARGIN_S,
     REDIS_STARTUP_WAIT_S,
+    SLOT_KEEPER_JOIN_SLACK_S,
 )
 from pyrsia.shared.errors import RegistryError, UsageError
 from pyrsia.shared.job_lease import JobConflictError
@@ -119,7 +119,7 @@ class SlotKeeper:
             with contextlib.suppress(RuntimeError):  # the loop has ended already
                 loop.call_soon_threadsafe(wake.set)
         if self._thread is not None:
-            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + LEASE_KEEPER_STOP_MARGIN_S)
+            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + SLOT_KEEPER_JOIN_SLACK_S)
 
 
 def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:

@@ -42,40 +42,21 @@ import redis as redis_lib
 import yaml
 
 from pyrsia.shared.constants import ROLE_NN_WORKER, service_key
-from pyrsia.shared.redis_local import find_redis_server
 from pyrsia.shared.registry import ServiceRecord
+from tests.cluster.layout import (  # noqa: F401  (re-exported: the tests import them here)
+    EW_PORT,
+    FULL,
+    MASTER_PORT,
+    PS_PORT,
+    REDIS_PORT,
+    Layout,
+    host_argv,
+)
 from tests.cluster.netns import Network
 
 REPO = Path(__file__).resolve().parents[2]
 ADULT = REPO / "examples" / "adult_income"
-REDIS_PORT = 6379
-PS_PORT = 8888
-EW_PORT = 8887
-MASTER_PORT = 29500
 _STEPS = re.compile(rb"^pyrsia_nn_worker_steps (\S+)$", re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How many of each process; each gets a host of its own."""
-
-    ps: int = 2
-    ew: int = 2
-    dl: int = 2
-    nn: int = 2
-
-    def hosts(self) -> list[str]:
-        return (
-            ["redis"]
-            + [f"ps{i}" for i in range(self.ps)]
-            + [f"ew{i}" for i in range(self.ew)]
-            + [f"nn{r}" for r in range(self.nn)]
-            + [f"dl{i}" for i in range(self.dl)]
-        )
-
-
-FULL = Layout()
-"""The issue's layout: Redis, 2 PS, 2 embedding workers, 2 data loaders, 2 NN-worker nodes."""
 
 
 @dataclass
@@ -167,26 +148,8 @@ class ClusterJob:
         }
 
     def argv(self, host: str) -> list[str]:
-        resume = ["--resume"] if self.resume else []
-        index = host[2:]
-        if host == "redis":
-            return [find_redis_server(), "--port", str(REDIS_PORT), "--bind",
-                    self.net.hosts[host].address, "--save", "", "--appendonly", "no",
-                    "--protected-mode", "no"]  # fmt: skip
-        if host.startswith("ps"):
-            return ["persia-launcher", "embedding-parameter-server", "--replica-index", index,
-                    "--replica-size", str(self.layout.ps), "--port", str(PS_PORT)]  # fmt: skip
-        if host.startswith("ew"):
-            return ["persia-launcher", "embedding-worker", "--replica-index", index,
-                    "--replica-size", str(self.layout.ew), "--port", str(EW_PORT)]  # fmt: skip
-        if host.startswith("nn"):
-            return ["persia-launcher", "nn-worker", "--nproc-per-node", "1", "--nnodes",
-                    str(self.layout.nn), "--node-rank", index, "--master-addr", "nn0",
-                    "--master-port", str(MASTER_PORT), *resume]  # fmt: skip
-        if host.startswith("dl"):
-            return ["persia-launcher", "data-loader", "--replica-index", index,
-                    "--replica-size", str(self.layout.dl), *resume]  # fmt: skip
-        raise ValueError(host)
+        """What ``host`` runs (``layout.host_argv``)."""
+        return host_argv(self.layout, host, self.net.hosts[host].address, self.resume)
 
     # --- running ------------------------------------------------------------------------
     def prepare(self) -> ClusterJob:

@@ -33,26 +33,23 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.cluster.tap import ip as _ip
+from tests.cluster.tap import start_tap_relay, use_tap, wait_for_carrier
 
 PREFIX = "pyc"
 SUBNET_FIRST_OCTETS = "10.231"
 NETNS_ETC = Path("/etc/netns")
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 _ROOT_LINK = re.compile(rf"^{PREFIX}(\d+)c$")
-TAP_DELAY = Path(__file__).with_name("tap_delay.py")
 
 
 class NetnsUnavailable(RuntimeError):
     """This machine cannot make network namespaces (not root, no ``ip``, no CAP_NET_ADMIN)."""
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -311,37 +308,15 @@ class Network:
             relay.terminate()
             relay.wait(timeout=5)
         if not h.tap:
-            sw = ("-n", self.switch)
-            _ip(*sw, "link", "del", h.port)  # the veth pair: eth0 in the host goes with it
-            _ip("-n", h.ns, "tuntap", "add", "dev", "eth0", "mode", "tap")
-            _ip(*sw, "tuntap", "add", "dev", h.port, "mode", "tap")
-            _ip(*sw, "link", "set", h.port, "master", "br0")
-            _ip(*sw, "link", "set", h.port, "down" if h.cut else "up")
-            for address in (h.address, *h.extra_addresses):
-                _ip("-n", h.ns, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", h.ns, "link", "set", "eth0", "up")
-            for other in self.hosts.values():
-                _ip("-n", other.ns, "neigh", "flush", "all", check=False)
+            others = [other.ns for other in self.hosts.values()]
+            use_tap(self.switch, h.ns, h.port, [h.address, *h.extra_addresses], h.cut, others)
             h.tap = True
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - the relay's stderr, read on failure
         self._relay_errors.append(errors)
-        relay = subprocess.Popen(
-            [sys.executable, str(TAP_DELAY), "--host-ns", h.ns, "--switch-ns", self.switch,
-             "--switch-tap", h.port, "--delay-ms", str(one_way_ms),
-             "--parent-pid", str(os.getpid())],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=errors,
-        )  # fmt: skip
+        relay = start_tap_relay(self.switch, h.ns, h.port, one_way_ms, errors)
         self._procs.append(relay)
         self._relays[host] = relay
-        deadline = time.monotonic() + timeout_s
-        while "NO-CARRIER" in _ip("-n", h.ns, "link", "show", "eth0").stdout:
-            if relay.poll() is not None or time.monotonic() > deadline:
-                relay.kill()
-                relay.wait()
-                errors.seek(0)
-                raise RuntimeError(f"tap_delay for {host} did not start: "
-                                   f"{errors.read().decode(errors='replace')[-500:]}")  # fmt: skip
-            time.sleep(0.02)
+        wait_for_carrier(h.ns, relay, errors, timeout_s, host)
 
     def add_address(self, host: str) -> str:
         """A second address on ``host``'s link (``<host>-<k>`` in every hosts file)."""

@@ -47,15 +47,9 @@ def peers(net, host: str) -> set[str]:
             for line in out.splitlines() if line.strip()}  # fmt: skip
 
 
-def check_multi_host_job(net, job: ClusterJob, layout: Layout) -> dict:
-    """Mid-job checks of addresses and sockets, then the finished job's; returns figures."""
-    job.wait_for_step(10)
-    for rank in range(layout.nn):
-        record = job.record(ROLE_NN_WORKER, rank)
-        assert record is not None and record.address.startswith(f"nn{rank}:"), record
-    # gloo (and the rendezvous store) across hosts: nn1 holds connections to nn0's address
-    nn_peers = peers(net, "nn1")
-    assert net.hosts["nn0"].address in nn_peers, nn_peers
+def check_addresses(net, job: ClusterJob, layout: Layout) -> dict[str, set[str]]:
+    """Every listener on its host's own address, every server registered at its host's name
+    and reachable from every host that dials it; the listeners per host."""
     # the bind rule across hosts: every listener is on its host's own address
     bound = {}
     for host in layout.hosts():
@@ -80,13 +74,12 @@ def check_multi_host_job(net, job: ClusterJob, layout: Layout) -> dict:
             probe = net.run(client, ["python3", "-c",
                 f"import socket; socket.create_connection(('{server}', {port}), 2).close()"])  # fmt: skip
             assert probe.returncode == 0, f"{client} cannot reach {server}:{port}: {probe.stderr}"
-    result = job.wait(timeout_s=200)
-    assert all(code == 0 for code in result.codes.values()), (result.codes, result.tail())
-    assert result.auc is not None and result.auc >= ADULT_AUC_MIN, result.tail()
-    assert sum(result.steps.values()) == EPOCH_BATCHES, result.steps
-    assert "process group ready (gloo, rank 0/2)" in result.logs["nn0"]
-    assert result.updates_applied, result.tail()
-    # checkpoints: in the shared volume, one shard per PS replica, none in a host's cwd
+    return bound
+
+
+def check_checkpoints(job: ClusterJob, layout: Layout) -> int:
+    """Checkpoints in the shared volume, one shard per PS replica, nothing written into a
+    host's working directory; the newest checkpoint's step."""
     checkpoints = complete_checkpoints(job.checkpoint_dir)
     assert checkpoints, f"no complete checkpoint in {job.checkpoint_dir}"
     step, newest = checkpoints[-1]
@@ -99,6 +92,26 @@ def check_multi_host_job(net, job: ClusterJob, layout: Layout) -> dict:
         assert shard, shard
     strays = [p for p in (job.workdir / "hosts").rglob("*") if p.is_file()]
     assert not strays, f"files written into hosts' working directories: {strays}"
+    return step
+
+
+def check_multi_host_job(net, job: ClusterJob, layout: Layout) -> dict:
+    """Mid-job checks of addresses and sockets, then the finished job's; returns figures."""
+    job.wait_for_step(10)
+    for rank in range(layout.nn):
+        record = job.record(ROLE_NN_WORKER, rank)
+        assert record is not None and record.address.startswith(f"nn{rank}:"), record
+    # gloo (and the rendezvous store) across hosts: nn1 holds connections to nn0's address
+    nn_peers = peers(net, "nn1")
+    assert net.hosts["nn0"].address in nn_peers, nn_peers
+    bound = check_addresses(net, job, layout)
+    result = job.wait(timeout_s=200)
+    assert all(code == 0 for code in result.codes.values()), (result.codes, result.tail())
+    assert result.auc is not None and result.auc >= ADULT_AUC_MIN, result.tail()
+    assert sum(result.steps.values()) == EPOCH_BATCHES, result.steps
+    assert "process group ready (gloo, rank 0/2)" in result.logs["nn0"]
+    assert result.updates_applied, result.tail()
+    step = check_checkpoints(job, layout)
     return {
         "auc": result.auc,
         "seconds": round(result.seconds, 1),

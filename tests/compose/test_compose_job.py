@@ -133,20 +133,10 @@ def _finish(compose: ComposeProject, label: str, started: float) -> tuple[float,
     return auc, compose.final_updates_applied(PS), log
 
 
-def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProject):
-    ckpt = Path(project.workspace) / "ckpt"
-    # 1. unfaulted, with Prometheus
-    started = time.monotonic()
-    project.run("--profile", "monitoring", "up", "-d", "--no-build", *JOB, "prometheus")
-    scraped = _watch_prometheus(project)
-    print(f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
-          f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}")  # fmt: skip
-    auc, unfaulted_updates, _ = _finish(project, "unfaulted run", started)
-    _record("unfaulted", {"auc": auc, "updates_applied": unfaulted_updates,
-                          "seconds": round(time.monotonic() - started, 1), "prometheus": scraped})  # fmt: skip
-    project.run("--profile", "monitoring", "down", "--volumes")
-
-    # 2. a PS container killed after the step-50 checkpoint
+def _kill_a_ps_after_a_checkpoint(project: ComposeProject, ckpt: Path) -> dict:
+    """The job up, PS 1's container killed once the step-50 checkpoint is complete; the NN
+    worker must stop with an error naming the replica. Its exit code, how long it took to
+    stop and what it said."""
     shutil.rmtree(ckpt, ignore_errors=True)
     started = time.monotonic()
     project.run("up", "-d", "--no-build", *JOB)
@@ -164,8 +154,14 @@ def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProjec
           f"{stopped_s:.1f} s later, saying:\n" + "\n".join(said[-4:]))  # fmt: skip
     assert code != 0 and any("PS replica 1" in line for line in said), log[-3000:]
     project.run("down")  # the checkpoints stay: they are in the mounted workspace
+    return {"exit_code": code, "stopped_s": round(stopped_s, 1), "said": said[-4:]}
 
-    # the same job again, resuming from the newest complete checkpoint
+
+def _resume_and_count_lost_updates(
+    project: ComposeProject, ckpt: Path, unfaulted_updates: int, killed: dict
+) -> None:
+    """The same job again with ``PERSIA_RESUME=1``: it resumes from the newest complete
+    checkpoint and holds every update the unfaulted run acknowledged."""
     started = time.monotonic()
     project.run("up", "-d", "--no-build", *JOB, PERSIA_RESUME="1")
     auc, resumed_updates, log = _finish(project, "resumed run", started)
@@ -181,11 +177,28 @@ def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProjec
     held = manifest["updates_applied_total"] + resumed_updates
     print(f"resumed: {resumed[0].split('] ')[-1]}; acknowledged updates held {held}, "
           f"unfaulted {unfaulted_updates}, lost {unfaulted_updates - held}")  # fmt: skip
-    _record("ps_killed", {"auc": auc, "exit_code": code, "stopped_s": round(stopped_s, 1),
-                          "said": said[-4:], "resumed_from_step": manifest["step"],
+    _record("ps_killed", {"auc": auc, **killed, "resumed_from_step": manifest["step"],
                           "lost_updates": unfaulted_updates - held,
                           "resumed_seconds": round(time.monotonic() - started, 1)})  # fmt: skip
     assert held == unfaulted_updates
+
+
+def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProject):
+    ckpt = Path(project.workspace) / "ckpt"
+    # 1. unfaulted, with Prometheus
+    started = time.monotonic()
+    project.run("--profile", "monitoring", "up", "-d", "--no-build", *JOB, "prometheus")
+    scraped = _watch_prometheus(project)
+    print(f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
+          f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}")  # fmt: skip
+    auc, unfaulted_updates, _ = _finish(project, "unfaulted run", started)
+    _record("unfaulted", {"auc": auc, "updates_applied": unfaulted_updates,
+                          "seconds": round(time.monotonic() - started, 1), "prometheus": scraped})  # fmt: skip
+    project.run("--profile", "monitoring", "down", "--volumes")
+
+    # 2. a PS container killed after the step-50 checkpoint, then the job resumed
+    killed = _kill_a_ps_after_a_checkpoint(project, ckpt)
+    _resume_and_count_lost_updates(project, ckpt, unfaulted_updates, killed)
 
     # 3. nothing left behind
     project.run("--profile", "monitoring", "down", "--volumes", "--remove-orphans")

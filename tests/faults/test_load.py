@@ -86,15 +86,9 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
     cpu_before = {n: cpu_seconds(p.proc.pid) for n, p in (("ps", ps), ("ew", ew))}
     try:
         sampler.start()
-        driver = subprocess.run(
-            [sys.executable, "-m", "tests.faults.load_driver", "--ew", ew.url,
-             "--seconds", str(SECONDS), "--steps-per-s", f"{STEPS_PER_S:.1f}"],
-            cwd=REPO, capture_output=True, text=True, timeout=SECONDS + 300,
-        )  # fmt: skip
+        result = _drive(ew.url)
         sampler.stop_event.set()
         sampler.join()
-        assert driver.returncode == 0, driver.stderr[-3000:]
-        result = json.loads(driver.stdout.strip().splitlines()[-1])
         result["cpu_share"] = {
             n: round((cpu_seconds(p.proc.pid) - cpu_before[n]) / result["seconds"], 2)
             for n, p in (("ps", ps), ("ew", ew))
@@ -108,15 +102,32 @@ def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
     assert codes == {"ew": 0, "ps": 0}, codes
 
     growth = _add_rss_and_rate_figures(result, sampler.samples, load_before)
-    out = REPO / "bench_results"
-    out.mkdir(exist_ok=True)
-    (out / f"load_{int(SECONDS)}s.json").write_text(json.dumps(result, indent=1))
-    print(summary_text(result))
+    _save(result)
     assert not result["errors"], result["errors"]
     assert all(g < MAX_RSS_GROWTH for g in growth.values()), result["rss_mib"]
     assert result["factor_reached"] >= MIN_FACTOR, (
         f"reached {result['factor_reached']}x the demo's rate, PYRSIA_LOAD_MIN_FACTOR={MIN_FACTOR}"
     )
+
+
+def _drive(ew_url: str) -> dict:
+    """``tests/faults/load_driver.py`` against the worker for ``SECONDS`` at ``STEPS_PER_S``
+    (it must exit 0); its figures (the JSON of its last line)."""
+    driver = subprocess.run(
+        [sys.executable, "-m", "tests.faults.load_driver", "--ew", ew_url,
+         "--seconds", str(SECONDS), "--steps-per-s", f"{STEPS_PER_S:.1f}"],
+        cwd=REPO, capture_output=True, text=True, timeout=SECONDS + 300,
+    )  # fmt: skip
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    return json.loads(driver.stdout.strip().splitlines()[-1])
+
+
+def _save(result: dict) -> None:
+    """The figures into ``bench_results/load_<seconds>s.json``, and a summary printed."""
+    out = REPO / "bench_results"
+    out.mkdir(exist_ok=True)
+    (out / f"load_{int(SECONDS)}s.json").write_text(json.dumps(result, indent=1))
+    print(summary_text(result))
 
 
 def _add_rss_and_rate_figures(result: dict, samples: list, load_before: tuple) -> dict[str, float]:

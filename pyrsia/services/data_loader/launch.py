@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import logging
-import os
 import runpy
 import signal
 import sys
@@ -35,6 +34,8 @@ from pyrsia.shared.cpu_priority import (
 )
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.process_env import export
+from pyrsia.shared.settings import current
 from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
 
 
@@ -106,22 +107,26 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
                 f"--replica-index must be in [0, --replica-size) and --replica-size >= 1, "
                 f"got {args.replica_index} and {args.replica_size}"
             )
+        settings = current()
         script = resolve_file(
-            args.script, "the script argument", ENV_DATALOADER_ENTRY, required=True
+            args.script,
+            "the script argument",
+            ENV_DATALOADER_ENTRY,
+            required=True,
+            settings=settings,
         )
-        cpu_priority = resolve_cpu_priority(args.cpu_priority)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority, settings=settings)
     except UsageError as exc:
         return fail(str(exc))
-    os.environ["REPLICA_INDEX"] = str(args.replica_index)
-    os.environ["REPLICA_SIZE"] = str(args.replica_size)
+    export({"REPLICA_INDEX": str(args.replica_index), "REPLICA_SIZE": str(args.replica_size)})
     if args.resume:
-        os.environ[ENV_RESUME] = "1"  # read by DataCtx
+        export({ENV_RESUME: "1"})  # read by DataCtx
     if args.verbose:
-        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.shared.cli.fail_known
+        export({ENV_VERBOSE: "1"})  # read by pyrsia.shared.cli.fail_known
     if env_changed is not None:
         env_changed()
     configure_logging("data_loader", args.replica_index)
-    os.environ[ENV_PROCESS] = f"data_loader/{args.replica_index}"
+    export({ENV_PROCESS: f"data_loader/{args.replica_index}"})
     global _KEEPER
     try:
         _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)

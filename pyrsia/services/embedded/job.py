@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
@@ -63,6 +62,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
 from pyrsia.shared.runtime import Runtime, get_runtime, shutdown_runtime
+from pyrsia.shared.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +90,24 @@ class EmbeddedJob:
         self.loader_error: BaseException | None = None
 
     @classmethod
-    def from_env(cls) -> EmbeddedJob:
+    def from_env(cls, settings: Settings | None = None) -> EmbeddedJob:
         """Engines built from ``$PERSIA_EMBEDDING_CONFIG`` and ``$PERSIA_GLOBAL_CONFIG`` (the
-        files the services read), the data loader from ``$PERSIA_DATALOADER_ENTRY``."""
-        emb = os.environ.get(ENV_EMBEDDING_CONFIG, "").strip()
+        files the services read), the data loader from ``$PERSIA_DATALOADER_ENTRY``; each of
+        ``settings`` (default: this process's)."""
+        settings = settings or current()
+        emb = settings.text(ENV_EMBEDDING_CONFIG).strip()
         if not emb:
             raise ConfigError(
                 f"${ENV_EMBEDDED}=1 needs ${ENV_EMBEDDING_CONFIG}: the embedding_config.yml the "
                 "in-process embedding worker serves (persia-launcher run --embedded sets it)"
             )
         schema = load_embedding_config(emb)
-        glob = os.environ.get(ENV_GLOBAL_CONFIG, "").strip()
+        glob = settings.text(ENV_GLOBAL_CONFIG).strip()
         config = load_global_config(glob) if glob else default_global_config()
-        script = os.environ.get(ENV_DATALOADER_ENTRY, "").strip()
+        script = settings.text(ENV_DATALOADER_ENTRY).strip()
         if script and not Path(script).is_file():
             raise ConfigError(f"${ENV_DATALOADER_ENTRY}={script!r}: no such file")
-        priority = resolve_cpu_priority(None, default="background")
+        priority = resolve_cpu_priority(None, default="background", settings=settings)
         log.info(
             "embedded mode: embedding PS and worker engines in this process%s; engine threads "
             "at %s CPU priority ($%s)",

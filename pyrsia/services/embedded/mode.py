@@ -6,11 +6,11 @@ ask without loading the embedding engines (pyrsia/services/embedded/job.py).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from pyrsia.shared.constants import ENV_EMBEDDED
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import current
 
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("", "0", "false", "no", "off")
@@ -20,7 +20,7 @@ def embedded_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``$PERSIA_EMBEDDED`` asks for embedded mode: 1, true, yes or on (any case);
     unset, empty, 0, false, no or off is services mode; any other value is a ConfigError
     naming the variable and what it accepts."""
-    value = (os.environ if environ is None else environ).get(ENV_EMBEDDED, "")
+    value = (current().environ if environ is None else environ).get(ENV_EMBEDDED, "")
     text = value.strip().lower()
     if text in TRUE_VALUES:
         return True

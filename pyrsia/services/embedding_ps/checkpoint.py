@@ -310,6 +310,15 @@ def _check_widths(manifests: list[dict], optimizer: OptimizerSpec | None) -> Non
                 )
 
 
+def _empty_for(store: BulkStore, optimizer: OptimizerSpec | None) -> None:
+    """Clear ``store`` for a load; a store with no optimizer yet takes the checkpoint's."""
+    if store.optimizer is None:
+        store.clear()
+        if optimizer is not None:
+            store.register_optimizer(optimizer)
+    store.clear()
+
+
 def load_store(
     store: BulkStore,
     directory: str | Path,
@@ -346,12 +355,7 @@ def load_store(
                 "manifests, headers and sizes are checked, its contents cannot be",
                 directory,
             )
-        # nothing was refused: from here on the store changes
-        if store.optimizer is None:
-            store.clear()
-            if optimizer is not None:
-                store.register_optimizer(optimizer)
-        store.clear()
+        _empty_for(store, optimizer)  # nothing was refused: from here on the store changes
         for part in parts:
             for pair in part:
                 loaded += read_routed(

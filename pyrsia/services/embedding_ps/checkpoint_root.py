@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT
 from pyrsia.shared.errors import InvalidInputError, UsageError
+from pyrsia.shared.settings import current
 
 
 def checkpoint_roots(value: str | None, checkpoint_dir: str = "") -> tuple[Path, ...]:
@@ -38,7 +39,7 @@ def checkpoint_roots(value: str | None, checkpoint_dir: str = "") -> tuple[Path,
     and not already under it. An explicit root must be an existing directory."""
     source = "--checkpoint-root"
     if value is None:
-        value, source = os.environ.get(ENV_CHECKPOINT_ROOT, ""), f"${ENV_CHECKPOINT_ROOT}"
+        value, source = current().text(ENV_CHECKPOINT_ROOT), f"${ENV_CHECKPOINT_ROOT}"
     if value.strip():
         root = Path(os.path.realpath(value))
         if not root.is_dir():

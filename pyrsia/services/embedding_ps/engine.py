@@ -29,34 +29,28 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import threading
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
+from pyrsia.services.embedding_ps.capacity import check_capacity
 from pyrsia.services.embedding_ps.checkpoint import dump_store, load_store
 from pyrsia.services.embedding_ps.optimizers import pack, state_layout, state_width
 from pyrsia.services.embedding_ps.shard_set import ShardSet
-from pyrsia.services.embedding_ps.store_stats import StoreSnapshot, raw_bytes_per_entry
+from pyrsia.services.embedding_ps.store_stats import (
+    StoreSnapshot,
+    UpdateResult,
+    raw_bytes_per_entry,
+)
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, OptimizerSpec, optimizer_to_dict
 from pyrsia.shared.errors import ConflictError, InvalidInputError
 from pyrsia.shared.validate import describe
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """Outcome of :meth:`EmbeddingStore.update`."""
-
-    applied: int
-    skipped_unknown: int
-    skipped_nonfinite: int
 
 
 class EmbeddingStore:
@@ -75,25 +69,7 @@ class EmbeddingStore:
         optimizer: OptimizerSpec | None = None,
         seed: int | None = None,
     ):
-        if (
-            isinstance(capacity, bool)
-            or not isinstance(capacity, (int, np.integer))
-            or not 0 < capacity < 2**31 * 64
-        ):
-            raise InvalidInputError("capacity", "a positive integer", capacity)
-        if (
-            isinstance(num_shards, bool)
-            or not isinstance(num_shards, (int, np.integer))
-            or not 0 < num_shards <= 64
-        ):
-            raise InvalidInputError(
-                "num_hashmap_internal_shards", "an integer in [1, 64]", num_shards
-            )
-        per_shard = math.ceil(capacity / num_shards)
-        if per_shard >= 2**31 - 1:
-            raise InvalidInputError(
-                "capacity", f"at most {2**31 - 2} vectors per internal shard", capacity
-            )
+        check_capacity(capacity, num_shards)
         self.capacity = int(capacity)
         self.num_shards = int(num_shards)
         self._state_lock = threading.Lock()  # dims, optimizer, hyperparams, counters

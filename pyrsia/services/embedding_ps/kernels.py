@@ -195,9 +195,11 @@ def _redim(ent, e, free, ameta, arena_id, orphans, n_orphans):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)  # not inlined: two call sites, misses only
-def _train_one(ids, i, key, h, out, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta,
-               hyper, opt, salt, orphans, n_orphans):  # fmt: skip
-    """Sequential training lookup of one id (probe, touch or admit/insert, copy out)."""
+def _train_one(ids, i, h, out, table, hyper, opt, salt, orphans, n_orphans):
+    """Sequential training lookup of ``ids[i]`` with home slot ``h`` (probe, touch or
+    admit/insert, copy out). ``table`` is the shard's arrays, as ``lookup_train`` takes them."""
+    arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta = table
+    key = ids[i]
     dim = out.shape[1]
     nslots = meta[M_SLOTS]
     lower, upper, p = hyper[0], hyper[1], hyper[2]
@@ -240,15 +242,16 @@ def lookup_train(ids, pos, out, arena, free, ameta, arena_id, slots, ent, pool, 
     """
     n = pos.shape[0]
     nslots = meta[M_SLOTS]
+    table = (arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta)
     homes, es, misses = _resolve(ids, pos, slots, nslots)
     clock0 = meta[M_CLOCK]
     n_orphans = 0
     if meta[M_N] + misses > meta[M_CAP]:
         for k in range(n):
             i = pos[k]
-            n_orphans = _train_one(ids, i, ids[i], homes[k], out, arena, free, ameta, arena_id,
-                                   slots, ent, pool, pstamp, meta, hyper, opt, salt, orphans,
-                                   n_orphans)  # fmt: skip
+            n_orphans = _train_one(
+                ids, i, homes[k], out, table, hyper, opt, salt, orphans, n_orphans
+            )
         return n_orphans
     rows = _rows_of(es, ent, arena_id, clock0)
     dim = out.shape[1]
@@ -261,9 +264,9 @@ def lookup_train(ids, pos, out, arena, free, ameta, arena_id, slots, ent, pool, 
                 out[i, j] = arena[r, j]
         else:  # unknown (maybe inserted earlier in this call) or stored at another dim
             meta[M_CLOCK] = clock0 + k
-            n_orphans = _train_one(ids, i, ids[i], homes[k], out, arena, free, ameta, arena_id,
-                                   slots, ent, pool, pstamp, meta, hyper, opt, salt, orphans,
-                                   n_orphans)  # fmt: skip
+            n_orphans = _train_one(
+                ids, i, homes[k], out, table, hyper, opt, salt, orphans, n_orphans
+            )
     meta[M_CLOCK] = clock0 + n
     return n_orphans
 

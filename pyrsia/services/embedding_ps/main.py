@@ -27,6 +27,7 @@ from pyrsia.shared.constants import (
     DEFAULT_PS_PORT,
     ENV_CHECKPOINT_ROOT,
     ENV_EMBEDDING_CONFIG,
+    MAX_INTERNAL_SHARDS,
     ROLE_EMBEDDING_PS,
 )
 from pyrsia.shared.cpu_priority import (
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 log = logging.getLogger(__name__)
-
-MAX_INTERNAL_SHARDS = 64
-"""More shards than this buy no parallelism on the machines Pyrsia targets."""
 
 
 def build_parser() -> argparse.ArgumentParser:

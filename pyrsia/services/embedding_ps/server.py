@@ -30,9 +30,7 @@ so ``/health`` answers while a large batch is being processed.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,19 +40,16 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from pyrsia.services.embedding_ps.checkpoint_io import checkpoint_io
 from pyrsia.services.embedding_ps.checkpoint_root import confine
 from pyrsia.services.embedding_ps.checksum import store_checksum
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
 from pyrsia.services.embedding_ps.persia_metrics import PSPersiaMetrics
 from pyrsia.services.embedding_ps.ps_metrics import loader_gauges, request_metrics
+from pyrsia.shared.constants import PS_INCREMENTAL_SCAN_INTERVAL_S
 from pyrsia.shared.embedding_spec import optimizer_to_dict
-from pyrsia.shared.errors import (
-    ConflictError,
-    InvalidInputError,
-    PersiaError,
-    ServiceUnavailableError,
-)
+from pyrsia.shared.errors import ConflictError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from pyrsia.shared.persia_compat import persia_labels
 from pyrsia.shared.thread_offload import Offloader
@@ -211,36 +206,13 @@ async def update(request: web.Request, body: Any) -> dict:
     return total.to_wire()
 
 
-_PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM,
-                          errno.EROFS, errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR,
-                          errno.ELOOP})  # fmt: skip
-
-
-def _checkpoint_io(fn, directory: str, *args):
-    """Run a dump or load; a path that cannot be used is a 400 naming ``dir`` (not a 500),
-    and a failing disk (full, I/O error) a 503 the caller may retry."""
-    try:
-        return fn(directory, *args)
-    except PersiaError:
-        raise
-    except ValueError as exc:  # e.g. "embedded null byte"
-        raise InvalidInputError("dir", f"a usable directory path ({exc})", directory) from exc
-    except OSError as exc:
-        if exc.errno in _PATH_ERRNOS:
-            why = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise InvalidInputError(
-                "dir", f"a directory this PS can create, read and write ({why})", directory
-            ) from exc
-        raise ServiceUnavailableError(f"checkpoint I/O in {directory!r} failed: {exc}") from exc
-
-
 @msgpack_handler
 async def dump(request: web.Request, body: Any) -> dict:
     """Write this replica's shard of a checkpoint into ``dir``."""
     directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
     state = request.app[STATE].details
     manifest = await _in_thread(
-        request, _checkpoint_io, request.app[STORE].dump, directory, state["replica_index"],
+        request, checkpoint_io, request.app[STORE].dump, directory, state["replica_index"],
         state["replica_size"], request.app[CHECKPOINT_WORKERS],
     )  # fmt: skip
     return {"manifest": manifest}
@@ -253,7 +225,7 @@ async def load(request: web.Request, body: Any) -> dict:
     state = request.app[STATE].details
     started = time.perf_counter()
     entries = await _in_thread(
-        request, _checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
+        request, checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
         state["replica_size"], request.app[CHECKPOINT_WORKERS],
     )  # fmt: skip
     request.app[PERSIA_METRICS].set_embedding_s = time.perf_counter() - started
@@ -312,7 +284,7 @@ def create_app(
     threads: int = 2,
     ready_without_configure: bool = False,
     incremental_loader: IncrementalLoader | None = None,
-    scan_interval_s: float = 10.0,
+    scan_interval_s: float = PS_INCREMENTAL_SCAN_INTERVAL_S,
     max_request_bytes: int | None = None,
     checkpoint_workers: int = 1,
     checkpoint_root: tuple[Path, ...] | Path | None = None,

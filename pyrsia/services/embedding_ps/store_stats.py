@@ -1,4 +1,5 @@
-"""What an embedding store reports about itself: :class:`StoreSnapshot`, rendered for ``/stats``.
+"""What an embedding store reports about itself: :class:`StoreSnapshot`, rendered for ``/stats``,
+and :class:`UpdateResult`, the outcome of one update.
 
 ``engine.EmbeddingStore.snapshot()`` copies its counters (kept by its hot path), its rows'
 kernel counters (``kernels.M_*``) and memory use into a frozen :class:`StoreSnapshot`;
@@ -68,3 +69,12 @@ class StoreSnapshot:
             "optimizer": optimizer_to_dict(self.optimizer) if self.optimizer is not None else None,
             "hyperparams": self.hyperparams.to_dict(),
         }
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of one ``EmbeddingStore.update``: id rows applied, and skipped (unknown, non-finite)."""
+
+    applied: int
+    skipped_unknown: int
+    skipped_nonfinite: int

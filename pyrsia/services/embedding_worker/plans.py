@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pyrsia.shared.constants import MAX_CACHED_LAYOUTS as _MAX_LAYOUTS
+from pyrsia.shared.constants import MAX_CACHED_SCHEMAS as _MAX_SCHEMAS
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.wire.batch import single_id_offsets
 
@@ -177,8 +179,6 @@ class PreparedBatch:
 _LAYOUTS: dict[int, tuple[Any, dict[tuple[str, ...], BatchLayout]]] = {}
 """id(schema) -> (schema, its layouts by list of names); the entry holds the schema, so its id
 is not reused while the entry lives."""
-_MAX_SCHEMAS = 16
-_MAX_LAYOUTS = 64
 
 
 def batch_layout(schema: SchemaView, names: tuple[str, ...]) -> BatchLayout:

@@ -14,9 +14,8 @@ value is a :class:`~pyrsia.shared.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
-import os
-
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import current
 
 VISIBLE_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 _NO_DEVICE = ("", "none", "void", "nodevfiles")
@@ -53,7 +52,7 @@ def count_visible(value: str, variable: str) -> int | None:
 
 def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
     """Number of GPUs visible to processes started here (0 on a CPU-only machine)."""
-    env = os.environ if environ is None else environ
+    env = current().environ if environ is None else environ
     for variable in VISIBLE_DEVICE_VARIABLES:
         if variable in env:
             count = count_visible(env[variable], variable)

@@ -33,7 +33,6 @@ from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_en
 from pyrsia.shared.config import load_global_config
 from pyrsia.shared.config_schema import MetricsConfig
 from pyrsia.shared.constants import (
-    DEFAULT_BIND_HOST,
     ENV_GLOBAL_CONFIG,
     INGRESS_ROOM_WAIT_S,
     ROLE_NN_WORKER,
@@ -44,6 +43,7 @@ from pyrsia.shared.http_server import METRICS, STATE, listen, make_app, msgpack_
 from pyrsia.shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.service_runner import advertise_host
+from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
 
 log = logging.getLogger(__name__)
@@ -190,10 +190,10 @@ class BatchQueue:
 QUEUE = web.AppKey("nn_ingress_queue", BatchQueue)
 
 
-def _push_settings() -> MetricsPushSettings | None:
+def _push_settings(settings: Settings) -> MetricsPushSettings | None:
     """Push settings of ``$PERSIA_GLOBAL_CONFIG``'s ``metrics_config`` and
     ``PERSIA_METRICS_GATEWAY_ADDR``, as the PS and embedding worker read them."""
-    path = os.environ.get(ENV_GLOBAL_CONFIG)
+    path = settings.text(ENV_GLOBAL_CONFIG)
     config = load_global_config(path).common_config.metrics_config if path else MetricsConfig()
     return push_settings(config)
 
@@ -230,7 +230,7 @@ class Ingress:
         self.queue = queue
         self.stats = stats or RankStats()
         self.settings = registry_settings or RegistrySettings.from_env()
-        self.host = host or os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
+        self.host = host or current().bind_host
         self.port = port
         self.address: str | None = None
         self._runner: web.AppRunner | None = None
@@ -243,13 +243,14 @@ class Ingress:
         Raises ConfigError for a non-loopback bind host without ``PERSIA_AUTH_TOKEN`` (unless
         ``PERSIA_INSECURE=1``), and the size cap comes from ``PYRSIA_MAX_MESSAGE_BYTES``.
         """
-        token = auth_token_from_env()
-        check_bind(self.host, token=token, insecure=insecure_from_env())
-        app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token)
+        settings = current()
+        token = auth_token_from_env(settings)
+        check_bind(self.host, token=token, insecure=insecure_from_env(settings))
+        app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token, settings=settings)
         app[QUEUE] = self.queue
         register_rank_metrics(self.stats, app[METRICS])
         install_metrics_push(
-            app, _push_settings(), role=ROLE_NN_WORKER, replica_index=self.queue.rank
+            app, _push_settings(settings), role=ROLE_NN_WORKER, replica_index=self.queue.rank
         )
         app.router.add_post("/ingress", _ingress)
         app.router.add_post("/done", _done)

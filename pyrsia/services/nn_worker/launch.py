@@ -33,7 +33,7 @@ from pyrsia.services.nn_worker.devices import visible_gpu_count
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
 from pyrsia.shared.cli import add_server_security_flags, fail
 from pyrsia.shared.constants import (
-    DEFAULT_BIND_HOST,
+    DEFAULT_MASTER_PORT,
     ENV_ADVERTISE_HOST,
     ENV_AUTH_TOKEN,
     ENV_INSECURE,
@@ -45,6 +45,8 @@ from pyrsia.shared.constants import (
     ROLE_NN_WORKER_NODE,
 )
 from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.process_env import export, export_default
+from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.slot_keeper import take_job_slot
 
 log = logging.getLogger(__name__)
@@ -77,12 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_security(args: argparse.Namespace) -> None:
-    """Check the ingress bind rule once here, and hand the flags to the ranks by environment."""
+def _check_security(args: argparse.Namespace, settings: Settings | None = None) -> None:
+    """Check the ingress bind rule once here, and hand the flags to the ranks by environment
+    (``settings``: the launcher's, default this process's)."""
+    settings = settings or current()
     try:
-        insecure = insecure_from_env() if args.insecure is None else args.insecure
-        token = auth_token_from_env()
-        host = os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
+        insecure = insecure_from_env(settings) if args.insecure is None else args.insecure
+        token = auth_token_from_env(settings)
+        host = settings.bind_host
         check_bind(host, token=token, insecure=insecure)
         if args.node_rank == 0:  # node 0's agent hosts torch's rendezvous store
             check_bind(args.master_addr, token=token, insecure=insecure)
@@ -104,14 +108,14 @@ def _check_security(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
     if args.insecure:
-        os.environ[ENV_INSECURE] = "1"
+        export({ENV_INSECURE: "1"})
     if args.max_request_bytes is not None:
         if args.max_request_bytes <= 0:
             raise UsageError(
                 f"--max-request-bytes must be a positive number of bytes, got "
                 f"{args.max_request_bytes}"
             )
-        os.environ[ENV_MAX_MESSAGE_BYTES] = str(args.max_request_bytes)
+        export({ENV_MAX_MESSAGE_BYTES: str(args.max_request_bytes)})
 
 
 def _addresses(host: str) -> list[str]:
@@ -136,23 +140,25 @@ def add_rank_flags(parser: argparse.ArgumentParser) -> None:
                         "else 29500)")  # fmt: skip
 
 
-def _check(args: argparse.Namespace) -> str:
-    script = args.script or os.environ.get(ENV_NN_WORKER_ENTRY)
+def _check(args: argparse.Namespace, settings: Settings) -> str:
+    script = args.script or settings.text(ENV_NN_WORKER_ENTRY)
     if not script:
         raise UsageError(f"no training script given: pass train.py or set ${ENV_NN_WORKER_ENTRY}")
     if not os.path.isfile(script):
         source = "the script argument" if args.script else f"${ENV_NN_WORKER_ENTRY}"
         raise UsageError(f"{script}: no such file (set by {source})")
-    check_rank_flags(args)
-    _check_security(args)
+    check_rank_flags(args, settings)
+    _check_security(args, settings)
     return script
 
 
-def check_rank_flags(args: argparse.Namespace) -> None:
-    """Validate the rank flags; an absent ``--nproc-per-node`` becomes the visible GPU count."""
+def check_rank_flags(args: argparse.Namespace, settings: Settings | None = None) -> None:
+    """Validate the rank flags; an absent ``--nproc-per-node`` becomes the visible GPU count
+    and an absent ``--master-port`` ``$MASTER_PORT`` (of ``settings``, default this process's)."""
+    settings = settings or current()
     if args.nproc_per_node is None:
         try:
-            args.nproc_per_node = max(1, visible_gpu_count())
+            args.nproc_per_node = max(1, visible_gpu_count(settings.environ))
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     if args.nproc_per_node < 1:
@@ -162,7 +168,7 @@ def check_rank_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.node_rank < args.nnodes:
         raise UsageError(f"--node-rank must be in [0, {args.nnodes - 1}], got {args.node_rank}")
     if args.master_port is None:
-        raw = os.environ.get("MASTER_PORT") or "29500"
+        raw = settings.text("MASTER_PORT") or str(DEFAULT_MASTER_PORT)
         try:
             args.master_port = int(raw)
         except ValueError:
@@ -200,14 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     after = argv.index("--") if "--" in argv else len(argv)
     args, unknown = build_parser().parse_known_args(argv[:after])
     args.script_args = unknown + argv[after + 1 :]
+    settings = current()
     try:
-        script = _check(args)
+        script = _check(args, settings)
     except UsageError as exc:
         return fail(str(exc))
     if args.resume:
-        os.environ[ENV_RESUME] = "1"  # read by TrainCtx in every rank
+        export({ENV_RESUME: "1"})  # read by TrainCtx in every rank
     if args.verbose:
-        os.environ[ENV_VERBOSE] = "1"  # read by pyrsia.services.nn_worker.rank_entry
+        export({ENV_VERBOSE: "1"})  # read by pyrsia.services.nn_worker.rank_entry
     try:
         keeper = take_job_slot(ROLE_NN_WORKER_NODE, args.node_rank, args.nnodes)
     except UsageError as exc:
@@ -243,16 +250,19 @@ def ignore_stop_signals() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
+def loopback_rank_env(
+    nnodes: int, store_host: str, settings: Settings | None = None
+) -> dict[str, str]:
     """Variables that keep a one-node job's rank sockets on loopback (empty otherwise).
 
     When the job is on one node and both the servers' bind host and torch's store host are
     loopback addresses: gloo and NCCL bind the loopback interface (else they bind the
     address the machine's host name resolves to), and ``PERSIA_ADVERTISE_HOST`` is the bind
     host, which rank 0 publishes as its DDP store address and so binds that store to.
-    Variables the user set are kept.
+    Variables the user set (in ``settings``, default this process's) are kept.
     """
-    bind_host = os.environ.get("PERSIA_BIND_HOST") or DEFAULT_BIND_HOST
+    settings = settings or current()
+    bind_host = settings.bind_host
     if nnodes != 1 or not is_loopback(bind_host) or not is_loopback(store_host):
         return {}
     env = {ENV_ADVERTISE_HOST: bind_host}
@@ -261,7 +271,7 @@ def loopback_rank_env(nnodes: int, store_host: str) -> dict[str, str]:
     )
     if loopback_if is not None:
         env.update(GLOO_SOCKET_IFNAME=loopback_if, NCCL_SOCKET_IFNAME=loopback_if)
-    return {k: v for k, v in env.items() if not os.environ.get(k)}
+    return {k: v for k, v in env.items() if not settings.is_set(k)}
 
 
 class _KnownErrorExit(logging.Filter):
@@ -309,12 +319,12 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
     register_rendezvous()
     parsed = parse_args(torchrun_argv)
     # torchrun would set 1 (with a warning) for several ranks and leave one rank alone
-    os.environ.setdefault("OMP_NUM_THREADS", str(rank_threads(parsed.nproc_per_node)))
+    export_default("OMP_NUM_THREADS", str(rank_threads(parsed.nproc_per_node)))
     store_host, _ = parse_rendezvous_endpoint(parsed.rdzv_endpoint or "", -1)
     nnodes = int(str(parsed.nnodes).split(":")[-1])
-    os.environ.update(loopback_rank_env(nnodes, store_host or parsed.master_addr))
+    export(loopback_rank_env(nnodes, store_host or parsed.master_addr))
     _quiet_known_error_exits()
-    os.environ[ENV_RANK_AGENT_PID] = str(os.getpid())  # torch's agent runs in this process
+    export({ENV_RANK_AGENT_PID: str(os.getpid())})  # torch's agent runs in this process
     try:
         run(parsed)
     except SignalException as exc:

@@ -23,7 +23,11 @@ import time
 
 import aiohttp
 
-from pyrsia.shared.constants import ROLE_EMBEDDING_PS
+from pyrsia.shared.constants import (
+    PS_POLL_INTERVAL_S,  # a module attribute: a test (or a user) can shorten it
+    ROLE_EMBEDDING_PS,
+)
+from pyrsia.shared.constants import PS_SCRAPE_TIMEOUT_S as SCRAPE_TIMEOUT_S
 from pyrsia.shared.metrics_text import Samples, auth_headers, fetch_samples, sample_sum
 from pyrsia.shared.registry import Registry, RegistrySettings
 
@@ -31,10 +35,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PSCurves", "PS_POLL_INTERVAL_S", "SCRAPE_TIMEOUT_S"]
 
-PS_POLL_INTERVAL_S = 10.0
-"""Seconds between two PS points; a module attribute so a test (or a user) can shorten it."""
-SCRAPE_TIMEOUT_S = 2.0
-"""How long one poll waits for a replica's /metrics before leaving it out of that point."""
 
 _COUNTERS = ("hits", "admitted", "refused", "evicted")
 """pyrsia_ps_lookup_<name>_total, the PS store's training-lookup counters."""

@@ -26,21 +26,23 @@ import sys
 from pathlib import Path
 
 from pyrsia.shared.cli import fail_known
-from pyrsia.shared.constants import ENV_LOG_LEVEL, ENV_PROCESS, ENV_RANK_AGENT_PID
+from pyrsia.shared.constants import ENV_PROCESS, ENV_RANK_AGENT_PID
 from pyrsia.shared.parent_death import die_with_parent, orphaned
+from pyrsia.shared.process_env import export
 from pyrsia.shared.progress_lines import progress_lines_when_piped
 from pyrsia.shared.redaction import redacting_formatter
+from pyrsia.shared.settings import current
 
 _FORMAT = "%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"
 
 
-def _show_service_logs(tag: str) -> None:
+def _show_service_logs(tag: str, log_level: str) -> None:
     """The ``pyrsia`` loggers to stderr at ``LOG_LEVEL`` (default INFO), apart from the root
     logger, which stays the user script's to configure."""
     logger = logging.getLogger("pyrsia")
     if logger.handlers:
         return
-    level = logging.getLevelName((os.environ.get(ENV_LOG_LEVEL) or "INFO").upper())
+    level = logging.getLevelName(log_level.upper())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(redacting_formatter(_FORMAT.format(tag=tag)))
     logger.addHandler(handler)
@@ -59,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     script = Path(argv[0])
     # killed -9, torch's agent cannot forward SIGTERM: the kernel does (TrainCtx drains)
     die_with_parent(signal.SIGTERM)
-    if orphaned(int(os.environ.get(ENV_RANK_AGENT_PID, os.getppid()))):
+    settings = current()
+    if orphaned(int(settings.text(ENV_RANK_AGENT_PID, str(os.getppid())))):
         return 143  # the agent died before the request above: as if SIGTERM came
     progress_lines_when_piped()  # a tqdm bar on a pipe (honcho, run): a line per update
-    os.environ[ENV_PROCESS] = f"nn_worker/{os.environ.get('RANK', '0')}"
-    _show_service_logs(os.environ[ENV_PROCESS])
+    process = f"nn_worker/{settings.text('RANK', '0')}"
+    export({ENV_PROCESS: process})
+    _show_service_logs(process, settings.log_level)
     sys.argv = [str(script), *argv[1:]]
     sys.path[0] = str(script.parent.resolve())  # where `python train.py` looks first
     try:

@@ -26,13 +26,10 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from pyrsia.services.nn_worker.step_clock import StepClock
+from pyrsia.shared.constants import RATE_WINDOW_S, STALLED_S
 
 __all__ = ["RankStats", "register_rank_metrics"]
 
-RATE_WINDOW_S = 1.0
-"""Samples/s is the rate over the last window of at least this many seconds."""
-STALLED_S = 10.0
-"""Samples/s reads 0 once no step has finished for this long."""
 
 PHASES = ("autograd", "gradient_send", "dense_step")
 """The phases of ``TrainCtx.backward`` the step clock times."""

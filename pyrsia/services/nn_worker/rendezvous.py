@@ -32,13 +32,13 @@ from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCP
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from pyrsia.shared.auth import is_loopback
+from pyrsia.shared.constants import RENDEZVOUS_TIMEOUT_S
 from pyrsia.shared.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
 
 BACKEND = "pyrsia-static"
 """torchrun's ``--rdzv-backend`` for :class:`BoundStaticRendezvous`."""
-_DEFAULT_TIMEOUT_S = 600  # torch's static rendezvous default
 _LISTEN_BACKLOG = 2048
 
 
@@ -136,7 +136,7 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
             message=f"rendezvous endpoint {params.endpoint!r} has no port",
         )
     rank = int(params.config["rank"])
-    timeout = int(params.config.get("timeout", _DEFAULT_TIMEOUT_S))
+    timeout = int(params.config.get("timeout", RENDEZVOUS_TIMEOUT_S))
     return BoundStaticRendezvous(host, port, rank, params.max_nodes, params.run_id, timeout)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 
@@ -24,6 +23,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
 from pyrsia.shared.runtime import Runtime, get_runtime
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Session:
                 "no registry to exchange the master address: pass master_addr= to the option"
             )
         if rank == 0:
-            address = os.environ.get(ENV_ADVERTISE_HOST) or socket.gethostbyname(
+            address = current().text(ENV_ADVERTISE_HOST) or socket.gethostbyname(
                 socket.gethostname()
             )
             self.runtime.run(registry.publish_master_addr(address))

@@ -51,16 +51,13 @@ from typing import Any
 
 from pyrsia.services.nn_worker import ps_curves
 from pyrsia.services.nn_worker.rank_stats import RankStats
+from pyrsia.shared.constants import MAX_PENDING_CURVE_POINTS as MAX_PENDING
+from pyrsia.shared.constants import TENSORBOARD_FLUSH_INTERVAL_S as FLUSH_INTERVAL_S
 from pyrsia.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TensorBoardLog", "run_dir"]
-
-FLUSH_INTERVAL_S = 1.0
-"""How often the writer thread writes what was recorded (and the writer flushes to disk)."""
-MAX_PENDING = 100_000
-"""Records kept while the writer falls behind; the oldest go first beyond."""
 
 
 def run_dir(root: str | os.PathLike, job_id: str, rank: int) -> Path:

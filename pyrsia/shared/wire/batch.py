@@ -28,13 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from pyrsia.shared.constants import MAX_BATCH_SIZE, MAX_FEATURES
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.validate import as_dict, describe, join
-
-MAX_BATCH_SIZE = 65535
-"""PERSIA's largest batch."""
-MAX_FEATURES = 4096
-"""Most id-type (or dense) features one batch may carry."""
 
 DENSE_DTYPES = frozenset(
     np.dtype(t)

@@ -24,13 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from pyrsia.shared.constants import MAX_MESSAGE_BYTES
+from pyrsia.shared.constants import MAX_DIM, MAX_GROUPS, MAX_MESSAGE_BYTES
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
 from pyrsia.shared.validate import as_array, as_bool, as_dict, as_int, as_list, get
-
-MAX_GROUPS = 1024
-"""Most dim groups one lookup or update may carry."""
-MAX_DIM = 1 << 16
 
 
 @dataclass(frozen=True, eq=False)

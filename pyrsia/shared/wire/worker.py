@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pyrsia.shared.config_schema import EmbeddingSchema
+from pyrsia.shared.constants import MAX_LOADERS
 from pyrsia.shared.errors import ConfigError, InvalidInputError, ProtocolError
 from pyrsia.shared.validate import (
     as_array,
@@ -53,8 +54,6 @@ from pyrsia.shared.wire.gathered import (
 )
 from pyrsia.shared.wire.ps import PSStats, UpdateTotals, peer_answer
 
-MAX_LOADERS = 1 << 16
-"""Most data-loader replicas one job may have."""
 _FLOAT_DTYPES = ("float32", "float16")
 
 

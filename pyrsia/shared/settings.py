@@ -1,0 +1,165 @@
+"""This process's settings from its environment: the one library module that reads it.
+
+A process's entry point (a service's ``main``, a launcher, a context entered in a user
+script) calls :func:`current` and passes the :class:`Settings` it gets, or the values it
+needs, down to the code it calls; the rest of the library reads no environment variable
+(``tests/test_settings_reads.py`` holds it to that; ``persia.env`` keeps PERSIA's getters
+and ``pyrsia.shared.process_env`` writes the environment children inherit).
+
+A :class:`Settings` is a frozen snapshot taken when it is built, so a value cannot change
+under the code that holds it. Its accessors validate a variable when it is read, not when
+the snapshot is taken, so a bad value in a variable a process never uses stops nothing;
+a bad value is a :class:`~pyrsia.shared.errors.ConfigError` naming the variable, what was
+expected and what came.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from pyrsia.shared.constants import (
+    DEFAULT_BIND_HOST,
+    DEFAULT_JOB_ID,
+    DEFAULT_REDIS_URL,
+    ENV_BIND_HOST,
+    ENV_JOB_ID,
+    ENV_LOG_LEVEL,
+    ENV_NATS_URLS,
+    ENV_REDIS_URL,
+    ENV_VERBOSE,
+    ENV_WAIT_TIMEOUT_S,
+)
+from pyrsia.shared.errors import ConfigError, RegistryError
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A frozen snapshot of the environment with typed, validated accessors.
+
+    ``Settings.from_env()`` snapshots ``os.environ``; ``Settings.from_env({...})`` (tests,
+    or a child's environment being prepared) reads the given mapping instead.
+    """
+
+    environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings of ``environ`` (default: this process's environment, read now)."""
+        source = os.environ if environ is None else environ
+        return cls(MappingProxyType(dict(source)))
+
+    def __repr__(self) -> str:  # the environment holds secrets: never print it whole
+        return f"Settings({len(self.environ)} variables)"
+
+    def text(self, name: str, default: str = "") -> str:
+        """Variable ``name`` as it is set (``default`` when unset)."""
+        return self.environ.get(name, default)
+
+    def is_set(self, name: str) -> bool:
+        """Whether ``name`` is set to a non-empty value."""
+        return bool(self.environ.get(name))
+
+    def yes_no(self, name: str) -> bool:
+        """A switch: 1/true/yes/on or 0/false/no/off (unset or empty: false)."""
+        raw = self.environ.get(name, "")
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ConfigError(f"{name}: expected 1/true/yes/on or 0/false/no/off, got {raw!r}")
+
+    def positive(self, name: str, kind: type, int_unit: str = " (bytes)") -> int | float | None:
+        """The positive ``kind`` set in ``name``, or None when it is unset or empty; anything
+        else is a ConfigError naming the variable (``int_unit`` follows "integer")."""
+        raw = self.environ.get(name)
+        if not raw:
+            return None
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            expected = (
+                f"a positive integer{int_unit}" if kind is int else "a positive number (seconds)"
+            )
+            raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
+        return value
+
+    @property
+    def redis_url(self) -> str:
+        """``PERSIA_REDIS_URL``, else the default Redis on loopback."""
+        return self.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL
+
+    @property
+    def redis_url_given(self) -> bool:
+        """Whether ``PERSIA_REDIS_URL`` is set (not the default)."""
+        return self.is_set(ENV_REDIS_URL)
+
+    @property
+    def job_id(self) -> str:
+        """``PERSIA_JOB_ID``, else ``default``."""
+        return self.environ.get(ENV_JOB_ID) or DEFAULT_JOB_ID
+
+    @property
+    def bind_host(self) -> str:
+        """``PERSIA_BIND_HOST``, else loopback."""
+        return self.environ.get(ENV_BIND_HOST) or DEFAULT_BIND_HOST
+
+    @property
+    def log_level(self) -> str:
+        """``LOG_LEVEL`` as set (else ``INFO``); the logging setup validates it."""
+        return self.environ.get(ENV_LOG_LEVEL) or "INFO"
+
+    @property
+    def verbose(self) -> bool:
+        """``PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
+        return (
+            self.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
+            or self.environ.get(ENV_LOG_LEVEL, "").strip().lower() == "debug"
+        )
+
+    def check_no_nats_without_redis(self) -> None:
+        """RegistryError when a PERSIA NATS variable is set and ``PERSIA_REDIS_URL`` is not."""
+        if self.redis_url_given:
+            return
+        for name in ENV_NATS_URLS:
+            if self.environ.get(name):
+                raise RegistryError(
+                    f"{name} is set but Pyrsia finds its services through Redis, not NATS: "
+                    f"set {ENV_REDIS_URL}=redis://<host>:6379/0 (a Redis every process can "
+                    f"reach; default {DEFAULT_REDIS_URL}) and unset {name}"
+                )
+
+    def wait_timeout_s(self, default_s: float) -> float:
+        """``PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else ``default_s``."""
+        raw = self.environ.get(ENV_WAIT_TIMEOUT_S, "").strip()
+        if not raw:
+            return default_s
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(
+                f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
+            )
+        return value
+
+
+def current() -> Settings:
+    """This process's settings, read from its environment now (an entry point calls this
+    and passes the result down; a later call sees variables set since)."""
+    return Settings.from_env()
+
+
+def read(name: str, default: str = "") -> str:
+    """One variable read now, without a snapshot: for the log formatter's secret list, which
+    runs on every line."""
+    return os.environ.get(name, default)
