@@ -31,8 +31,9 @@ of the same round, and the RESULT line reports the medians over the first side's
 the real Census-Income (KDD) set (one epoch, test AUC on the test split; UCI, Lane &
 Kohavi 2000, CC BY 4.0) and a Criteo-shaped synthetic set.
 
-Also reported: each process's CPU share over the training window (``/proc``), the
-services' ``/metrics`` latency means, the NN worker's CPU per thread, and where the
+Also reported: each process's CPU share over the training window (``/proc``) and, per
+training step, its CPU, run-queue wait and context switches (voluntary: wake-ups;
+involuntary: preemptions; ``e2e/sched_stats.py``), the services' ``/metrics`` latency means, the NN worker's CPU per thread, and where the
 training thread's step goes, wall and CPU ms per step (waiting for the next looked-up
 batch, forward, autograd, gradient send, dense optimizer step, final flush), next to the
 baseline's step. On a shared machine compare the CPU columns and same-run ratios.

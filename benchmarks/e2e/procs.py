@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from sched_stats import SCHED_KEYS, tree_sched
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -89,6 +91,11 @@ def _stat(pid: int) -> tuple[int, float] | None:
 
 def process_tree_cpu(roots: dict[str, int]) -> dict[str, float]:
     """CPU seconds of each root's tree (one scan of /proc for all roots)."""
+    return {name: cpu for name, (cpu, _) in process_trees(roots).items()}
+
+
+def process_trees(roots: dict[str, int]) -> dict[str, tuple[float, list[int]]]:
+    """CPU seconds and the pids of each root's tree (one scan of /proc for all roots)."""
     stats: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -100,13 +107,14 @@ def process_tree_cpu(roots: dict[str, int]) -> dict[str, float]:
         children.setdefault(ppid, []).append(pid)
     out = {}
     for name, root in roots.items():
-        total, stack = 0.0, [root]
+        total, stack, pids = 0.0, [root], []
         while stack:
             pid = stack.pop()
             if pid in stats:
                 total += stats[pid][1]
+                pids.append(pid)
                 stack.extend(children.get(pid, ()))
-        out[name] = total
+        out[name] = (total, pids)
     return out
 
 
@@ -124,6 +132,7 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._last: dict[str, float] = {}
+        self._threads: dict[str, dict] = {}  # per tree: each thread's last sched reading
 
     def track(self, name: str, pid: int) -> None:
         self.roots[name] = pid
@@ -138,7 +147,11 @@ class CpuSampler:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> None:
-        now = process_tree_cpu(dict(self.roots))
+        trees = process_trees(dict(self.roots))
+        now = {name: cpu for name, (cpu, _) in trees.items()}
+        for name, (_, pids) in trees.items():  # the scheduler's counters, as name/key
+            seen = self._threads.setdefault(name, {})
+            now.update({f"{name}/{k}": v for k, v in tree_sched(pids, seen).items()})
         merged = {k: max(v, self._last.get(k, 0.0)) for k, v in now.items()}
         self._last.update(merged)
         self.samples.append((time.time(), dict(self._last)))
@@ -160,12 +173,20 @@ class CpuSampler:
         return {k: a.get(k, 0.0) + w * (b.get(k, 0.0) - a.get(k, 0.0)) for k in b}
 
     def window(self, start: float, end: float) -> dict[str, dict[str, float]]:
-        """Per tree: CPU seconds used in [start, end] and the share of one core (1.0 = a core)."""
+        """Per tree: CPU seconds used in [start, end], the share of one core (1.0 = a core)
+        and, under ``sched``, the scheduler's counters over the window (``sched_stats``)."""
         a, b = self._at(start), self._at(end)
         span = max(end - start, 1e-9)
-        return {
-            k: {"cpu_s": b[k] - a.get(k, 0.0), "cores": (b[k] - a.get(k, 0.0)) / span} for k in b
+        out = {
+            k: {"cpu_s": b[k] - a.get(k, 0.0), "cores": (b[k] - a.get(k, 0.0)) / span}
+            for k in b
+            if "/" not in k
         }
+        for name, v in out.items():
+            v["sched"] = {
+                key: b.get(f"{name}/{key}", 0.0) - a.get(f"{name}/{key}", 0.0) for key in SCHED_KEYS
+            }
+        return out
 
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)_(sum|count)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")

@@ -11,6 +11,7 @@ from typing import Any
 
 from _common import fmt_rate, print_table
 from plots import save_bar_chart
+from sched_stats import per_batch
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
@@ -112,6 +113,7 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
         f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
     )
     print(f"[{tag}] CPU cores used during training (2 available): {cpu}")
+    _print_sched(tag, p, steps)
     for svc, hists in p["metrics"].items():
         text = ", ".join(
             f"{k} mean {v['mean_ms']:.1f} p50<={v['p50_ms']:.1f} p90<={v['p90_ms']:.1f} ms x{v['count']:.0f}"
@@ -119,6 +121,20 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
             if v["count"]
         )
         print(f"[{tag}] {svc} /metrics means: {text}")
+
+
+def _print_sched(tag: str, p: dict[str, Any], steps: int) -> None:
+    """Each process's CPU, run-queue wait and context switches per training step
+    (``sched_stats``), the figures a change to the services' per-batch work moves."""
+    rows = [
+        f"{name} {s['cpu_ms']:.2f} cpu / {s['runq_ms']:.2f} runq ms, "
+        f"{s['vcsw']:.1f} vol / {s['ivcsw']:.1f} invol cs"
+        for name, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cpu_s"])
+        if "sched" in v
+        for s in [per_batch(v["sched"], steps)]
+    ]
+    if rows:
+        print(f"[{tag}] per step, by process: " + "; ".join(rows))
 
 
 def _print_step(tag: str, p: dict[str, Any], b: dict[str, Any], steps: int) -> None:

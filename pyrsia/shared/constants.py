@@ -87,8 +87,6 @@ LEASE_TTL_S = REGISTRATION_TTL_S
 lease itself lapses this long after its last member's heartbeat."""
 LEASE_CLAIM_POLL_S = 0.5
 """How often a process waiting for a slot held on another host to lapse asks again."""
-LEASE_KEEPER_TICK_S = 0.1
-"""How often a launcher's lease thread checks whether it is asked to stop."""
 REDIS_SOCKET_TIMEOUT_S = 2.0
 REDIS_STARTUP_WAIT_S = 3.0
 """How long a starting service waits for Redis (under a Procfile it starts alongside, and
@@ -337,7 +335,8 @@ RENDEZVOUS_TIMEOUT_S = 600
 PS_INCREMENTAL_SCAN_INTERVAL_S = 10.0
 """How often an Infer PS looks for new incremental-update packets."""
 SLOT_KEEPER_JOIN_SLACK_S = 1.0
-"""Added to the slot keeper's own bounds when waiting for its thread to end."""
+"""Added to the slot keeper's own bounds when waiting for its thread to end (the thread sleeps
+between heartbeats; stopping it wakes it)."""
 
 # --- limits ------------------------------------------------------------------------------
 MAX_BATCH_SIZE = 65535

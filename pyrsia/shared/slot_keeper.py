@@ -9,16 +9,15 @@ job lease (``pyrsia.shared.job_lease``) and keeps it from a thread of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-import time
 
 from redis.exceptions import RedisError
 
 from pyrsia.shared.constants import (
     DEREGISTER_TIMEOUT_S,
     ENV_JOB_ID,
-    LEASE_KEEPER_TICK_S,
     REDIS_STARTUP_WAIT_S,
     SLOT_KEEPER_JOIN_SLACK_S,
 )
@@ -37,6 +36,8 @@ class SlotKeeper:
 
     The thread runs its own event loop and Redis connection, refreshes the slot every
     heartbeat, and only logs when Redis is away (the lease is made again when it is back).
+    Between heartbeats it sleeps: ``stop()`` wakes it, so it never polls a flag (the
+    launchers share the cores with the training threads).
     """
 
     def __init__(
@@ -52,6 +53,8 @@ class SlotKeeper:
         self._stopping = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        """The thread's loop and the event that wakes it for ``stop()`` (set once it runs)."""
 
     def start(self, wait_s: float = REDIS_STARTUP_WAIT_S) -> None:
         """Take the slot (waiting up to ``wait_s`` for Redis). Raises JobConflictError when
@@ -79,14 +82,16 @@ class SlotKeeper:
             self._ready.set()
             await registry.close()
             return
+        wake = asyncio.Event()
+        self._wake = (asyncio.get_running_loop(), wake)
         self._ready.set()
         healthy = True
-        next_refresh = time.monotonic() + registry.heartbeat_s
         while not self._stopping.is_set():
-            await asyncio.sleep(LEASE_KEEPER_TICK_S)
-            if time.monotonic() < next_refresh:
-                continue
-            next_refresh = time.monotonic() + registry.heartbeat_s
+            # asleep until the next heartbeat or stop(), whichever comes first
+            with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError from 3.11
+                await asyncio.wait_for(wake.wait(), registry.heartbeat_s)
+            if self._stopping.is_set():
+                break
             try:
                 await lease.refresh(self.role, self.replica_index)
                 healthy = True
@@ -109,10 +114,12 @@ class SlotKeeper:
     def stop(self) -> None:
         """Give the slot back and end the thread (bounded; idempotent)."""
         self._stopping.set()
+        if self._wake is not None:
+            loop, wake = self._wake
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(wake.set)
         if self._thread is not None:
-            self._thread.join(
-                timeout=DEREGISTER_TIMEOUT_S + 2 * LEASE_KEEPER_TICK_S + SLOT_KEEPER_JOIN_SLACK_S
-            )
+            self._thread.join(timeout=DEREGISTER_TIMEOUT_S + SLOT_KEEPER_JOIN_SLACK_S)
 
 
 def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
