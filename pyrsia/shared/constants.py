@@ -361,6 +361,9 @@ MAX_CHECKPOINT_WORKERS = 64
 """Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
 MAX_INTERNAL_SHARDS = 64
 """More PS shards than this buy no parallelism on the machines Pyrsia targets."""
+PS_PARALLEL_MIN_IDS = 4096
+"""A PS batch of fewer ids runs on the calling thread alone (``embedding_ps/parallel.py``):
+handing work to another thread and waiting for it costs tens of microseconds."""
 MAX_CACHED_SCHEMAS = 16
 """Embedding schemas whose batch layouts an embedding worker keeps."""
 MAX_CACHED_LAYOUTS = 64
