@@ -46,6 +46,9 @@ ENV_EMBEDDED = "PERSIA_EMBEDDED"
 """1: embedded mode, the embedding PS and worker engines and the data loader inside the
 NN-worker process (``persia-launcher run --embedded``; pyrsia/services/embedded/job.py);
 0 or unset: services mode."""
+ENV_PS_THREADS = "PYRSIA_PS_THREADS"
+"""Threads one embedding PS replica works a batch's internal shards with, 1 to 64
+(``--threads``; default: the cores the process may run on, at most 64)."""
 ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
 """The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or
 empty: any path the PS process can write."""
