@@ -82,12 +82,18 @@ def _prefill(
     return store, time.perf_counter() - t0
 
 
-def _rate(fn, batches: list[np.ndarray]) -> float:
+def _rate(fn, batches: list[np.ndarray], cpu: dict[str, float] | None = None,
+          name: str = "") -> float:  # fmt: skip
+    """ids/s of ``fn`` over ``batches`` (wall clock); with ``cpu``, also the process's CPU ns
+    per id (every thread's) as ``cpu[name]``."""
     fn(batches[0])  # warm-up (page faults, caches)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for b in batches:
         fn(b)
-    return sum(b.shape[0] for b in batches) / (time.perf_counter() - t0)
+    ids = sum(b.shape[0] for b in batches)
+    if cpu is not None:
+        cpu[name] = 1e9 * (time.process_time() - c0) / ids
+    return ids / (time.perf_counter() - t0)
 
 
 def run_engine_bench(
@@ -108,9 +114,10 @@ def run_engine_bench(
         store, fill_s = _prefill(n_distinct, dim, optimizer, num_shards)
     batches = zipf_batches(n_distinct, batch, steps, seed=seed, unique=unique)
     grads = np.random.default_rng(seed).normal(scale=1e-3, size=(batch, dim)).astype(np.float32)
-    train = _rate(lambda b: store.lookup(b, dim, train=True), batches)
-    evals = _rate(lambda b: store.lookup(b, dim, train=False), batches)
-    update = _rate(lambda b: store.update(b, grads[: b.shape[0]]), batches)
+    cpu: dict[str, float] = {}
+    train = _rate(lambda b: store.lookup(b, dim, train=True), batches, cpu, "train_lookup")
+    evals = _rate(lambda b: store.lookup(b, dim, train=False), batches, cpu, "eval_lookup")
+    update = _rate(lambda b: store.update(b, grads[: b.shape[0]]), batches, cpu, "update")
     s = store.stats()
     assert s["entries"] == n_distinct and s["evictions"] == 0 and s["skipped_unknown"] == 0
     return {
@@ -123,6 +130,7 @@ def run_engine_bench(
         "train_lookup_ids_per_s": train,
         "eval_lookup_ids_per_s": evals,
         "update_ids_per_s": update,
+        **{f"{k}_cpu_ns_per_id": v for k, v in cpu.items()},
         "bytes_per_entry": s["bytes_per_entry"],
         "raw_bytes_per_entry": s["raw_bytes_per_entry"],
         "bytes_per_entry_ratio": s["bytes_per_entry"] / s["raw_bytes_per_entry"],
@@ -176,7 +184,8 @@ def _engine_row(n: int, dim: int, batch: int, threads: int, shards: int, fill_s:
                 runs: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     row = {"part": "engine", "n": n, "dim": dim, "batch": batch, "threads": threads,
            "num_shards": shards, "prefill_s": fill_s}  # fmt: skip
-    for key in ("train_lookup_ids_per_s", "eval_lookup_ids_per_s", "update_ids_per_s"):
+    for key in ("train_lookup_ids_per_s", "eval_lookup_ids_per_s", "update_ids_per_s",
+                "train_lookup_cpu_ns_per_id", "update_cpu_ns_per_id"):  # fmt: skip
         vals = [r[key] for r in runs]
         row[key] = statistics.median(vals)
         row[key + "_minmax"] = (min(vals), max(vals))
@@ -201,8 +210,12 @@ def print_threads(engine: list[dict[str, Any]], threads: tuple[int, ...]) -> Non
             for key, name in (("train_lookup_ids_per_s", "lookup"), ("update_ids_per_s", "adagrad"),
                               ("eval_lookup_ids_per_s", "eval")):  # fmt: skip
                 row[name] = f"{fmt_rate(r[key])} ({r[key] / base[key]:.2f}x)"
+            for key, name in (("train_lookup_cpu_ns_per_id", "lookup CPU ns/id"),
+                              ("update_cpu_ns_per_id", "adagrad CPU ns/id")):  # fmt: skip
+                row[name] = f"{r[key]:.0f}"
             table.append(row)
-    print(f"engine by thread count (ratio to {threads[0]} thread(s), same stores' shard count):")
+    print(f"engine by thread count (wall-clock ids/s and their ratio to {threads[0]} thread(s); "
+          "CPU ns per id summed over threads; stores of the same shard count):")  # fmt: skip
     print_table(table, [(k, k) for k in table[0]])
 
 
