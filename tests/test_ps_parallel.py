@@ -44,14 +44,23 @@ def test_split_is_a_stable_sort_by_shard(num_shards):
 
 @pytest.mark.parametrize(
     "sizes,groups",
-    [([5], 4), ([1, 1, 1, 1], 2), ([100, 1, 1, 1], 2), ([3, 3, 3, 3, 3, 3, 3], 3), ([0, 9, 0], 2)],
+    [
+        ([5], 4),
+        ([1, 1, 1, 1], 2),
+        ([100, 1, 1, 1], 2),
+        ([3, 3, 3, 3, 3, 3, 3], 3),
+        ([4999, 5001], 2),  # a first shard a little under half still gets its own thread
+        ([10, 30, 10, 10], 2),
+        (list(range(1, 65)), 2),
+        ([7] * 64, 16),
+    ],
 )
-def test_deal_gives_consecutive_runs_of_about_equal_size(sizes, groups):
+def test_deal_gives_every_thread_a_run_of_about_equal_size(sizes, groups):
     runs = deal(sizes, groups)
     assert [i for run in runs for i in run] == list(range(len(sizes)))
-    assert 1 <= len(runs) <= groups
+    assert len(runs) == min(groups, len(sizes)) and all(runs)
     share = sum(sizes) / groups
-    assert all(sum(sizes[i] for i in run[:-1]) < share for run in runs)
+    assert max(sum(sizes[i] for i in run) for run in runs) <= share + max(sizes)
 
 
 def _workload(store: EmbeddingStore, seed: int) -> list:

@@ -95,17 +95,19 @@ def split_positions(ids, num_shards):
 
 
 def deal(sizes: list[int], groups: int) -> list[list[int]]:
-    """Split indices ``0..len(sizes)-1`` into at most ``groups`` runs of consecutive indices
-    whose summed sizes are about equal (a run ends once it reaches its share of the total)."""
-    total = sum(sizes)
-    runs: list[list[int]] = [[]]
-    done = 0
-    for i, size in enumerate(sizes):
-        runs[-1].append(i)
-        done += size
-        if done * groups >= total * len(runs) and len(runs) < groups and i < len(sizes) - 1:
-            runs.append([])
-    return [r for r in runs if r]
+    """Split indices ``0..len(sizes)-1`` into ``min(groups, len(sizes))`` non-empty runs of
+    consecutive indices: run k ends where the running total comes nearest to k/groups of
+    the whole, so no run exceeds its share by more than one item."""
+    groups = min(groups, len(sizes))
+    prefix = np.cumsum(sizes)
+    bounds = [0]
+    for k in range(1, groups):
+        target = prefix[-1] * k / groups
+        last = len(sizes) - (groups - k)  # leave at least one index to each later run
+        end = min(range(bounds[-1] + 1, last + 1), key=lambda j: abs(prefix[j - 1] - target))
+        bounds.append(end)
+    bounds.append(len(sizes))
+    return [list(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
 class ShardRunner:
