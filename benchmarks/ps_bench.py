@@ -58,8 +58,13 @@ def parse_args() -> tuple[argparse.Namespace, list[int], list[int], list[int]]:
     parser.add_argument("--steps", type=int, help="batches per timed round")
     parser.add_argument("--repeats", type=int, help="timed rounds (median reported)")
     parser.add_argument("--inflight", type=int, default=4, help="concurrent HTTP requests")
-    parser.add_argument("--threads", type=_ints, default=[1], help="engine thread counts, "
-                        "e.g. 1,2: each measured in turn on stores of max(threads) shards")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=_ints,
+        default=[1],
+        help="engine thread counts, "
+        "e.g. 1,2: each measured in turn on stores of max(threads) shards",
+    )
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument(
@@ -128,7 +133,11 @@ def main() -> None:
     t0 = time.perf_counter()
     threads = tuple(args.threads)
     print(f"engine (in-process, {', '.join(map(str, threads))} thread(s)):", flush=True)
-    engine = [] if args.skip_engine else engine_grid(sizes, dims, batches, args.steps, args.repeats, threads)  # fmt: skip
+    engine = (
+        []
+        if args.skip_engine
+        else engine_grid(sizes, dims, batches, args.steps, args.repeats, threads)
+    )
     print("service (loopback HTTP, msgpack):", flush=True)
     http, profile = ([], None) if args.skip_http else http_grid(args, sizes, dims, batches)
 

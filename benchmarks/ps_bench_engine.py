@@ -82,8 +82,9 @@ def _prefill(
     return store, time.perf_counter() - t0
 
 
-def _rate(fn, batches: list[np.ndarray], cpu: dict[str, float] | None = None,
-          name: str = "") -> float:  # fmt: skip
+def _rate(
+    fn, batches: list[np.ndarray], cpu: dict[str, float] | None = None, name: str = ""
+) -> float:
     """ids/s of ``fn`` over ``batches`` (wall clock); with ``cpu``, also the process's CPU ns
     per id (every thread's) as ``cpu[name]``."""
     fn(batches[0])  # warm-up (page faults, caches)
@@ -147,17 +148,21 @@ def prefill_store(
     count times the shards, so no shard evicts)."""
     fullest = np.bincount(shard_of(rank_to_id(np.arange(n)), num_shards)).max()
     store = EmbeddingStore(
-        int(fullest) * num_shards, num_shards, EmbeddingHyperparams(), OPTIMIZERS["adagrad"],
+        int(fullest) * num_shards,
+        num_shards,
+        EmbeddingHyperparams(),
+        OPTIMIZERS["adagrad"],
         threads=threads,
-    )  # fmt: skip
+    )
     t0 = time.perf_counter()
     for start in range(0, n, 1 << 20):
         store.lookup(rank_to_id(np.arange(start, min(n, start + (1 << 20)))), dim, train=True)
     return store, time.perf_counter() - t0
 
 
-def engine_grid(sizes, dims, batches, steps: int, repeats: int,
-                threads: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:  # fmt: skip
+def engine_grid(
+    sizes, dims, batches, steps: int, repeats: int, threads: tuple[int, ...] = (1,)
+) -> list[dict[str, Any]]:
     """One row per (n, dim, batch, thread count): medians over ``repeats`` rounds. With several
     thread counts every store has ``max(threads)`` internal shards, and each round measures
     every count in turn (side by side on a shared machine)."""
@@ -170,7 +175,9 @@ def engine_grid(sizes, dims, batches, steps: int, repeats: int,
                 runs: dict[int, list] = {t: [] for t in threads}
                 for r in range(repeats):
                     for t in threads:
-                        runs[t].append(run_engine_bench(n, dim, batch, steps=steps, seed=r, store=stores[t][0]))  # fmt: skip
+                        runs[t].append(
+                            run_engine_bench(n, dim, batch, steps=steps, seed=r, store=stores[t][0])
+                        )
                 for t in threads:
                     rows.append(_engine_row(n, dim, batch, t, shards, stores[t][1], runs[t]))
             for store, _ in stores.values():
@@ -180,19 +187,41 @@ def engine_grid(sizes, dims, batches, steps: int, repeats: int,
     return rows
 
 
-def _engine_row(n: int, dim: int, batch: int, threads: int, shards: int, fill_s: float,
-                runs: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    row = {"part": "engine", "n": n, "dim": dim, "batch": batch, "threads": threads,
-           "num_shards": shards, "prefill_s": fill_s}  # fmt: skip
-    for key in ("train_lookup_ids_per_s", "eval_lookup_ids_per_s", "update_ids_per_s",
-                "train_lookup_cpu_ns_per_id", "update_cpu_ns_per_id"):  # fmt: skip
+def _engine_row(
+    n: int,
+    dim: int,
+    batch: int,
+    threads: int,
+    shards: int,
+    fill_s: float,
+    runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    row = {
+        "part": "engine",
+        "n": n,
+        "dim": dim,
+        "batch": batch,
+        "threads": threads,
+        "num_shards": shards,
+        "prefill_s": fill_s,
+    }
+    for key in (
+        "train_lookup_ids_per_s",
+        "eval_lookup_ids_per_s",
+        "update_ids_per_s",
+        "train_lookup_cpu_ns_per_id",
+        "update_cpu_ns_per_id",
+    ):
         vals = [r[key] for r in runs]
         row[key] = statistics.median(vals)
         row[key + "_minmax"] = (min(vals), max(vals))
     for key in ("bytes_per_entry", "raw_bytes_per_entry", "bytes_per_entry_ratio"):
         row[key] = runs[-1][key]
-    print(f"  engine n={n} dim={dim} batch={batch} threads={threads}: lookup {fmt_rate(row['train_lookup_ids_per_s'])}/s "
-          f"update {fmt_rate(row['update_ids_per_s'])}/s ratio {row['bytes_per_entry_ratio']:.3f}", flush=True)  # fmt: skip
+    print(
+        f"  engine n={n} dim={dim} batch={batch} threads={threads}: lookup {fmt_rate(row['train_lookup_ids_per_s'])}/s "
+        f"update {fmt_rate(row['update_ids_per_s'])}/s ratio {row['bytes_per_entry_ratio']:.3f}",
+        flush=True,
+    )
     return row
 
 
@@ -207,15 +236,22 @@ def print_threads(engine: list[dict[str, Any]], threads: tuple[int, ...]) -> Non
         for t in threads:
             r = by[(n, dim, batch, t)]
             row = {"n": n, "dim": dim, "batch": batch, "threads": t, "shards": r["num_shards"]}
-            for key, name in (("train_lookup_ids_per_s", "lookup"), ("update_ids_per_s", "adagrad"),
-                              ("eval_lookup_ids_per_s", "eval")):  # fmt: skip
+            for key, name in (
+                ("train_lookup_ids_per_s", "lookup"),
+                ("update_ids_per_s", "adagrad"),
+                ("eval_lookup_ids_per_s", "eval"),
+            ):
                 row[name] = f"{fmt_rate(r[key])} ({r[key] / base[key]:.2f}x)"
-            for key, name in (("train_lookup_cpu_ns_per_id", "lookup CPU ns/id"),
-                              ("update_cpu_ns_per_id", "adagrad CPU ns/id")):  # fmt: skip
+            for key, name in (
+                ("train_lookup_cpu_ns_per_id", "lookup CPU ns/id"),
+                ("update_cpu_ns_per_id", "adagrad CPU ns/id"),
+            ):
                 row[name] = f"{r[key]:.0f}"
             table.append(row)
-    print(f"engine by thread count (wall-clock ids/s and their ratio to {threads[0]} thread(s); "
-          "CPU ns per id summed over threads; stores of the same shard count):")  # fmt: skip
+    print(
+        f"engine by thread count (wall-clock ids/s and their ratio to {threads[0]} thread(s); "
+        "CPU ns per id summed over threads; stores of the same shard count):"
+    )
     print_table(table, [(k, k) for k in table[0]])
 
 

@@ -55,7 +55,10 @@ def test_the_store_has_at_least_one_shard_per_thread(key, threads, shards):
 def test_the_service_refuses_a_bad_value_at_start():
     done = subprocess.run(
         [sys.executable, "-m", "persia.launcher", "embedding-parameter-server", "--threads", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "--threads: expected an integer in [1, 64], got 0" in done.stderr

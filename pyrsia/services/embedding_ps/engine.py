@@ -77,7 +77,9 @@ class EmbeddingStore:
         self.capacity = int(capacity)
         self.num_shards = int(num_shards)
         self._state_lock = threading.Lock()  # dims, optimizer, hyperparams, counters
-        self._rows = ShardSet(self.capacity, self.num_shards, self._state_lock, resolve_threads(threads))  # fmt: skip
+        self._rows = ShardSet(
+            self.capacity, self.num_shards, self._state_lock, resolve_threads(threads)
+        )
         self._shards = self._rows.shards
         self._optimizer: OptimizerSpec | None = None
         self._opt = pack(None)
