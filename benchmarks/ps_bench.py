@@ -4,7 +4,10 @@ Workload: ids drawn Zipf(1.1) over ``n`` distinct ids (1M and 10M), dims 16 and 
 of 4,096 and 65,536 ids, against a store pre-filled with all ``n`` entries, Adagrad.
 
 * engine: ``run_engine_bench`` of ``ps_bench_engine.py`` (train lookup, eval lookup, Adagrad
-  update, one thread), repeated; each pre-filled store serves both batch sizes.
+  update), repeated; each pre-filled store serves both batch sizes. One thread, one internal
+  shard, unless ``--threads 1,2`` names thread counts: then one store per count, each of
+  ``max(threads)`` shards, measured in turn in every round, and a table of each count's rates
+  against the first's.
 * http: one PS replica as a real subprocess (real redis registry); the client sends msgpack
   ``/lookup`` (train) and ``/update`` through ``HttpClient`` with ``--inflight`` requests in
   flight, as an embedding worker does. The service store is cleared and re-filled once per
@@ -19,70 +22,26 @@ http_lookup_ids_per_s=... bytes_per_entry_ratio=...
 for dim 16, batch 65,536, 10M entries (or the largest configuration run). Rates are the
 median over repeats; the JSON has min/median/max.
 
-    python benchmarks/ps_bench.py [--quick] [--sizes 1000000,10000000] [--profile]
+    python benchmarks/ps_bench.py [--quick] [--sizes 1000000,10000000] [--threads 1,2] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from _common import fmt_rate, print_table, write_json
 from plots import bar_chart_from_rows, saved
-from ps_bench_engine import OPTIMIZERS, rank_to_id, run_engine_bench
+from ps_bench_engine import engine_grid, print_threads
 from ps_bench_http import http_grid
-
-from pyrsia.services.embedding_ps.engine import EmbeddingStore
-from pyrsia.shared.embedding_spec import EmbeddingHyperparams
 
 HEAD = (10_000_000, 16, 65536)
 
 
 def _ints(text: str) -> list[int]:
     return [int(float(x)) for x in text.split(",") if x]
-
-
-# ------------------------------------------------------------------------------- engine
-def prefill_store(n: int, dim: int) -> tuple[EmbeddingStore, float]:
-    """A one-shard Adagrad store holding exactly the ``n`` ids the Zipf ranks map to."""
-    store = EmbeddingStore(
-        n, num_shards=1, hyperparams=EmbeddingHyperparams(), optimizer=OPTIMIZERS["adagrad"]
-    )
-    t0 = time.perf_counter()
-    for start in range(0, n, 1 << 20):
-        store.lookup(rank_to_id(np.arange(start, min(n, start + (1 << 20)))), dim, train=True)
-    return store, time.perf_counter() - t0
-
-
-def engine_grid(sizes, dims, batches, steps: int, repeats: int) -> list[dict[str, Any]]:
-    rows = []
-    for n in sizes:
-        for dim in dims:
-            store, fill_s = prefill_store(n, dim)
-            for batch in batches:
-                runs = [
-                    run_engine_bench(n, dim, batch, steps=steps, seed=r, store=store)
-                    for r in range(repeats)
-                ]
-                row = {"part": "engine", "n": n, "dim": dim, "batch": batch, "prefill_s": fill_s}
-                for key in ("train_lookup_ids_per_s", "eval_lookup_ids_per_s", "update_ids_per_s"):
-                    vals = [r[key] for r in runs]
-                    row[key] = statistics.median(vals)
-                    row[key + "_minmax"] = (min(vals), max(vals))
-                for key in ("bytes_per_entry", "raw_bytes_per_entry", "bytes_per_entry_ratio"):
-                    row[key] = runs[-1][key]
-                rows.append(row)
-                print(f"  engine n={n} dim={dim} batch={batch}: lookup {fmt_rate(row['train_lookup_ids_per_s'])}/s "
-                      f"update {fmt_rate(row['update_ids_per_s'])}/s ratio {row['bytes_per_entry_ratio']:.3f}", flush=True)  # fmt: skip
-            store.close()
-            del store
-            gc.collect()
-    return rows
 
 
 # ------------------------------------------------------------------------------- main
@@ -99,6 +58,13 @@ def parse_args() -> tuple[argparse.Namespace, list[int], list[int], list[int]]:
     parser.add_argument("--steps", type=int, help="batches per timed round")
     parser.add_argument("--repeats", type=int, help="timed rounds (median reported)")
     parser.add_argument("--inflight", type=int, default=4, help="concurrent HTTP requests")
+    parser.add_argument(
+        "--threads",
+        type=_ints,
+        default=[1],
+        help="engine thread counts, "
+        "e.g. 1,2: each measured in turn on stores of max(threads) shards",
+    )
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument(
@@ -165,19 +131,26 @@ def head_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     args, sizes, dims, batches = parse_args()
     t0 = time.perf_counter()
-    print("engine (in-process, one thread):", flush=True)
-    engine = [] if args.skip_engine else engine_grid(sizes, dims, batches, args.steps, args.repeats)
+    threads = tuple(args.threads)
+    print(f"engine (in-process, {', '.join(map(str, threads))} thread(s)):", flush=True)
+    engine = (
+        []
+        if args.skip_engine
+        else engine_grid(sizes, dims, batches, args.steps, args.repeats, threads)
+    )
     print("service (loopback HTTP, msgpack):", flush=True)
     http, profile = ([], None) if args.skip_http else http_grid(args, sizes, dims, batches)
 
-    eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine}
+    print_threads(engine, threads)
+    engine_first = [r for r in engine if r["threads"] == threads[0]]  # the table's and RESULT's
+    eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine_first}
     http_by = {(r["n"], r["dim"], r["batch"]): r for r in http}
     print_grid(eng_by, http_by, http, profile)
     path = write_json("ps_bench", {"args": {k: v for k, v in vars(args).items() if k != "json"}, "engine": engine, "http": http,
                                    "profile": profile, "wall_s": time.perf_counter() - t0}, args.json)  # fmt: skip
     print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
     save_chart(path, eng_by, http_by)
-    e, h = head_row(engine), head_row(http)
+    e, h = head_row(engine_first), head_row(http)
     print(
         f"RESULT engine_lookup_ids_per_s={e.get('train_lookup_ids_per_s', float('nan')):.0f} "
         f"engine_adagrad_update_ids_per_s={e.get('update_ids_per_s', float('nan')):.0f} "

@@ -12,19 +12,24 @@ first-call time with a cold and a warm compilation cache.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from _common import fmt_rate, print_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore  # noqa: E402
+from pyrsia.services.embedding_ps.table import shard_of  # noqa: E402
 from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec  # noqa: E402
 
 OPTIMIZERS = {"adagrad": AdagradSpec(), "sgd": SGDSpec(0.01), "adam": AdamSpec()}
@@ -77,12 +82,19 @@ def _prefill(
     return store, time.perf_counter() - t0
 
 
-def _rate(fn, batches: list[np.ndarray]) -> float:
+def _rate(
+    fn, batches: list[np.ndarray], cpu: dict[str, float] | None = None, name: str = ""
+) -> float:
+    """ids/s of ``fn`` over ``batches`` (wall clock); with ``cpu``, also the process's CPU ns
+    per id (every thread's) as ``cpu[name]``."""
     fn(batches[0])  # warm-up (page faults, caches)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for b in batches:
         fn(b)
-    return sum(b.shape[0] for b in batches) / (time.perf_counter() - t0)
+    ids = sum(b.shape[0] for b in batches)
+    if cpu is not None:
+        cpu[name] = 1e9 * (time.process_time() - c0) / ids
+    return ids / (time.perf_counter() - t0)
 
 
 def run_engine_bench(
@@ -103,9 +115,10 @@ def run_engine_bench(
         store, fill_s = _prefill(n_distinct, dim, optimizer, num_shards)
     batches = zipf_batches(n_distinct, batch, steps, seed=seed, unique=unique)
     grads = np.random.default_rng(seed).normal(scale=1e-3, size=(batch, dim)).astype(np.float32)
-    train = _rate(lambda b: store.lookup(b, dim, train=True), batches)
-    evals = _rate(lambda b: store.lookup(b, dim, train=False), batches)
-    update = _rate(lambda b: store.update(b, grads[: b.shape[0]]), batches)
+    cpu: dict[str, float] = {}
+    train = _rate(lambda b: store.lookup(b, dim, train=True), batches, cpu, "train_lookup")
+    evals = _rate(lambda b: store.lookup(b, dim, train=False), batches, cpu, "eval_lookup")
+    update = _rate(lambda b: store.update(b, grads[: b.shape[0]]), batches, cpu, "update")
     s = store.stats()
     assert s["entries"] == n_distinct and s["evictions"] == 0 and s["skipped_unknown"] == 0
     return {
@@ -118,11 +131,128 @@ def run_engine_bench(
         "train_lookup_ids_per_s": train,
         "eval_lookup_ids_per_s": evals,
         "update_ids_per_s": update,
+        **{f"{k}_cpu_ns_per_id": v for k, v in cpu.items()},
         "bytes_per_entry": s["bytes_per_entry"],
         "raw_bytes_per_entry": s["raw_bytes_per_entry"],
         "bytes_per_entry_ratio": s["bytes_per_entry"] / s["raw_bytes_per_entry"],
         "prefill_s": fill_s,
     }
+
+
+# ------------------------------------------------------------------------ ps_bench's grid
+def prefill_store(
+    n: int, dim: int, num_shards: int = 1, threads: int = 1
+) -> tuple[EmbeddingStore, float]:
+    """An Adagrad store of ``num_shards`` internal shards worked by ``threads`` threads,
+    holding exactly the ``n`` ids the Zipf ranks map to (its capacity: the fullest shard's
+    count times the shards, so no shard evicts)."""
+    fullest = np.bincount(shard_of(rank_to_id(np.arange(n)), num_shards)).max()
+    store = EmbeddingStore(
+        int(fullest) * num_shards,
+        num_shards,
+        EmbeddingHyperparams(),
+        OPTIMIZERS["adagrad"],
+        threads=threads,
+    )
+    t0 = time.perf_counter()
+    for start in range(0, n, 1 << 20):
+        store.lookup(rank_to_id(np.arange(start, min(n, start + (1 << 20)))), dim, train=True)
+    return store, time.perf_counter() - t0
+
+
+def engine_grid(
+    sizes, dims, batches, steps: int, repeats: int, threads: tuple[int, ...] = (1,)
+) -> list[dict[str, Any]]:
+    """One row per (n, dim, batch, thread count): medians over ``repeats`` rounds. With several
+    thread counts every store has ``max(threads)`` internal shards, and each round measures
+    every count in turn (side by side on a shared machine)."""
+    rows = []
+    shards = max(threads)
+    for n in sizes:
+        for dim in dims:
+            stores = {t: prefill_store(n, dim, shards, t) for t in threads}
+            for batch in batches:
+                runs: dict[int, list] = {t: [] for t in threads}
+                for r in range(repeats):
+                    for t in threads:
+                        runs[t].append(
+                            run_engine_bench(n, dim, batch, steps=steps, seed=r, store=stores[t][0])
+                        )
+                for t in threads:
+                    rows.append(_engine_row(n, dim, batch, t, shards, stores[t][1], runs[t]))
+            for store, _ in stores.values():
+                store.close()
+            del stores
+            gc.collect()
+    return rows
+
+
+def _engine_row(
+    n: int,
+    dim: int,
+    batch: int,
+    threads: int,
+    shards: int,
+    fill_s: float,
+    runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    row = {
+        "part": "engine",
+        "n": n,
+        "dim": dim,
+        "batch": batch,
+        "threads": threads,
+        "num_shards": shards,
+        "prefill_s": fill_s,
+    }
+    for key in (
+        "train_lookup_ids_per_s",
+        "eval_lookup_ids_per_s",
+        "update_ids_per_s",
+        "train_lookup_cpu_ns_per_id",
+        "update_cpu_ns_per_id",
+    ):
+        vals = [r[key] for r in runs]
+        row[key] = statistics.median(vals)
+        row[key + "_minmax"] = (min(vals), max(vals))
+    for key in ("bytes_per_entry", "raw_bytes_per_entry", "bytes_per_entry_ratio"):
+        row[key] = runs[-1][key]
+    print(
+        f"  engine n={n} dim={dim} batch={batch} threads={threads}: lookup {fmt_rate(row['train_lookup_ids_per_s'])}/s "
+        f"update {fmt_rate(row['update_ids_per_s'])}/s ratio {row['bytes_per_entry_ratio']:.3f}",
+        flush=True,
+    )
+    return row
+
+
+def print_threads(engine: list[dict[str, Any]], threads: tuple[int, ...]) -> None:
+    """With several thread counts: each count's rates and their ratio to the first count's."""
+    if len(threads) < 2:
+        return
+    by = {(r["n"], r["dim"], r["batch"], r["threads"]): r for r in engine}
+    table = []
+    for n, dim, batch in sorted({k[:3] for k in by}):
+        base = by[(n, dim, batch, threads[0])]
+        for t in threads:
+            r = by[(n, dim, batch, t)]
+            row = {"n": n, "dim": dim, "batch": batch, "threads": t, "shards": r["num_shards"]}
+            for key, name in (
+                ("train_lookup_ids_per_s", "lookup"),
+                ("update_ids_per_s", "adagrad"),
+                ("eval_lookup_ids_per_s", "eval"),
+            ):
+                row[name] = f"{fmt_rate(r[key])} ({r[key] / base[key]:.2f}x)"
+            for key, name in (
+                ("train_lookup_cpu_ns_per_id", "lookup CPU ns/id"),
+                ("update_cpu_ns_per_id", "adagrad CPU ns/id"),
+            ):
+                row[name] = f"{r[key]:.0f}"
+            table.append(row)
+    print(
+        f"engine by thread count (wall-clock ids/s and their ratio to {threads[0]} thread(s); "
+        "CPU ns per id summed over threads; stores of the same shard count):"
+    )
+    print_table(table, [(k, k) for k in table[0]])
 
 
 _FIRST_CALL = """

@@ -46,6 +46,9 @@ ENV_EMBEDDED = "PERSIA_EMBEDDED"
 """1: embedded mode, the embedding PS and worker engines and the data loader inside the
 NN-worker process (``persia-launcher run --embedded``; pyrsia/services/embedded/job.py);
 0 or unset: services mode."""
+ENV_PS_THREADS = "PYRSIA_PS_THREADS"
+"""Threads one embedding PS replica works a batch's internal shards with, 1 to 64
+(``--threads``; default: the cores the process may run on, at most 64)."""
 ENV_CHECKPOINT_ROOT = "PERSIA_CHECKPOINT_ROOT"
 """The directory a PS's /dump and /load paths must lie in (``--checkpoint-root``); unset or
 empty: any path the PS process can write."""
@@ -361,6 +364,9 @@ MAX_CHECKPOINT_WORKERS = 64
 """Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
 MAX_INTERNAL_SHARDS = 64
 """More PS shards than this buy no parallelism on the machines Pyrsia targets."""
+PS_PARALLEL_MIN_IDS = 4096
+"""A PS batch of fewer ids runs on the calling thread alone (``embedding_ps/parallel.py``):
+handing work to another thread and waiting for it costs tens of microseconds."""
 MAX_CACHED_SCHEMAS = 16
 """Embedding schemas whose batch layouts an embedding worker keeps."""
 MAX_CACHED_LAYOUTS = 64

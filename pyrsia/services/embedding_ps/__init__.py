@@ -15,14 +15,15 @@ Threads of one PS process::
                                            └──> engine: hash probe, gather, optimizer
     GET /health, /metrics (always answer)       update, LRU touch (compiled kernels
     registry heartbeat (Redis lease)             release the GIL)
-    incremental-packet scanner (Infer PS)             │ with num_shards > 1:
-    /dump, /load ──────────────────────────┐          └─> "ps-shard" pool: one per shard
+    incremental-packet scanner (Infer PS)             │ a batch of >= 4,096 ids, threads > 1:
+    /dump, /load ──────────────────────────┐          └─> "ps-shard" pool: threads - 1 of them
                                            └──> "ps-checkpoint" pool: shard files
     metrics push thread (when configured)
 
 Modules: ``main`` (command line), ``server`` (routes), ``ps_metrics`` (its Prometheus
 metrics), ``engine`` (the store: hot path, configuration, counters) composing
-``shard_set`` / ``shard`` / ``table`` (its rows), ``store_stats`` (the store's snapshot for
+``shard_set`` / ``shard`` / ``table`` (its rows), ``parallel`` (a batch's shards over the
+``--threads`` threads: the calling one works a share too), ``store_stats`` (the store's snapshot for
 /stats), ``bulk`` (the whole-row surface checkpoints use), ``kernels``, ``optimizers``,
 ``checkpoint*`` (dumps and loads), ``incremental`` / ``packets`` (online updates for
 serving), ``persia_convert`` / ``persia_format`` (PERSIA's checkpoints).

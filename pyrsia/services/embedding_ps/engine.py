@@ -3,7 +3,8 @@
 Ids are spread over ``num_shards`` internal shards by ``mix64(id) % num_shards`` (independent of
 PERSIA's farmhash replica routing). Each shard has its own lock and its own compiled hash table,
 stamp LRU and arenas (see :mod:`pyrsia.services.embedding_ps.kernels`); kernels release the GIL, so a
-large batch is split over a small thread pool when there are several shards.
+large batch's shards are worked by ``threads`` threads at once (``parallel.py``), with the
+same result as one thread.
 
 Semantics (issue 2, section 4):
 
@@ -40,6 +41,7 @@ from pyrsia.services.embedding_ps import kernels as K
 from pyrsia.services.embedding_ps.capacity import check_capacity
 from pyrsia.services.embedding_ps.checkpoint import dump_store, load_store
 from pyrsia.services.embedding_ps.optimizers import pack, state_layout, state_width
+from pyrsia.services.embedding_ps.parallel import resolve_threads
 from pyrsia.services.embedding_ps.shard_set import ShardSet
 from pyrsia.services.embedding_ps.store_stats import (
     StoreSnapshot,
@@ -56,7 +58,8 @@ log = logging.getLogger(__name__)
 class EmbeddingStore:
     """A replica's embedding table: id -> embedding + optimizer state, LRU-bounded to ``capacity``.
 
-    It keeps the configuration, the optimizer and the counters; its rows are a ``ShardSet``.
+    It keeps the configuration, the optimizer and the counters; its rows are a ``ShardSet``
+    whose large batches ``threads`` threads work (at most one per shard; None: one per core).
     Public surface: ``lookup``/``update`` (hot path), ``configure``/``register_optimizer``,
     the bulk API (``bulk.BulkStore``), ``snapshot``/``stats``/``lookup_counters``,
     ``dump``/``load`` (checkpoints), ``clear``/``close``."""
@@ -68,12 +71,15 @@ class EmbeddingStore:
         hyperparams: EmbeddingHyperparams | None = None,
         optimizer: OptimizerSpec | None = None,
         seed: int | None = None,
+        threads: int | None = None,
     ):
         check_capacity(capacity, num_shards)
         self.capacity = int(capacity)
         self.num_shards = int(num_shards)
         self._state_lock = threading.Lock()  # dims, optimizer, hyperparams, counters
-        self._rows = ShardSet(self.capacity, self.num_shards, self._state_lock)
+        self._rows = ShardSet(
+            self.capacity, self.num_shards, self._state_lock, resolve_threads(threads)
+        )
         self._shards = self._rows.shards
         self._optimizer: OptimizerSpec | None = None
         self._opt = pack(None)
@@ -358,6 +364,10 @@ class EmbeddingStore:
         }
 
     # ----------------------------------------------------------------- bookkeeping
+    @property
+    def threads(self) -> int:
+        return self._rows.threads  # a batch's shards are worked by this many threads
+
     def __len__(self) -> int:
         return len(self._rows)
 

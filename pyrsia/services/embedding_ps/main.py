@@ -12,6 +12,7 @@ from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_ps.incremental import IncrementalLoader
 from pyrsia.services.embedding_ps.packets import IncrementalWriter
+from pyrsia.services.embedding_ps.parallel import MAX_THREADS, resolve_threads
 from pyrsia.services.embedding_ps.server import create_app
 from pyrsia.services.embedding_ps.warm import warm_ps
 from pyrsia.shared.cli import (
@@ -27,6 +28,7 @@ from pyrsia.shared.constants import (
     DEFAULT_PS_PORT,
     ENV_CHECKPOINT_ROOT,
     ENV_EMBEDDING_CONFIG,
+    ENV_PS_THREADS,
     MAX_INTERNAL_SHARDS,
     ROLE_EMBEDDING_PS,
 )
@@ -34,9 +36,16 @@ from pyrsia.shared.cpu_priority import (
     add_cpu_priority_flag,
     resolve_cpu_priority,
 )
-from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError, UsageError
+from pyrsia.shared.errors import (
+    ConfigError,
+    InvalidInputError,
+    PersiaError,
+    RegistryError,
+    UsageError,
+)
 from pyrsia.shared.metrics_push import install_metrics_push
 from pyrsia.shared.service_runner import run, run_service, start_process
+from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.warming import warm_in_background
 
 if TYPE_CHECKING:
@@ -62,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"any path); default ${ENV_CHECKPOINT_ROOT}, else the PS's working directory and "
         "checkpointing_config.checkpoint_dir",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"threads that work a batch's internal shards at once, 1 to {MAX_THREADS} "
+        f"(default ${ENV_PS_THREADS}, else the cores this process may run on, at most "
+        f"{MAX_THREADS}); the store has at least this many shards",
+    )
     return parser
 
 
@@ -83,9 +101,10 @@ def _check_infer_address(servers: tuple[str, ...], args: argparse.Namespace) -> 
 
 def _read_flags(args: argparse.Namespace) -> tuple[str, GlobalConfig, tuple[Path, ...]]:
     """(cpu priority, global config, checkpoint roots) from the flags and the files they
-    name; UsageError or ConfigError says which one is wrong."""
+    name, and ``args.threads`` resolved; UsageError or ConfigError says which one is wrong."""
     check_replica_flags(args)
     cpu_priority = resolve_cpu_priority(args.cpu_priority)
+    args.threads = ps_threads(args.threads)
     # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
     resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False)
     config = global_config_from_flags(args)
@@ -95,16 +114,33 @@ def _read_flags(args: argparse.Namespace) -> tuple[str, GlobalConfig, tuple[Path
     return cpu_priority, config, roots
 
 
-def _make_store(ps: EmbeddingParameterServerConfig) -> EmbeddingStore:
-    """An empty store of ``ps.capacity`` with at most MAX_INTERNAL_SHARDS internal shards."""
-    shards = min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS)
-    if shards != ps.num_hashmap_internal_shards:  # the default (100) does: no news at INFO
-        log.debug(
-            "num_hashmap_internal_shards=%d: using %d internal shards, the engine's maximum",
-            ps.num_hashmap_internal_shards,
-            shards,
-        )
-    return EmbeddingStore(capacity=ps.capacity, num_shards=shards)
+def ps_threads(flag: int | None, settings: Settings | None = None) -> int:
+    """The PS's thread count: ``--threads``, else ``$PYRSIA_PS_THREADS`` of ``settings``
+    (default: this process's), else the usable cores (at most MAX_THREADS); a bad value is a
+    UsageError (the flag) or a ConfigError (the variable) naming it."""
+    try:
+        if flag is not None:
+            return resolve_threads(flag, "--threads")
+        value = (settings or current()).positive(ENV_PS_THREADS, int, " (threads)")
+        return resolve_threads(value, ENV_PS_THREADS)
+    except InvalidInputError as exc:
+        if flag is not None:
+            raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
+
+
+def make_store(ps: EmbeddingParameterServerConfig, threads: int) -> EmbeddingStore:
+    """An empty store of ``ps.capacity`` worked by ``threads`` threads, with
+    ``num_hashmap_internal_shards`` internal shards, at least ``threads`` (one per thread) and
+    at most MAX_INTERNAL_SHARDS."""
+    shards = max(threads, min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS))
+    log.info(
+        "store: %d internal shards (num_hashmap_internal_shards=%d), %d threads",
+        shards,
+        ps.num_hashmap_internal_shards,
+        threads,
+    )
+    return EmbeddingStore(capacity=ps.capacity, num_shards=shards, threads=threads)
 
 
 def _load_infer_checkpoint(
@@ -171,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config
-    store = _make_store(ps)
+    store = make_store(ps, args.threads)
     workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
     log.info(
         "checkpoint roots %s: /dump and /load paths outside them are refused",

@@ -6,7 +6,8 @@ shard ``mix64(id) % num_shards``; each shard holds one arena per dim (``shard.py
 arena id in every shard. Two kinds of callers use it:
 
 * the store's hot path (``lookup``, ``update``): :meth:`split` ids per shard, :meth:`run` a
-  function per shard (over a small thread pool for a large batch), :meth:`arena_id`;
+  function per shard (over ``threads`` threads for a large batch: ``parallel.ShardRunner``),
+  :meth:`arena_id`;
 * bulk access (checkpoints, packets, re-sharding): :meth:`export_shard`, :meth:`export_entries`
   and :meth:`import_rows` move whole rows ``[embedding (dim) | optimizer state]``.
 
@@ -17,37 +18,36 @@ lock guards its arrays. :meth:`locked` takes ``lock`` then every shard's, in tha
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import contextmanager
 
 import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
 from pyrsia.services.embedding_ps.optimizers import init_state_numpy, state_width
+from pyrsia.services.embedding_ps.parallel import ShardRunner, split_positions, usable_cores
 from pyrsia.services.embedding_ps.shard import Shard, aligned_empty
 from pyrsia.shared.embedding_spec import OptimizerSpec
 from pyrsia.shared.errors import InvalidInputError
 
 MAX_DIMS = 127  # arena ids are int8
-PARALLEL_MIN_BATCH = 16_384
 
 
 class ShardSet:
-    """``num_shards`` internal shards of ``ceil(capacity / num_shards)`` entries each."""
+    """``num_shards`` internal shards of ``ceil(capacity / num_shards)`` entries each, a
+    batch's shards worked by up to ``threads`` threads (None: one per usable core)."""
 
-    def __init__(self, capacity: int, num_shards: int, lock: threading.Lock):
+    def __init__(
+        self, capacity: int, num_shards: int, lock: threading.Lock, threads: int | None = None
+    ):
         self.num_shards = num_shards
         self.shards = [Shard(math.ceil(capacity / num_shards)) for _ in range(num_shards)]
         self.lock = lock
         self._dims: dict[int, int] = {}
-        self._pool = (
-            ThreadPoolExecutor(min(num_shards, os.cpu_count() or 1), "ps-shard")
-            if num_shards > 1
-            else None
-        )
+        self.threads = min(num_shards, usable_cores() if threads is None else threads)
+        self._runner = ShardRunner(self.threads)
 
     # ----------------------------------------------------------------- dims and routing
     def arena_id(self, dim: int, create: bool) -> int | None:
@@ -72,21 +72,13 @@ class ShardSet:
         """Positions of ``ids`` per internal shard, each in batch order."""
         if self.num_shards == 1:
             return [np.arange(ids.shape[0], dtype=np.int64)]
-        sh = K.shard_of(ids, self.num_shards)
-        order = np.argsort(sh, kind="stable")
-        bounds = np.cumsum(np.bincount(sh, minlength=self.num_shards))[:-1]
-        return np.split(order, bounds)
+        order, starts = split_positions(ids, self.num_shards)
+        return [order[starts[k] : starts[k + 1]] for k in range(self.num_shards)]
 
     def run(self, fn: Callable, parts: list[np.ndarray]) -> list:
-        """``fn(shard_index, positions)`` for every non-empty part; in parallel for large batches."""
-        work = [(i, p) for i, p in enumerate(parts) if p.shape[0]]
-        if (
-            self._pool is not None
-            and len(work) > 1
-            and sum(p.shape[0] for _, p in work) >= PARALLEL_MIN_BATCH
-        ):
-            return list(self._pool.map(lambda ip: fn(*ip), work))
-        return [fn(i, p) for i, p in work]
+        """``fn(shard_index, positions)`` for every non-empty part, results in shard order;
+        over the shard threads for large batches (``parallel.ShardRunner``)."""
+        return self._runner.run(fn, parts)
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -144,10 +136,8 @@ class ShardSet:
         return sum(int(s.meta[counter]) for s in self.shards)
 
     def close(self) -> None:
-        """Stop the shard thread pool (the rows stay usable single-threaded)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Stop the shard threads (the rows stay usable single-threaded)."""
+        self._runner.close()
 
     # ----------------------------------------------------------------- whole rows
     def export_shard(self, dim: int, shard_index: int) -> tuple[np.ndarray, np.ndarray] | None:

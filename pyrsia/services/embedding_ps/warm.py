@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.parallel import split_positions
 from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, OptimizerSpec, SGDSpec
 from pyrsia.shared.farmhash import farmhash64
 
@@ -21,6 +22,7 @@ def warm_ps(specs: Sequence[OptimizerSpec] | None = None) -> None:
     every kind; an embedded job warms only the one it registered)."""
     ids = np.arange(8, dtype=np.uint64)
     farmhash64(ids)
+    split_positions(ids, 2)  # a store of several internal shards splits every batch
     if specs is None:
         specs = (
             SGDSpec(lr=0.1),

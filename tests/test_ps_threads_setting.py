@@ -1,0 +1,64 @@
+"""The embedding PS's thread setting: ``--threads``, else ``PYRSIA_PS_THREADS``, else the usable
+cores; checked and named when wrong; the store gets at least one internal shard per thread."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyrsia.services.embedding_ps.main import make_store, ps_threads
+from pyrsia.services.embedding_ps.parallel import MAX_THREADS, usable_cores
+from pyrsia.shared.config import EmbeddingParameterServerConfig
+from pyrsia.shared.constants import ENV_PS_THREADS
+from pyrsia.shared.errors import ConfigError, UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_flag_then_environment_then_cores(monkeypatch):
+    monkeypatch.delenv(ENV_PS_THREADS, raising=False)
+    assert ps_threads(None) == min(usable_cores(), MAX_THREADS)
+    monkeypatch.setenv(ENV_PS_THREADS, "3")
+    assert ps_threads(None) == 3
+    assert ps_threads(5) == 5
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5", str(MAX_THREADS + 1)])
+def test_a_bad_environment_value_is_a_config_error_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(ENV_PS_THREADS, raw)
+    with pytest.raises(ConfigError, match=f"^{ENV_PS_THREADS}: expected"):
+        ps_threads(None)
+
+
+@pytest.mark.parametrize("flag", [0, -1, MAX_THREADS + 1])
+def test_a_bad_flag_is_a_usage_error_naming_the_flag(monkeypatch, flag):
+    monkeypatch.setenv(ENV_PS_THREADS, "2")  # the flag is checked, not the variable
+    with pytest.raises(UsageError, match=r"^--threads: expected an integer in \[1, 64\]"):
+        ps_threads(flag)
+
+
+@pytest.mark.parametrize(
+    "key,threads,shards", [(1, 2, 2), (1, 1, 1), (100, 2, 64), (8, 2, 8), (3, 4, 4)]
+)
+def test_the_store_has_at_least_one_shard_per_thread(key, threads, shards):
+    store = make_store(
+        EmbeddingParameterServerConfig(capacity=1000, num_hashmap_internal_shards=key), threads
+    )
+    assert (store.num_shards, store.threads) == (shards, threads)
+    assert store.stats()["num_shards"] == shards
+    store.close()
+
+
+def test_the_service_refuses_a_bad_value_at_start():
+    done = subprocess.run(
+        [sys.executable, "-m", "persia.launcher", "embedding-parameter-server", "--threads", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--threads: expected an integer in [1, 64], got 0" in done.stderr
