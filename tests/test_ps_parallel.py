@@ -18,7 +18,6 @@ from pyrsia.services.embedding_ps.parallel import (
     deal,
     resolve_threads,
     split_positions,
-    usable_cores,
 )
 from pyrsia.services.embedding_ps.table import shard_of
 from pyrsia.shared.embedding_spec import AdagradSpec, AdamSpec, EmbeddingHyperparams, SGDSpec
@@ -119,16 +118,16 @@ def test_parallel_store_equals_serial_store_bit_for_bit(monkeypatch, optimizer, 
         s.close()
 
 
-def test_a_store_has_no_more_threads_than_shards_and_defaults_to_the_cores():
+def test_a_store_has_no_more_threads_than_shards_and_defaults_to_the_node_default():
     assert EmbeddingStore(100, num_shards=2, threads=8).threads == 2
-    assert EmbeddingStore(100, num_shards=64).threads == min(64, usable_cores())
+    assert EmbeddingStore(100, num_shards=64).threads == parallel.default_threads()
     assert EmbeddingStore(100, num_shards=1).threads == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_THREADS + 1, True, 2.0, "2", None])
 def test_the_thread_setting_is_checked_and_named(bad):
     if bad is None:
-        assert resolve_threads(None) == min(usable_cores(), MAX_THREADS)
+        assert resolve_threads(None) == parallel.default_threads()
         return
     with pytest.raises(InvalidInputError, match=r"^threads: expected an integer in \[1, 64\]"):
         EmbeddingStore(100, num_shards=2, threads=bad)

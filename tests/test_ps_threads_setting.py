@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from pyrsia.services.embedding_ps import parallel
 from pyrsia.services.embedding_ps.main import make_store, ps_threads
 from pyrsia.services.embedding_ps.parallel import MAX_THREADS, usable_cores
 from pyrsia.shared.config import EmbeddingParameterServerConfig
-from pyrsia.shared.constants import ENV_PS_THREADS
+from pyrsia.shared.constants import ENV_PS_THREADS, PS_PARALLEL_MIN_CORES
 from pyrsia.shared.errors import ConfigError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_flag_then_environment_then_cores(monkeypatch):
     monkeypatch.delenv(ENV_PS_THREADS, raising=False)
-    assert ps_threads(None) == min(usable_cores(), MAX_THREADS)
+    cores = usable_cores()
+    assert ps_threads(None) == (1 if cores < PS_PARALLEL_MIN_CORES else min(cores, MAX_THREADS))
     monkeypatch.setenv(ENV_PS_THREADS, "3")
     assert ps_threads(None) == 3
     assert ps_threads(5) == 5
@@ -62,3 +64,15 @@ def test_the_service_refuses_a_bad_value_at_start():
     )
     assert done.returncode == 2
     assert "--threads: expected an integer in [1, 64], got 0" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("cores", "threads"), [(1, 1), (2, 1), (3, 1), (4, 4), (16, 16), (200, MAX_THREADS)]
+)
+def test_a_small_node_defaults_to_one_thread_a_big_one_to_every_core(
+    monkeypatch, cores, threads
+):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: cores)
+    assert parallel.default_threads() == threads
+    assert parallel.resolve_threads(None) == threads
+    assert parallel.resolve_threads(2) == 2

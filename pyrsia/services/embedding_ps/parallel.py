@@ -13,7 +13,8 @@ thread whichever thread it is, and shards share no array (``out`` and ``applied`
 written at disjoint rows; counters are integers summed afterwards).
 
 The thread count comes from the cores this process may run on (``os.sched_getaffinity``),
-at most :data:`MAX_THREADS`, unless a setting names it (:func:`resolve_threads`). A batch
+at most :data:`MAX_THREADS`, unless a setting names it (:func:`resolve_threads`); on a node
+with fewer than :data:`PS_PARALLEL_MIN_CORES` usable cores it is one (:func:`default_threads`). A batch
 of fewer than :data:`PARALLEL_MIN_IDS` ids runs on the calling thread alone: handing work
 to another thread and waiting for it costs tens of microseconds, more than it saves there.
 """
@@ -29,7 +30,11 @@ import numba as nb
 import numpy as np
 
 from pyrsia.services.embedding_ps.table import mix64
-from pyrsia.shared.constants import MAX_INTERNAL_SHARDS, PS_PARALLEL_MIN_IDS
+from pyrsia.shared.constants import (
+    MAX_INTERNAL_SHARDS,
+    PS_PARALLEL_MIN_CORES,
+    PS_PARALLEL_MIN_IDS,
+)
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.kernel_cache import drop_if_inlined_changed
 
@@ -50,12 +55,20 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_threads() -> int:
+    """The thread count when no setting names one: every usable core (at most MAX_THREADS),
+    or one on a node with fewer than PS_PARALLEL_MIN_CORES, where the PS shares its few
+    cores with the rest of the pipeline and a second thread only adds CPU per batch."""
+    cores = usable_cores()
+    return 1 if cores < PS_PARALLEL_MIN_CORES else min(cores, MAX_THREADS)
+
+
 def resolve_threads(requested: int | None, field: str = "threads") -> int:
     """The thread count to use: ``requested`` (checked: an integer in [1, MAX_THREADS]) or,
-    when None, the usable cores, at most MAX_THREADS. A bad value is an InvalidInputError
+    when None, :func:`default_threads`. A bad value is an InvalidInputError
     naming ``field``."""
     if requested is None:
-        return min(usable_cores(), MAX_THREADS)
+        return default_threads()
     return checked_count(requested, field, MAX_THREADS)
 
 

@@ -27,7 +27,11 @@ import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
 from pyrsia.services.embedding_ps.optimizers import init_state_numpy, state_width
-from pyrsia.services.embedding_ps.parallel import ShardRunner, split_positions, usable_cores
+from pyrsia.services.embedding_ps.parallel import (
+    ShardRunner,
+    default_threads,
+    split_positions,
+)
 from pyrsia.services.embedding_ps.shard import Shard, aligned_empty
 from pyrsia.shared.embedding_spec import OptimizerSpec
 from pyrsia.shared.errors import InvalidInputError
@@ -46,7 +50,7 @@ class ShardSet:
         self.shards = [Shard(math.ceil(capacity / num_shards)) for _ in range(num_shards)]
         self.lock = lock
         self._dims: dict[int, int] = {}
-        self.threads = min(num_shards, usable_cores() if threads is None else threads)
+        self.threads = min(num_shards, default_threads() if threads is None else threads)
         self._runner = ShardRunner(self.threads)
 
     # ----------------------------------------------------------------- dims and routing
