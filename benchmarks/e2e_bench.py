@@ -43,7 +43,7 @@ Ends with::
     python benchmarks/e2e_bench.py [--quick] [--threads default,1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--fused-adam] [--datasets census,criteo]
                                    [--criteo-rows 200000] [--settings defaults,tuned]
-                                   [--staleness 8] [--torchrec]
+                                   [--staleness 8] [--peers torchrec]
                                    [--modes services,embedded]
                                    [--malloc-tuning on,off]
                                    [--json F]
@@ -62,8 +62,11 @@ embedded mode (``persia-launcher run --embedded``: the same train.py and data_lo
 engines and the loader inside the NN worker's process; side ``pyrsia_embedded``) in the same
 run; ``--modes embedded`` runs only the latter.
 
-``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
-run and reported like the baseline (install it by hand, as that module says).
+``--peers torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third
+side, run in every round and reported like the baseline, and reports each Pyrsia side against
+it as same-run pairs (``peer_pairs``, ``peer_medians``; a ``PEER`` line after the RESULT
+line); without TorchRec installed (by hand, as that module says) it is skipped with a line
+saying why (``--torchrec``: the same, but exits 2 then).
 
 ``--nn-workers 1,2`` runs Pyrsia with 1 and with 2 NN-worker ranks (each with as many data
 loaders) in the same run, against the same baseline runs; ``--threads`` is then torch
@@ -93,6 +96,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
 import torch  # noqa: E402
 from e2e import data as e2e_data  # noqa: E402
+from e2e.peers import peer_medians, peer_pairs  # noqa: E402
 from e2e.report import print_report, save_chart  # noqa: E402
 from e2e_cli import parse_args  # noqa: E402
 from e2e_runs import BATCH, rank_rows, run_baseline, run_pyrsia, run_pyrsia_embedded  # noqa: E402
@@ -251,22 +255,26 @@ def summarize(name: str, data: dict[str, Any], args: argparse.Namespace,
         "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
         "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
         "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
-        **references(args, runs, best, pyrsia_sides[0]),
+        **references(args, runs, best, pyrsia_sides),
     }  # fmt: skip
 
 
 def references(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-               best: dict[str, dict[str, Any]], first_side: str) -> dict[str, Any]:  # fmt: skip
-    """The result's fields of the peers and references the flags asked for: TorchRec and its
-    pairs, the bf16 baseline and its ratio, the fused-Adam baseline, its ratio and pairs
-    (against ``first_side``, the RESULT line's Pyrsia side)."""
+               best: dict[str, dict[str, Any]], pyrsia_sides: list[str]) -> dict[str, Any]:  # fmt: skip
+    """The result's fields of the peers and references the flags asked for: TorchRec, its
+    pairs with the baseline and every Pyrsia side's pairs with it (``peer_pairs``,
+    ``peer_medians``), the bf16 baseline and its ratio, the fused-Adam baseline, its ratio
+    and pairs (against the first of ``pyrsia_sides``, the RESULT line's Pyrsia side)."""
+    first_side = pyrsia_sides[0]
     p = best[first_side]
+    versus = peer_pairs(runs, pyrsia_sides, "torchrec") if args.torchrec else []
     return {
         **({"torchrec": best["torchrec"],
             "torchrec_pairs": [
                 {"threads": tr["threads"], "ratio": tr["samples_per_s"] / br["samples_per_s"],
                  "auc_gap": tr["auc"] - br["auc"]}
-                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)]}
+                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)],
+            "peer_pairs": versus, "peer_medians": {"torchrec": peer_medians(versus)}}
            if args.torchrec else {}),
         **({"baseline_bf16": best["baseline_bf16"],
             "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}
@@ -340,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         f"baseline_samples_per_s={m['baseline_samples_per_s']:.1f} ratio={m['ratio']:.3f} "
         f"pyrsia_auc={m['pyrsia_auc']:.4f} baseline_auc={m['baseline_auc']:.4f}"
     )
+    for peer, by_side in r.get("peer_medians", {}).items():  # Pyrsia ÷ each peer, same runs
+        q = by_side[side]
+        print(f"PEER {peer} pyrsia_vs_peer={q['ratio']:.3f} auc_gap={q['auc_gap']:+.4f}")
     return 0
 
 
