@@ -44,7 +44,7 @@ Ends with::
     python benchmarks/e2e_bench.py [--quick] [--threads default,1,2] [--nn-workers 1,2] [--repeats N]
                                    [--mixed-precision] [--fused-adam] [--datasets census,criteo]
                                    [--criteo-rows 200000] [--settings defaults,tuned]
-                                   [--staleness 8] [--torchrec]
+                                   [--staleness 8] [--peers torchrec]
                                    [--modes services,embedded]
                                    [--malloc-tuning on,off]
                                    [--json F]
@@ -63,8 +63,11 @@ embedded mode (``persia-launcher run --embedded``: the same train.py and data_lo
 engines and the loader inside the NN worker's process; side ``pyrsia_embedded``) in the same
 run; ``--modes embedded`` runs only the latter.
 
-``--torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third side,
-run and reported like the baseline (install it by hand, as that module says).
+``--peers torchrec`` adds TorchRec's fused CPU embeddings (``torchrec_peer.py``) as a third
+side, run in every round and reported like the baseline, and reports each Pyrsia side against
+it as same-run pairs (``peer_pairs``, ``peer_medians``; a ``PEER`` line after the RESULT
+line); without TorchRec installed (by hand, as that module says) it is skipped with a line
+saying why (``--torchrec``: the same, but exits 2 then).
 
 ``--nn-workers 1,2`` runs Pyrsia with 1 and with 2 NN-worker ranks (each with as many data
 loaders) in the same run, against the same baseline runs; ``--threads`` is then torch
@@ -296,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         f"baseline_samples_per_s={m['baseline_samples_per_s']:.1f} ratio={m['ratio']:.3f} "
         f"pyrsia_auc={m['pyrsia_auc']:.4f} baseline_auc={m['baseline_auc']:.4f}"
     )
+    for peer, by_side in r.get("peer_medians", {}).items():  # Pyrsia ÷ each peer, same runs
+        q = by_side[side]
+        print(f"PEER {peer} pyrsia_vs_peer={q['ratio']:.3f} auc_gap={q['auc_gap']:+.4f}")
     return 0
 
 

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from e2e import data as e2e_data
+from e2e.peers import PEERS, resolve_peers
 from e2e_runs import BATCH
 from torchrec_peer import torchrec_missing
 
@@ -148,11 +149,17 @@ def _add_side_flags(parser: argparse.ArgumentParser) -> None:
         "run --embedded, one process; services,embedded runs both, side pyrsia_embedded)",
     )
     parser.add_argument(
-        "--torchrec",
-        action="store_true",
-        help="also run TorchRec's fused CPU embeddings as a single-process peer "
-        "(benchmarks/torchrec_peer.py; TorchRec installed by hand)",
-    )
+        "--peers", default="",
+        help="single-process peers run in every round beside the baseline, comma-separated "
+        f"among {','.join(PEERS)} (torchrec: TorchRec's fused CPU embeddings, "
+        "benchmarks/torchrec_peer.py, installed by hand); each Pyrsia side is also reported "
+        "against each peer as same-run pairs; a peer that is not installed is skipped with a "
+        "line saying why",
+    )  # fmt: skip
+    parser.add_argument(
+        "--torchrec", action="store_true",
+        help="--peers torchrec, but exit 2 when TorchRec is not installed",
+    )  # fmt: skip
     parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
     )
@@ -196,5 +203,18 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--rank-batch split: the ranks must divide the batch {BATCH}, got {bad}")
     if args.criteo_rows < 0 or args.staleness < 1 or args.repeats < 1:
         parser.error("--criteo-rows: expected >= 0; --staleness, --repeats: expected >= 1")
-    if args.torchrec and (missing := torchrec_missing()) is not None:
-        parser.error(f"--torchrec: {missing}")
+    _check_peers(parser, args)
+
+
+def _check_peers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.peers``: the peers that run (a missing one skipped, with a line saying why;
+    with ``--torchrec`` a missing TorchRec exits 2); ``args.torchrec``: whether it runs."""
+    requested = choice_list(parser, "--peers", args.peers, PEERS) if args.peers.strip() else []
+    if args.torchrec:
+        if (missing := torchrec_missing()) is not None:
+            parser.error(f"--torchrec: {missing}")
+        requested = list(dict.fromkeys([*requested, "torchrec"]))
+    args.peers, skipped = resolve_peers(requested, {"torchrec": torchrec_missing})
+    for line in skipped:
+        print(line, flush=True)
+    args.torchrec = "torchrec" in args.peers

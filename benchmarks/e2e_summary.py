@@ -11,6 +11,7 @@ import os
 import statistics
 from typing import Any
 
+from e2e.peers import peer_medians, peer_pairs
 from e2e_runs import BATCH
 
 
@@ -37,22 +38,26 @@ def summarize(name: str, data: dict[str, Any], args: argparse.Namespace,
         "pyrsia_sides": {side: best[side] for side in pyrsia_sides},
         "ratios": {side: best[side]["samples_per_s"] / b["samples_per_s"] for side in pyrsia_sides},
         "mixed_precision": args.mixed_precision, "load_average": os.getloadavg(),
-        **references(args, runs, best, pyrsia_sides[0]),
+        **references(args, runs, best, pyrsia_sides),
     }  # fmt: skip
 
 
 def references(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-               best: dict[str, dict[str, Any]], first_side: str) -> dict[str, Any]:  # fmt: skip
-    """The result's fields of the peers and references the flags asked for: TorchRec and its
-    pairs, the bf16 baseline and its ratio, the fused-Adam baseline, its ratio and pairs
-    (against ``first_side``, the RESULT line's Pyrsia side)."""
+               best: dict[str, dict[str, Any]], pyrsia_sides: list[str]) -> dict[str, Any]:  # fmt: skip
+    """The result's fields of the peers and references the flags asked for: TorchRec, its
+    pairs with the baseline and every Pyrsia side's pairs with it (``peer_pairs``,
+    ``peer_medians``), the bf16 baseline and its ratio, the fused-Adam baseline, its ratio
+    and pairs (against the first of ``pyrsia_sides``, the RESULT line's Pyrsia side)."""
+    first_side = pyrsia_sides[0]
     p = best[first_side]
+    versus = peer_pairs(runs, pyrsia_sides, "torchrec") if args.torchrec else []
     return {
         **({"torchrec": best["torchrec"],
             "torchrec_pairs": [
                 {"threads": tr["threads"], "ratio": tr["samples_per_s"] / br["samples_per_s"],
                  "auc_gap": tr["auc"] - br["auc"]}
-                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)]}
+                for tr, br in zip(runs["torchrec"], runs["baseline"], strict=True)],
+            "peer_pairs": versus, "peer_medians": {"torchrec": peer_medians(versus)}}
            if args.torchrec else {}),
         **({"baseline_bf16": best["baseline_bf16"],
             "ratio_vs_bf16_baseline": p["samples_per_s"] / best["baseline_bf16"]["samples_per_s"]}

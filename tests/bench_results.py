@@ -28,6 +28,14 @@ RESULT_KEYS: dict[str, list[str]] = {
         "baseline_auc",
     ],
     "feed_rate.py": ["feed_samples_per_s", "baseline_samples_per_s", "ratio"],
+    "embedded_engine_bench.py": [
+        "engine_cpu_ms_per_batch",
+        "prepare_cpu_ms",
+        "lookup_cpu_ms",
+        "tensors_cpu_ms",
+        "payload_cpu_ms",
+        "gradients_cpu_ms",
+    ],
     "contention_bench.py": [
         "two_threads_alone",
         "two_threads_loaded",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import fmt_rate, print_table
+from e2e.peers import format_peer_pairs
 from plots import save_bar_chart
 from sched_stats import per_batch
 
@@ -108,6 +109,13 @@ def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
         if q.get("side", "pyrsia") == side
     )
     print(f"[{tag}] same-run pairs, ratio (AUC gap): {pairs}")
+    for peer, by_side in r.get("peer_medians", {}).items():
+        m = by_side[side]
+        print(
+            f"[{tag}] against the {peer} peer, same-run pairs, ratio (AUC gap): "
+            f"{format_peer_pairs(r['peer_pairs'], side)}; median {m['ratio']:.3f} "
+            f"(AUC {m['auc_gap']:+.4f})"
+        )
     _print_references(tag, r, side)
     cpu = ", ".join(
         f"{k} {v['cores']:.2f}" for k, v in sorted(p["cpu"].items(), key=lambda kv: -kv[1]["cores"])
