@@ -13,6 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 
 from e2e.peers import format_peer_pairs, peer_medians, peer_pairs, resolve_peers  # noqa: E402
 from e2e_cli import parse_args  # noqa: E402
