@@ -116,12 +116,18 @@ class InProcessTransport:
         self.ps = LocalPS(self.store, self.offload)
         ttl = float(worker_config.buffered_data_expired_sec)
         self.worker = Worker(
-            index=0, schema=schema, config=worker_config, ps=self.ps,  # type: ignore[arg-type]
+            index=0,
+            schema=schema,
+            config=worker_config,
+            ps=self.ps,  # type: ignore[arg-type]
             forward=ForwardBuffer(worker_config.forward_buffer_size, ttl),
-            awaiting=GradientBuffer(worker_config.forward_buffer_size * GRADIENT_BUFFER_FACTOR, ttl),
-            offload=self.offload, metrics=None,  # no /metrics in embedded mode: nothing reads them
+            awaiting=GradientBuffer(
+                worker_config.forward_buffer_size * GRADIENT_BUFFER_FACTOR, ttl
+            ),
+            offload=self.offload,
+            metrics=None,  # no /metrics in embedded mode: nothing reads them
             direct_ids=itertools.count(1),
-        )  # fmt: skip
+        )
         self._warmed: set[OptimizerSpec] = set()
         self.handlers: dict[str, Handler] = {
             routes.LOOKUP.path: self.lookup,

@@ -116,9 +116,12 @@ class EmbeddingClient:
         per table of a gathered answer (``tables``; gathered slots left out named in
         ``skipped_slots``)."""
         request = Gradients(
-            batch_id, float(loss_scale), tuple(grads),
-            None if tables is None else tuple(tables), tuple(skipped_slots),
-        )  # fmt: skip
+            batch_id,
+            float(loss_scale),
+            tuple(grads),
+            None if tables is None else tuple(tables),
+            tuple(skipped_slots),
+        )
         return await self.transport.call(worker, routes.GRADIENTS, request)
 
     # --- administration (worker 0 fans these out to every PS replica) --------------------
