@@ -31,16 +31,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pyrsia.shared.constants import ADMIN_TIMEOUT_S, LOOKUP_TIMEOUT_S
 from pyrsia.shared.errors import MisuseError
+from pyrsia.shared.wire import worker as wire
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
-from pyrsia.shared.wire.worker import (
-    Embeddings,
-    Gradients,
-    GradientsApplied,
-    Lookup,
-    LookupDirect,
-    WorkerSchema,
-    WorkerStats,
-)
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -73,16 +65,21 @@ class Route(Generic[Req, Rep]):
     """Whether a call lost on the way may be sent again (the request is idempotent)."""
 
 
-LOOKUP: Route[Lookup, Embeddings] = Route("/lookup", Lookup, Embeddings.from_wire, LOOKUP_TIMEOUT_S)
-LOOKUP_DIRECT: Route[LookupDirect, Embeddings] = Route(
+LOOKUP: Route[wire.Lookup, wire.Embeddings] = Route(
+    "/lookup", wire.Lookup, wire.Embeddings.from_wire, LOOKUP_TIMEOUT_S
+)
+LOOKUP_DIRECT: Route[wire.LookupDirect, wire.Embeddings] = Route(
     "/lookup_direct",
-    LookupDirect,
-    Embeddings.from_wire,
+    wire.LookupDirect,
+    wire.Embeddings.from_wire,
     LOOKUP_TIMEOUT_S,
     retry=lambda request: not request.train,  # a training lookup buffers the batch
 )
-GRADIENTS: Route[Gradients, GradientsApplied] = Route(
-    "/gradients", Gradients, lambda answer, _: GradientsApplied.from_wire(answer), LOOKUP_TIMEOUT_S
+GRADIENTS: Route[wire.Gradients, wire.GradientsApplied] = Route(
+    "/gradients",
+    wire.Gradients,
+    lambda answer, _: wire.GradientsApplied.from_wire(answer),
+    LOOKUP_TIMEOUT_S,
 )
 CONFIGURE: Route[Configure, Any] = Route("/configure", Configure, _as_is, ADMIN_TIMEOUT_S, _always)
 REGISTER_OPTIMIZER: Route[RegisterOptimizer, Any] = Route(
@@ -91,11 +88,15 @@ REGISTER_OPTIMIZER: Route[RegisterOptimizer, Any] = Route(
 DUMP: Route[Directory, Any] = Route("/dump", Directory, _as_is, ADMIN_TIMEOUT_S)
 LOAD: Route[Directory, Any] = Route("/load", Directory, _as_is, ADMIN_TIMEOUT_S)
 CLEAR: Route[Empty, Any] = Route("/clear", Empty, _as_is, ADMIN_TIMEOUT_S, _always)
-SCHEMA: Route[Empty, WorkerSchema] = Route(
-    "/schema", Empty, lambda answer, _: WorkerSchema.from_wire(answer), ADMIN_TIMEOUT_S, _always
+SCHEMA: Route[Empty, wire.WorkerSchema] = Route(
+    "/schema",
+    Empty,
+    lambda answer, _: wire.WorkerSchema.from_wire(answer),
+    ADMIN_TIMEOUT_S,
+    _always,
 )
-STATS: Route[Empty, WorkerStats] = Route(
-    "/stats", Empty, lambda answer, _: WorkerStats.from_wire(answer), ADMIN_TIMEOUT_S, _always
+STATS: Route[Empty, wire.WorkerStats] = Route(
+    "/stats", Empty, lambda answer, _: wire.WorkerStats.from_wire(answer), ADMIN_TIMEOUT_S, _always
 )
 
 ROUTES: tuple[Route[Any, Any], ...] = (

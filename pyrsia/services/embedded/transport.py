@@ -45,18 +45,10 @@ from pyrsia.shared.embedding_spec import OptimizerSpec, optimizer_to_dict
 from pyrsia.shared.embedding_transport import Rep, Req, Route
 from pyrsia.shared.errors import InvalidInputError, MisuseError, PersiaError
 from pyrsia.shared.thread_offload import Offloader
+from pyrsia.shared.wire import worker as wire
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.batch import IDPart
 from pyrsia.shared.wire.ps import PSStats
-from pyrsia.shared.wire.worker import (
-    Embeddings,
-    Gradients,
-    GradientsApplied,
-    Lookup,
-    LookupDirect,
-    WorkerSchema,
-    WorkerStats,
-)
 
 INLINE_MAX_IDS = 1 << 40
 """By default every lookup and update runs inline on the runtime's loop thread: on a
@@ -177,24 +169,24 @@ class InProcessTransport:
         return await handler(request)
 
     # --- the worker's data routes ------------------------------------------------------
-    async def lookup(self, request: Lookup) -> Embeddings:
+    async def lookup(self, request: wire.Lookup) -> wire.Embeddings:
         """Embeddings of a batch the data loader buffered under ``batch_id``."""
         return await self.worker.lookup(request.batch_id, request.train, request.gathered)
 
-    async def lookup_direct(self, request: LookupDirect) -> Embeddings:
+    async def lookup_direct(self, request: wire.LookupDirect) -> wire.Embeddings:
         """Embeddings of ids given in the call (evaluation, direct datasets)."""
         checked = IDPart.from_wire(request.batch.to_wire(), "batch")  # what the route checks
         return await self.worker.lookup_direct(checked, request.train, request.gathered)
 
-    async def gradients(self, request: Gradients) -> GradientsApplied:
+    async def gradients(self, request: wire.Gradients) -> wire.GradientsApplied:
         """Apply one batch's embedding gradients, checked as the route checks them (on the
         arrays themselves, no copy)."""
-        return await self.worker.apply_gradients(Gradients.from_wire(request.to_wire()))
+        return await self.worker.apply_gradients(wire.Gradients.from_wire(request.to_wire()))
 
-    async def worker_schema(self, request: Empty) -> WorkerSchema:
-        return WorkerSchema(self.schema, 1)
+    async def worker_schema(self, request: Empty) -> wire.WorkerSchema:
+        return wire.WorkerSchema(self.schema, 1)
 
-    async def stats(self, request: Empty) -> WorkerStats:
+    async def stats(self, request: Empty) -> wire.WorkerStats:
         """The buffers and the one PS replica's counters (what ``/stats`` answers)."""
         store, worker = self.store, self.worker
         out = dict(store.stats())
@@ -208,7 +200,7 @@ class InProcessTransport:
             "applied_update_ids": self.ps.applied_updates,
         }
         ps = (PSStats(out["entries"], out["updates_applied"], out),)
-        return WorkerStats(len(worker.forward), len(worker.awaiting), ps, details)
+        return wire.WorkerStats(len(worker.forward), len(worker.awaiting), ps, details)
 
     # --- the PS's administration routes (worker 0 forwards them in services mode) ------
     async def configure(self, request: Configure) -> Any:
