@@ -8,8 +8,8 @@ of the same process, and the services' engines in between, called in process::
         │                                         prefix, dedup) on this thread, buffered in the
         │                                         Worker's forward buffer; dense half queued
         ▼
-    runtime loop thread ── Prefetcher ─▶ EmbeddedClient.lookup ─▶ Worker ─▶ LocalPS ─▶ EmbeddingStore
-                           BackwardEngine ─▶ EmbeddedClient.gradients ─▶ (the same, backward)
+    runtime loop thread ── Prefetcher, BackwardEngine ─▶ EmbeddingClient (lookup, gradients)
+                           ─▶ InProcessTransport ─▶ Worker ─▶ LocalPS ─▶ EmbeddingStore
     training thread ────── forward, backward, dense step (train.py)
 
 No HTTP, no msgpack and no Redis: the prefetcher, the gradient sender and their in-flight
@@ -246,7 +246,7 @@ class EmbeddedSession(Session):
     queue the in-process data loader fills (no server, no registry)."""
 
     def __init__(self, runtime: Runtime, job: EmbeddedJob):
-        super().__init__(runtime, job.client, None, None)  # type: ignore[arg-type]
+        super().__init__(runtime, job.client, None, None)
         self.job = job
         self._queue: BatchQueue | None = None
         self._open = False  # counted in the job's open sessions (the loop thread's CPU class)

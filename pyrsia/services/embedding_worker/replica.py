@@ -4,7 +4,7 @@
 the work of its routes as plain methods: preprocess a batch's ids (``prepare``), answer a
 lookup (``lookup``, ``lookup_direct``) and turn pooled gradients into per-id PS updates
 (``apply_gradients``). ``server.py`` puts it behind the HTTP routes; the NN worker's
-embedded mode (pyrsia/services/embedded/client.py) calls it in-process.
+embedded mode (pyrsia/services/embedded/transport.py) calls it in-process.
 :func:`worker_metrics` makes the Prometheus metrics it updates.
 """
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.services.nn_worker.features import GradientPayload
 from pyrsia.services.nn_worker.inflight import InflightLimits, Permit
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
@@ -45,7 +45,7 @@ class BackwardEngine:
     def __init__(
         self,
         runtime: Runtime,
-        client: EmbeddingWorkerClient,
+        client: EmbeddingClient,
         limits: InflightLimits,
     ):
         self.runtime = runtime

@@ -1,9 +1,10 @@
 """Calls from an NN worker (or an inference client) to the embedding workers.
 
-The embedding workers are found either through the Redis registry (training and
-evaluation jobs) or from a fixed ``host:port`` list (``InferCtx``, which needs no
-registry). Every call goes through the process's one :class:`HttpClient` and
-returns validated numpy arrays; the protocol is PROTOCOL.md.
+:class:`EmbeddingClient` is written once against the embedding transport protocol
+(:mod:`pyrsia.shared.embedding_transport`): it builds each route's request, validating what
+the caller passed, and returns the route's checked reply, whatever carries it. Services
+mode's :class:`EmbeddingWorkerClient` runs it over HTTP (``http_transport``); embedded mode
+runs it over the in-process transport (``pyrsia/services/embedded/transport.py``).
 
 Embedding layout per slot, as the worker answers it::
 
@@ -14,23 +15,15 @@ Embedding layout per slot, as the worker answers it::
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 from typing import Any
 
 import numpy as np
 
-from pyrsia.shared.constants import (
-    ADMIN_TIMEOUT_S,
-    DEFAULT_WAIT_TIMEOUT_S,
-    HEALTH_CHECK_TIMEOUT_S,
-    HEALTH_POLL_S,
-    LOOKUP_TIMEOUT_S,
-    ROLE_EMBEDDING_WORKER,
-)
+from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport, normalize_address
+from pyrsia.shared import embedding_transport as routes
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
-from pyrsia.shared.errors import InvalidInputError, ServiceUnavailableError
+from pyrsia.shared.embedding_transport import EmbeddingTransport, check_routes
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
@@ -45,107 +38,40 @@ from pyrsia.shared.wire.worker import (
     WorkerStats,
 )
 
-
-def normalize_address(address: str) -> str:
-    """``"host:port"`` or ``"http://host:port"`` -> ``"http://host:port"``; spaces are dropped
-    (PERSIA's documentation writes ``"localhost: 8888"``)."""
-    if not isinstance(address, str) or not address.strip():
-        raise InvalidInputError("embedding_worker_address", "a 'host:port' string", address)
-    text = address.replace(" ", "").rstrip("/")
-    if not text.startswith(("http://", "https://")):
-        text = "http://" + text
-    host_port = text.split("://", 1)[1]
-    host, sep, port = host_port.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidInputError("embedding_worker_address", "a 'host:port' string", address)
-    return text.rstrip("/")
+__all__ = ["EmbeddingClient", "EmbeddingWorkerClient", "normalize_address"]
 
 
-class EmbeddingWorkerClient:
-    """Addresses of the embedding workers and the calls an NN worker makes to them.
+class EmbeddingClient:
+    """The calls an NN worker makes to the embedding workers, over any embedding transport.
 
     Use from coroutines running on the NN-worker runtime's loop.
     """
 
-    def __init__(
-        self,
-        http: HttpClient,
-        *,
-        registry: Registry | None = None,
-        addresses: list[str] | None = None,
-        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
-    ):
-        if (registry is None) == (addresses is None):
-            raise InvalidInputError(
-                "registry/addresses",
-                "exactly one of them",
-                message="EmbeddingWorkerClient needs exactly one of registry or addresses",
-            )
-        self.http = http
-        self.registry = registry
-        self.wait_timeout_s = wait_timeout_s
-        self._urls: list[str] = [normalize_address(a) for a in addresses] if addresses else []
-        if addresses is not None and not self._urls:
-            raise InvalidInputError("embedding_worker_address_list", "at least one address", [])
+    def __init__(self, transport: EmbeddingTransport):
+        check_routes(transport)
+        self.transport = transport
         self._round_robin = itertools.count()
 
     # --- discovery ----------------------------------------------------------------------
     async def connect(self) -> list[str]:
-        """Wait until the embedding workers are known (registry: every registered replica)."""
-        if self.registry is not None:
-            records = await self.registry.wait_for(
-                ROLE_EMBEDDING_WORKER, timeout_s=self.wait_timeout_s
-            )
-            self._urls = [r.url for r in records]
-        return list(self._urls)
+        """Wait until the embedding workers are known; their addresses."""
+        return await self.transport.connect()
 
     async def refresh(self) -> None:
-        """Re-read the addresses from the registry (a worker restarted on another port)."""
-        if self.registry is not None:
-            found = await self.registry.discover(ROLE_EMBEDDING_WORKER)
-            if found:
-                self._urls = [found[i].url for i in sorted(found)]
+        """Re-read the workers' addresses (a worker restarted elsewhere)."""
+        await self.transport.refresh()
 
     @property
     def urls(self) -> list[str]:
-        return list(self._urls)
+        return self.transport.addresses
 
     async def url(self, index: int) -> str:
-        """Address of embedding worker ``index`` (re-resolved once when unknown)."""
-        if not self._urls:
-            await self.connect()
-        if not 0 <= index < len(self._urls):
-            await self.refresh()
-        if not 0 <= index < len(self._urls):
-            raise InvalidInputError(
-                "worker", f"an embedding worker index in [0, {len(self._urls)})", index
-            )
-        return self._urls[index]
+        """Address of embedding worker ``index`` (an InvalidInputError naming ``worker``)."""
+        return await self.transport.address(index)
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Poll every worker's ``/health`` until all say ready (they wait for their PS)."""
-        deadline = time.monotonic() + (self.wait_timeout_s if timeout_s is None else timeout_s)
-        urls = await self.connect() if not self._urls else self.urls
-        pending = list(urls)
-        last = ""
-        while pending:
-            still = []
-            for url in pending:
-                try:
-                    await self.http.call(
-                        f"{url}/health", method="GET", timeout_s=HEALTH_CHECK_TIMEOUT_S
-                    )
-                except ServiceUnavailableError as exc:
-                    still.append(url)
-                    last = str(exc)
-            pending = still
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                raise ServiceUnavailableError(
-                    f"embedding workers {pending} not ready after waiting: {last}"
-                )
-            await asyncio.sleep(HEALTH_POLL_S)
+        """Return once every worker is ready (services: they wait for their PS)."""
+        await self.transport.wait_ready(timeout_s)
 
     # --- data path ----------------------------------------------------------------------
     async def lookup(
@@ -157,10 +83,8 @@ class EmbeddingWorkerClient:
         the batch's ``requires_grad``). With ``gathered`` single-id summed slots come as
         tables (``pyrsia.shared.wire.gathered``), and their gradients must go back as tables.
         """
-        url = await self.url(worker)
-        body = Lookup(batch_id, train, gathered).to_wire()
-        answer = await self.http.call(f"{url}/lookup", body, timeout_s=LOOKUP_TIMEOUT_S)
-        embeddings = Embeddings.from_wire(answer, batch_size)
+        request = Lookup(batch_id, train, gathered)
+        embeddings = await self.transport.call(worker, routes.LOOKUP, request, batch_size)
         return embeddings, bool(train and embeddings.requires_grad)
 
     async def lookup_direct(
@@ -171,18 +95,12 @@ class EmbeddingWorkerClient:
         ``embeddings.batch_id`` is the reference for the gradients (None unless a training
         lookup of a batch that requires grad). Without ``worker`` the workers take turns.
         """
-        if not self._urls:
-            await self.connect()
         if worker is None:
-            worker = next(self._round_robin) % len(self._urls)
-        url = await self.url(worker)
-        answer = await self.http.call(
-            f"{url}/lookup_direct",
-            LookupDirect(id_part, train, gathered).to_wire(),
-            idempotent=not train,
-            timeout_s=LOOKUP_TIMEOUT_S,
-        )
-        return Embeddings.from_wire(answer, id_part.batch_size), worker
+            count = len(self.transport.addresses) or len(await self.transport.connect())
+            worker = next(self._round_robin) % count
+        request = LookupDirect(id_part, train, gathered)
+        route = routes.LOOKUP_DIRECT
+        return await self.transport.call(worker, route, request, id_part.batch_size), worker
 
     async def gradients(
         self,
@@ -197,43 +115,60 @@ class EmbeddingWorkerClient:
         """Send one batch's embedding gradients: per pooled slot (the embeddings' layout), and
         per table of a gathered answer (``tables``; gathered slots left out named in
         ``skipped_slots``)."""
-        url = await self.url(worker)
-        body = Gradients(
-            batch_id, float(loss_scale), tuple(grads),
-            None if tables is None else tuple(tables), tuple(skipped_slots),
-        ).to_wire()  # fmt: skip
-        answer = await self.http.call(f"{url}/gradients", body, timeout_s=LOOKUP_TIMEOUT_S)
-        return GradientsApplied.from_wire(answer)
-
-    # --- administration (the worker fans these out to every PS replica) ------------------
-    async def admin(self, path: str, body: dict, *, idempotent: bool = True) -> Any:
-        """POST ``path`` to one embedding worker, which forwards it to every PS replica."""
-        url = await self.url(0)
-        return await self.http.call(
-            f"{url}{path}", body, idempotent=idempotent, timeout_s=ADMIN_TIMEOUT_S
+        request = Gradients(
+            batch_id,
+            float(loss_scale),
+            tuple(grads),
+            None if tables is None else tuple(tables),
+            tuple(skipped_slots),
         )
+        return await self.transport.call(worker, routes.GRADIENTS, request)
 
+    # --- administration (worker 0 fans these out to every PS replica) --------------------
     async def configure(self, hyperparams: dict) -> Any:
         params = EmbeddingHyperparams.from_dict(hyperparams, field="hyperparams")
-        return await self.admin("/configure", Configure(params).to_wire())
+        return await self.transport.call(0, routes.CONFIGURE, Configure(params))
 
     async def register_optimizer(self, optimizer: dict) -> Any:
         spec = optimizer_from_dict(optimizer, field="optimizer")
-        return await self.admin("/register_optimizer", RegisterOptimizer(spec).to_wire())
+        return await self.transport.call(0, routes.REGISTER_OPTIMIZER, RegisterOptimizer(spec))
 
     async def dump(self, directory: str) -> Any:
-        return await self.admin("/dump", Directory(directory).to_wire(), idempotent=False)
+        return await self.transport.call(0, routes.DUMP, Directory(directory))
 
     async def load(self, directory: str) -> Any:
-        return await self.admin("/load", Directory(directory).to_wire(), idempotent=False)
+        return await self.transport.call(0, routes.LOAD, Directory(directory))
 
     async def clear(self) -> Any:
-        return await self.admin("/clear", Empty().to_wire())
+        return await self.transport.call(0, routes.CLEAR, Empty())
 
     async def schema(self) -> WorkerSchema:
         """The embedding schema worker 0 serves and its PS replica count."""
-        return WorkerSchema.from_wire(await self.admin("/schema", {}))
+        return await self.transport.call(0, routes.SCHEMA, Empty())
 
     async def stats(self) -> WorkerStats:
         """Worker 0's buffers and every PS replica's counters."""
-        return WorkerStats.from_wire(await self.admin("/stats", {}))
+        return await self.transport.call(0, routes.STATS, Empty())
+
+    def close(self) -> None:
+        """Release what the transport owns (embedded mode: the engines' threads and store)."""
+        self.transport.close()
+
+
+class EmbeddingWorkerClient(EmbeddingClient):
+    """An :class:`EmbeddingClient` over HTTP: the workers of the registry, or at ``addresses``."""
+
+    transport: HttpEmbeddingTransport
+
+    def __init__(self, http: HttpClient, **where: Any):
+        """``where``: ``registry=`` or ``addresses=`` (exactly one), and ``wait_timeout_s``
+        (:class:`~pyrsia.services.nn_worker.http_transport.HttpEmbeddingTransport`'s)."""
+        super().__init__(HttpEmbeddingTransport(http, **where))
+
+    @property
+    def http(self) -> HttpClient:
+        return self.transport.http
+
+    @property
+    def registry(self) -> Registry | None:
+        return self.transport.registry

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
-from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.services.nn_worker.ingress import BatchQueue
 from pyrsia.shared.runtime import Runtime
 from pyrsia.shared.wire.batch import DensePart, IDPart
@@ -43,7 +43,7 @@ class StreamedLookups:
     """Batches from this rank's ingress queue, looked up at the worker holding their ids."""
 
     def __init__(
-        self, queue: BatchQueue, client: EmbeddingWorkerClient, *, train: bool,
+        self, queue: BatchQueue, client: EmbeddingClient, *, train: bool,
         device_id: int | None,
     ):  # fmt: skip
         self.queue = queue
@@ -75,7 +75,7 @@ class DirectLookups:
 
     def __init__(
         self, iterator: Iterator[Any], buffer_size: int, check: Callable[[Any], UserBatch],
-        client: EmbeddingWorkerClient, *, train: bool, device_id: int | None,
+        client: EmbeddingClient, *, train: bool, device_id: int | None,
     ):  # fmt: skip
         self.reader = IteratorReader(iterator, buffer_size, check)
         self.client = client

@@ -12,7 +12,7 @@ import logging
 import socket
 import time
 
-from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.services.nn_worker.embedding_client import EmbeddingClient, EmbeddingWorkerClient
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.services.nn_worker.rank_stats import RankStats
 from pyrsia.shared.constants import (
@@ -34,7 +34,7 @@ class Session:
     def __init__(
         self,
         runtime: Runtime,
-        client: EmbeddingWorkerClient,
+        client: EmbeddingClient,
         registry: Registry | None,
         settings: RegistrySettings | None,
     ):
