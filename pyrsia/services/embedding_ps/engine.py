@@ -159,7 +159,7 @@ class EmbeddingStore:
         if train:
             self._lookup_train(ids, dim, aid, out)
         else:
-            self._lookup_eval(ids, aid, out)
+            self._rows.lookup_eval(ids, aid, out)
         return out
 
     def _lookup_train(self, ids: np.ndarray, dim: int, aid: int, out: np.ndarray) -> None:
@@ -199,23 +199,6 @@ class EmbeddingStore:
             self._lookup_hits += sum(c[2] for c in counts)
         if reinit:
             log.info("re-initialized %d ids stored at another dim at dim %d", reinit, dim)
-
-    def _lookup_eval(self, ids: np.ndarray, aid: int, out: np.ndarray) -> None:
-        """Fill ``out`` for an eval lookup: stored ids read their rows, others zeros; nothing
-        is inserted or refreshed."""
-
-        def one(i: int, pos: np.ndarray) -> None:
-            shard = self._shards[i]
-            with shard.lock:
-                arena = shard.arenas[aid] if aid < len(shard.arenas) else None
-                if arena is None:
-                    out[pos] = 0.0
-                    return
-                K.lookup_eval(
-                    ids, pos, out, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta
-                )
-
-        self._rows.run(one, self._rows.split(ids))
 
     def update(self, ids: np.ndarray, grads: np.ndarray) -> UpdateResult:
         """Apply one optimizer step per (id, gradient row); see the module docstring.

@@ -84,6 +84,23 @@ class ShardSet:
         over the shard threads for large batches (``parallel.ShardRunner``)."""
         return self._runner.run(fn, parts)
 
+    def lookup_eval(self, ids: np.ndarray, aid: int, out: np.ndarray) -> None:
+        """Fill ``out`` for an eval lookup at arena ``aid``: stored ids read their rows,
+        others zeros; nothing is inserted or refreshed."""
+
+        def one(i: int, pos: np.ndarray) -> None:
+            shard = self.shards[i]
+            with shard.lock:
+                arena = shard.arenas[aid] if aid < len(shard.arenas) else None
+                if arena is None:
+                    out[pos] = 0.0
+                    return
+                K.lookup_eval(
+                    ids, pos, out, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta
+                )
+
+        self.run(one, self.split(ids))
+
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold ``lock`` and every shard's lock (configuration changes, clear)."""
