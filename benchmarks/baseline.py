@@ -139,9 +139,18 @@ def train_single_process(
     instead of one per operation; the same update) instead of the issue's default ``Adam``.
     """
     embeddings, model, emb_opt, dense_opt, loss_fn, autocast = _build_training(
-        seed, slot_sizes, dim, model_factory, embedding_factory, emb_initialization,
-        embedding_lr, initial_accumulator_value, dense_lr, fused_adam, autocast_dtype,
-    )  # fmt: skip
+        seed,
+        slot_sizes,
+        dim,
+        model_factory,
+        embedding_factory,
+        emb_initialization,
+        embedding_lr,
+        initial_accumulator_value,
+        dense_lr,
+        fused_adam,
+        autocast_dtype,
+    )
     iterable = progress(train_batches) if progress is not None else train_batches
     losses, samples, first_samples, train_seconds = _train_pass(
         iterable, embeddings, model, emb_opt, dense_opt, loss_fn, autocast, max_steps, clock
@@ -150,8 +159,9 @@ def train_single_process(
     return _summary(losses, samples, first_samples, train_seconds, auc)
 
 
-def _summary(losses: list[float], samples: int, first_samples: int, train_seconds: float,
-             auc: float) -> dict[str, Any]:  # fmt: skip
+def _summary(
+    losses: list[float], samples: int, first_samples: int, train_seconds: float, auc: float
+) -> dict[str, Any]:
     """:func:`train_single_process`'s answer: samples/s over the timed steps, the AUC, the
     losses and the counts of steps and samples, all and timed."""
     timed_samples = samples - first_samples

@@ -100,8 +100,17 @@ def run_one(net, work, configs, data_path, *, rtt_ms, rate, staleness, via_proxy
     proxies = start_proxies(net, delay) if via_proxy else []
     name = f"r{rtt_ms}-{rate}-s{staleness}-{'p' if via_proxy else 'd'}"
     result_path = work / f"{name}.json"
-    job = CensusJob(net, work, LAYOUT, name=name, configs=configs, data_path=data_path,
-                    result_path=result_path, staleness=staleness, via_proxy=via_proxy)  # fmt: skip
+    job = CensusJob(
+        net,
+        work,
+        LAYOUT,
+        name=name,
+        configs=configs,
+        data_path=data_path,
+        result_path=result_path,
+        staleness=staleness,
+        via_proxy=via_proxy,
+    )
     try:
         job.start()
         outcome = job.wait(timeout_s=600)
@@ -113,33 +122,65 @@ def run_one(net, work, configs, data_path, *, rtt_ms, rate, staleness, via_proxy
         raise RuntimeError(f"{name}: no result\n{outcome.tail()}")
     res = json.loads(result_path.read_text())
     return {
-        "rtt_target_ms": rtt_ms, "via_proxy": via_proxy, "rate": rate, "staleness": staleness,
-        "rtt_p50_ms": round(p50, 3), "rtt_p90_ms": round(p90, 3),
+        "rtt_target_ms": rtt_ms,
+        "via_proxy": via_proxy,
+        "rate": rate,
+        "staleness": staleness,
+        "rtt_p50_ms": round(p50, 3),
+        "rtt_p90_ms": round(p90, 3),
         "one_way_delay_ms": round(delay, 3),
         "bulk_gbit_s": None if gbits is None else round(gbits, 2),
-        "samples_per_s": round(res["samples_per_s"], 1), "auc": round(res["auc"], 4),
+        "samples_per_s": round(res["samples_per_s"], 1),
+        "auc": round(res["auc"], 4),
         "train_seconds": round(res["train_seconds"], 2),
         "proxy_cpu_s": round(proxy_cpu, 1),
         "wait_ms_p50": round(res["wait_ms"]["p50"], 2),
         "wait_ms_p90": round(res["wait_ms"]["p90"], 2),
-    }  # fmt: skip
+    }
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ("RTT target", "RTT p50/p90 ms", "rate", "stale", "samples/s", "vs 0 ms relay", "AUC",
-            "wait p50/p90 ms", "relay CPU s")  # fmt: skip
+    head = (
+        "RTT target",
+        "RTT p50/p90 ms",
+        "rate",
+        "stale",
+        "samples/s",
+        "vs 0 ms relay",
+        "AUC",
+        "wait p50/p90 ms",
+        "relay CPU s",
+    )
     print(" | ".join(head))
     for r in rows:
         # the fair base: the same rate and staleness through the relay at 0 ms (its CPU cost)
-        base = next((b["samples_per_s"] for b in rows if b["via_proxy"] and b["rtt_target_ms"] == 0
-                     and b["rate"] == r["rate"] and b["staleness"] == r["staleness"]),
-                    rows[0]["samples_per_s"])  # fmt: skip
+        base = next(
+            (
+                b["samples_per_s"]
+                for b in rows
+                if b["via_proxy"]
+                and b["rtt_target_ms"] == 0
+                and b["rate"] == r["rate"]
+                and b["staleness"] == r["staleness"]
+            ),
+            rows[0]["samples_per_s"],
+        )
         target = f"{r['rtt_target_ms']} ms" + (" via proxy" if r["via_proxy"] else "")
-        print(" | ".join([
-            target, f"{r['rtt_p50_ms']:.2f}/{r['rtt_p90_ms']:.2f}", r["rate"], str(r["staleness"]),
-            f"{r['samples_per_s']:.0f}", f"{r['samples_per_s'] / base:.2f}", f"{r['auc']:.4f}",
-            f"{r['wait_ms_p50']:.1f}/{r['wait_ms_p90']:.1f}", f"{r['proxy_cpu_s']:.1f}",
-        ]))  # fmt: skip
+        print(
+            " | ".join(
+                [
+                    target,
+                    f"{r['rtt_p50_ms']:.2f}/{r['rtt_p90_ms']:.2f}",
+                    r["rate"],
+                    str(r["staleness"]),
+                    f"{r['samples_per_s']:.0f}",
+                    f"{r['samples_per_s'] / base:.2f}",
+                    f"{r['auc']:.4f}",
+                    f"{r['wait_ms_p50']:.1f}/{r['wait_ms_p90']:.1f}",
+                    f"{r['proxy_cpu_s']:.1f}",
+                ]
+            )
+        )
 
 
 def save_plots(json_path: Path, rows: list[dict]) -> list[Path]:
@@ -161,12 +202,21 @@ def save_plots(json_path: Path, rows: list[dict]) -> list[Path]:
 
     png = png_beside(json_path)
     written = [
-        save_line_chart(png, series("samples_per_s"), xlabel="measured RTT p50 (ms)",
-                        ylabel="samples/s", title="Census across hosts: throughput against RTT"),
-        save_line_chart(png.with_name(f"{png.stem}-wait.png"), series("wait_ms_p50"),
-                        xlabel="measured RTT p50 (ms)", ylabel="NN wait per step, p50 (ms)",
-                        title="Census across hosts: wait for the next batch against RTT"),
-    ]  # fmt: skip
+        save_line_chart(
+            png,
+            series("samples_per_s"),
+            xlabel="measured RTT p50 (ms)",
+            ylabel="samples/s",
+            title="Census across hosts: throughput against RTT",
+        ),
+        save_line_chart(
+            png.with_name(f"{png.stem}-wait.png"),
+            series("wait_ms_p50"),
+            xlabel="measured RTT p50 (ms)",
+            ylabel="NN wait per step, p50 (ms)",
+            title="Census across hosts: wait for the next batch against RTT",
+        ),
+    ]
     return [p for p in written if p is not None]
 
 
@@ -177,8 +227,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--rates", default="10gbit,1gbit", help="link rates (tc syntax)")
     parser.add_argument("--staleness", type=int, default=8)
     parser.add_argument("--staleness-low", type=int, default=1, help="0: skip those runs")
-    parser.add_argument("--quick", action="store_true",
-                        help="20k training rows, RTT 0 and the second RTT, the first rate")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="20k training rows, RTT 0 and the second RTT, the first rate",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -208,8 +261,15 @@ def plot_from(parser: argparse.ArgumentParser, saved_json: Path) -> None:
         print(f"wrote {path}")
 
 
-def run_plan(work: Path, configs: tuple[Path, Path], data_path: Path, rtts: list[float],
-             rates: list[str], staleness: int, staleness_low: int) -> list[dict[str, Any]]:  # fmt: skip
+def run_plan(
+    work: Path,
+    configs: tuple[Path, Path],
+    data_path: Path,
+    rtts: list[float],
+    rates: list[str],
+    staleness: int,
+    staleness_low: int,
+) -> list[dict[str, Any]]:
     """Every run of the plan in the namespaced hosts, with the echo and sink servers up: per
     rate, direct and relayed at RTT 0, relayed at each RTT > 0; then ``staleness_low`` (when
     not 0) at each RTT on the first rate. Each row is printed as JSON as it comes."""
@@ -226,8 +286,16 @@ def run_plan(work: Path, configs: tuple[Path, Path], data_path: Path, rtts: list
         if staleness_low:
             plan += [(rtt, rates[0], staleness_low, True) for rtt in rtts]
         for rtt, rate, stale, via_proxy in plan:
-            row = run_one(net, work, configs, data_path, rtt_ms=rtt, rate=rate,
-                          staleness=stale, via_proxy=via_proxy)  # fmt: skip
+            row = run_one(
+                net,
+                work,
+                configs,
+                data_path,
+                rtt_ms=rtt,
+                rate=rate,
+                staleness=stale,
+                via_proxy=via_proxy,
+            )
             print(json.dumps(row), flush=True)
             rows.append(row)
         stop(probes)
@@ -249,16 +317,21 @@ def main(argv: list[str] | None = None) -> int:
         rtts, rates, args.staleness_low = rtts[:2], rates[:1], 0
     work = Path(tempfile.mkdtemp(prefix="pyrsia-cluster-bench-"))
     data_path = e2e_data.prepare(
-        "census", work / "census.npz",
+        "census",
+        work / "census.npz",
         max_train_rows=20_000 if args.quick else None,
         max_test_rows=20_000 if args.quick else None,
-    )  # fmt: skip
+    )
     configs = e2e_data.write_configs(e2e_data.load(data_path), work)
     rows = run_plan(work, configs, data_path, rtts, rates, args.staleness, args.staleness_low)
     print()
     print_table(rows)
-    doc = {"benchmark": "cluster_bench", "layout": LAYOUT.hosts(), "rows": rows,
-           "median_samples_per_s": statistics.median(r["samples_per_s"] for r in rows)}  # fmt: skip
+    doc = {
+        "benchmark": "cluster_bench",
+        "layout": LAYOUT.hosts(),
+        "rows": rows,
+        "median_samples_per_s": statistics.median(r["samples_per_s"] for r in rows),
+    }
     print(json.dumps(doc))
     json_path = write_json("cluster_bench", doc, args.out)
     print(f"wrote {json_path}")

@@ -62,9 +62,27 @@ def start_proxies(net: Network, delay_ms: float) -> list:
     procs = []
     for host in SERVERS:
         h = net.hosts[host]
-        procs.append(net.popen(host, [sys.executable, "-m", "tests.cluster.delay_proxy",
-            "--listen", h.extra_addresses[0], "--to", h.address, "--delay-ms", str(delay_ms),
-            "--max-seconds", "900"], cwd=REPO, stdout=-3, stderr=-3))  # fmt: skip
+        procs.append(
+            net.popen(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.cluster.delay_proxy",
+                    "--listen",
+                    h.extra_addresses[0],
+                    "--to",
+                    h.address,
+                    "--delay-ms",
+                    str(delay_ms),
+                    "--max-seconds",
+                    "900",
+                ],
+                cwd=REPO,
+                stdout=-3,
+                stderr=-3,
+            )
+        )
     return procs
 
 
@@ -90,8 +108,9 @@ def measure_rtt(net: Network, via_proxy: bool) -> tuple[float, float]:
 
 def measure_gbits(net: Network, megabytes: int = 512) -> float:
     """Bulk TCP throughput dl0 -> ps0 (direct, no proxy), Gbit/s."""
-    run = net.run("dl0", [sys.executable, "-c", BULK, "ps0", str(SINK_PORT), str(megabytes)],
-                  timeout=120)  # fmt: skip
+    run = net.run(
+        "dl0", [sys.executable, "-c", BULK, "ps0", str(SINK_PORT), str(megabytes)], timeout=120
+    )
     if run.returncode != 0:
         raise RuntimeError(f"bulk transfer failed: {run.stderr[-500:]}")
     return float(run.stdout)
@@ -117,6 +136,10 @@ def start_probe_servers(net: Network) -> list[subprocess.Popen]:
     """The echo server (for the RTT probe) and the sink (for the bulk probe) on ``ps0``."""
     address = net.hosts["ps0"].address
     return [
-        net.popen("ps0", [sys.executable, "-c", ECHO, address, str(ECHO_PORT)], stdout=-3, stderr=-3),
-        net.popen("ps0", [sys.executable, "-c", SINK, address, str(SINK_PORT)], stdout=-3, stderr=-3),
-    ]  # fmt: skip
+        net.popen(
+            "ps0", [sys.executable, "-c", ECHO, address, str(ECHO_PORT)], stdout=-3, stderr=-3
+        ),
+        net.popen(
+            "ps0", [sys.executable, "-c", SINK, address, str(SINK_PORT)], stdout=-3, stderr=-3
+        ),
+    ]

@@ -147,8 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"quick": args.quick, "side_load_duty": duty, "runs": runs, "median": median}
     path = write_json("contention_bench", doc, args.json)
     print(f"\nJSON: {path}")
-    saved(save_bar_chart(path, list(median), list(median.values()), baseline=ref, baseline_label="2t alone",
-                         title=f"Training beside a side load ({duty:.0%} of a core)", ylabel="samples/s (median)"))  # fmt: skip
+    saved(
+        save_bar_chart(
+            path,
+            list(median),
+            list(median.values()),
+            baseline=ref,
+            baseline_label="2t alone",
+            title=f"Training beside a side load ({duty:.0%} of a core)",
+            ylabel="samples/s (median)",
+        )
+    )
     print(
         f"RESULT two_threads_alone={ref:.1f} two_threads_loaded={median['2t beside load']:.1f} "
         f"two_threads_beside_idle_class={median.get('2t beside idle-class load', float('nan')):.1f} "

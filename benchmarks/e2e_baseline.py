@@ -28,9 +28,15 @@ from torchrec_peer import TorchRecEmbeddings
 from pyrsia.services.nn_worker.step_clock import StepClock
 
 
-def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
-                 bf16: bool = False, torchrec: bool = False,
-                 fused_adam: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_baseline(
+    data: dict[str, Any],
+    *,
+    threads: int,
+    max_steps: int,
+    bf16: bool = False,
+    torchrec: bool = False,
+    fused_adam: bool = False,
+) -> dict[str, Any]:
     """The single-process PyTorch run on the same batches (``threads`` torch threads);
     with ``torchrec`` the TorchRec peer (its fused embeddings instead of ``nn.Embedding``),
     with ``fused_adam`` its dense model stepped by ``Adam(fused=True)``."""
@@ -46,13 +52,21 @@ def run_baseline(data: dict[str, Any], *, threads: int, max_steps: int,
             array_batches(data["test_cat_ids"], data["test_dense"], data["test_label"], 4096),
             slot_sizes=slot_sizes,
             dim=EMBEDDING_DIM,
-            model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
-            embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
+            model_factory=lambda: build_model(
+                len(data["slot_names"]), data["train_dense"].shape[1]
+            ),
+            embedding_lr=EMBEDDING_LR,
+            dense_lr=DENSE_LR,
             initial_accumulator_value=INITIAL_ACCUMULATOR,
-            emb_initialization=INIT_RANGE, seed=SEED, max_steps=max_steps or None, progress=window.timed,
-            autocast_dtype=torch.bfloat16 if bf16 else None, clock=clock,
-            embedding_factory=factory, fused_adam=fused_adam,
-        )  # fmt: skip
+            emb_initialization=INIT_RANGE,
+            seed=SEED,
+            max_steps=max_steps or None,
+            progress=window.timed,
+            autocast_dtype=torch.bfloat16 if bf16 else None,
+            clock=clock,
+            embedding_factory=factory,
+            fused_adam=fused_adam,
+        )
     finally:
         torch.set_num_threads(previous)
     res["threads"] = threads
@@ -97,6 +111,10 @@ def _torchrec_factory(slot_sizes: list[int]) -> Callable[[], TorchRecEmbeddings]
     """The TorchRec peer's embeddings, built when called: after train_single_process seeds
     torch, as the baseline's are."""
     return lambda: TorchRecEmbeddings(
-        slot_sizes, EMBEDDING_DIM, INIT_RANGE, lr=EMBEDDING_LR, eps=ADAGRAD_EPS,
+        slot_sizes,
+        EMBEDDING_DIM,
+        INIT_RANGE,
+        lr=EMBEDDING_LR,
+        eps=ADAGRAD_EPS,
         initial_accumulator_value=INITIAL_ACCUMULATOR,
-    )  # fmt: skip
+    )

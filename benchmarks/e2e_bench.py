@@ -112,8 +112,9 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 
 # ------------------------------------------------------------------------------- report
-def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace,
-                  max_steps: int) -> dict[str, Any]:  # fmt: skip
+def bench_dataset(
+    name: str, data_path: Path, tmp: Path, args: argparse.Namespace, max_steps: int
+) -> dict[str, Any]:
     """Every side of one data set, ``--repeats`` times at each ``--threads`` count
     (interleaved, so a load change hits both sides alike), and their summary."""
     data = e2e_data.load(data_path)
@@ -137,13 +138,25 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     runs = empty_runs(name, args, mode_sides)
     for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
         for threads in args.threads:
-            run_round(name, data, data_path, configs, tmp, args, sides, embedded, runs,
-                      threads=threads, max_steps=max_steps)  # fmt: skip
+            run_round(
+                name,
+                data,
+                data_path,
+                configs,
+                tmp,
+                args,
+                sides,
+                embedded,
+                runs,
+                threads=threads,
+                max_steps=max_steps,
+            )
     return summarize(name, data, args, runs, mode_sides)
 
 
-def empty_runs(name: str, args: argparse.Namespace,
-               mode_sides: list[str]) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+def empty_runs(
+    name: str, args: argparse.Namespace, mode_sides: list[str]
+) -> dict[str, list[dict[str, Any]]]:
     """An empty list of runs per side: the Pyrsia sides, the baseline and the references
     the flags ask for (with a note when bf16 autocast is emulated on this CPU)."""
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in mode_sides}
@@ -171,55 +184,105 @@ def oversubscribed(torch_threads: int) -> str:
     return f" (oversubscribed: {torch_threads} torch threads on {cores} cores)"
 
 
-def run_round(name: str, data: dict[str, Any], data_path: Path, configs: tuple[Path, Path],
-              tmp: Path, args: argparse.Namespace, sides: dict[tuple, str],
-              embedded: dict[tuple, str], runs: dict[str, list[dict[str, Any]]], *,
-              threads: int, max_steps: int) -> None:  # fmt: skip
+def run_round(
+    name: str,
+    data: dict[str, Any],
+    data_path: Path,
+    configs: tuple[Path, Path],
+    tmp: Path,
+    args: argparse.Namespace,
+    sides: dict[tuple, str],
+    embedded: dict[tuple, str],
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    threads: int,
+    max_steps: int,
+) -> None:
     """One run of every side at ``threads`` torch threads (0: torch's default on each side),
     each appended to its ``runs``."""
     pyrsia_threads = threads or None  # None: train.py leaves torch's (the launcher's) default
     label = f"{threads}" if threads else "default"
     for (mt, st), side in embedded.items():
-        print(f"[{name}] Pyrsia embedded (one process), {label} torch thread(s), {st}"
-              f"{'' if mt == 'on' else ', malloc untuned'} ...", flush=True)  # fmt: skip
-        runs[side].append(run_pyrsia_embedded(
-            data_path, configs, tmp, threads=pyrsia_threads, tuned=st == "tuned",
-            staleness=args.staleness if st == "tuned" else None,
-            max_steps=max_steps, profile=args.profile, fused_adam=args.fused_adam,
-            malloc_tuning=mt,
-        ))  # fmt: skip
-    run_services_sides(name, data_path, configs, tmp, args, sides, runs, threads=threads,
-                       max_steps=max_steps)  # fmt: skip
-    run_baselines(name, data, args, runs, threads=threads or TORCH_DEFAULT_THREADS,
-                  max_steps=max_steps)  # fmt: skip
+        print(
+            f"[{name}] Pyrsia embedded (one process), {label} torch thread(s), {st}"
+            f"{'' if mt == 'on' else ', malloc untuned'} ...",
+            flush=True,
+        )
+        runs[side].append(
+            run_pyrsia_embedded(
+                data_path,
+                configs,
+                tmp,
+                threads=pyrsia_threads,
+                tuned=st == "tuned",
+                staleness=args.staleness if st == "tuned" else None,
+                max_steps=max_steps,
+                profile=args.profile,
+                fused_adam=args.fused_adam,
+                malloc_tuning=mt,
+            )
+        )
+    run_services_sides(
+        name, data_path, configs, tmp, args, sides, runs, threads=threads, max_steps=max_steps
+    )
+    run_baselines(
+        name, data, args, runs, threads=threads or TORCH_DEFAULT_THREADS, max_steps=max_steps
+    )
 
 
-def run_services_sides(name: str, data_path: Path, configs: tuple[Path, Path], tmp: Path,
-                       args: argparse.Namespace, sides: dict[tuple, str],
-                       runs: dict[str, list[dict[str, Any]]], *, threads: int,
-                       max_steps: int) -> None:  # fmt: skip
+def run_services_sides(
+    name: str,
+    data_path: Path,
+    configs: tuple[Path, Path],
+    tmp: Path,
+    args: argparse.Namespace,
+    sides: dict[tuple, str],
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    threads: int,
+    max_steps: int,
+) -> None:
     """One run of every services-mode side at ``threads`` torch threads (0: torch's
     default), each appended to its ``runs``."""
     pyrsia_threads = threads or None  # None: train.py leaves torch's (the launcher's) default
     for (n, prio, rb, mt, st), side in sides.items():
-        print(f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads or 'default'} torch "
-              f"thread(s), {st}, {rank_rows(n, rb)}-row batches per "
-              f"rank, services at {prio} CPU priority"
-              f"{'' if mt == 'on' else ', NN worker malloc untuned'}"
-              f"{oversubscribed(n * (threads or rank_threads(n)))} ...", flush=True)  # fmt: skip
-        runs[side].append(run_pyrsia(data_path, configs, tmp, threads=pyrsia_threads,
-                                     staleness=args.staleness if st == "tuned" else None,
-                                     tuned=st == "tuned", max_steps=max_steps,
-                                     profile=args.profile, nn_workers=n,
-                                     mixed_precision=args.mixed_precision,
-                                     cpu_priority=prio, rank_batch=rb,
-                                     fused_adam=args.fused_adam,
-                                     malloc_tuning=mt))  # fmt: skip
+        print(
+            f"[{name}] Pyrsia pipeline, {n} NN-worker rank(s) x {threads or 'default'} torch "
+            f"thread(s), {st}, {rank_rows(n, rb)}-row batches per "
+            f"rank, services at {prio} CPU priority"
+            f"{'' if mt == 'on' else ', NN worker malloc untuned'}"
+            f"{oversubscribed(n * (threads or rank_threads(n)))} ...",
+            flush=True,
+        )
+        runs[side].append(
+            run_pyrsia(
+                data_path,
+                configs,
+                tmp,
+                threads=pyrsia_threads,
+                staleness=args.staleness if st == "tuned" else None,
+                tuned=st == "tuned",
+                max_steps=max_steps,
+                profile=args.profile,
+                nn_workers=n,
+                mixed_precision=args.mixed_precision,
+                cpu_priority=prio,
+                rank_batch=rb,
+                fused_adam=args.fused_adam,
+                malloc_tuning=mt,
+            )
+        )
 
 
-def run_baselines(name: str, data: dict[str, Any], args: argparse.Namespace,
-                  runs: dict[str, list[dict[str, Any]]], *, threads: int,
-                  max_steps: int) -> None:  # fmt: skip
+def run_baselines(
+    name: str,
+    data: dict[str, Any],
+    args: argparse.Namespace,
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    threads: int,
+    max_steps: int,
+) -> None:
     """The baseline at ``threads`` torch threads, and the references the flags ask for
     (TorchRec, fused Adam, bf16 autocast), each appended to its ``runs``."""
     print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
@@ -241,8 +304,13 @@ def run_baselines(name: str, data: dict[str, Any], args: argparse.Namespace,
         )
 
 
-def pyrsia_side(nn_workers: int, cpu_priority: str = "normal", rank_batch: str = "whole",
-                malloc_tuning: str = "on", settings: str = "defaults") -> str:  # fmt: skip
+def pyrsia_side(
+    nn_workers: int,
+    cpu_priority: str = "normal",
+    rank_batch: str = "whole",
+    malloc_tuning: str = "on",
+    settings: str = "defaults",
+) -> str:
     """The runs key of Pyrsia with ``nn_workers`` NN-worker ranks, services at ``cpu_priority``,
     ``rank_batch`` batches (``whole`` or ``split``, see the module's docstring), the NN
     worker's ``malloc_tuning`` and train.py's DataLoader ``settings`` (suffix ``_tuned``)."""
@@ -291,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     side = next(iter(r["medians"]))  # the first Pyrsia side: the README's code at defaults
     m = r["medians"][side]
     n = sum(q["side"] == side for q in r["pairs"])
-    print(f"\nCPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print(
+        f"\nCPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(f"Medians of {n} same-run pair(s), {r['dataset']}, side {side}:")
     print(
         f"RESULT pyrsia_samples_per_s={m['pyrsia_samples_per_s']:.1f} "

@@ -40,7 +40,7 @@ def parse_args(
     _add_run_flags(parser)
     _add_output_flags(parser)
     _add_side_flags(parser)
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     _check(parser, args)
     return parser, args
 
@@ -51,11 +51,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="tiny smoke run (20 steps, first --threads, < 60 s)"
     )
     parser.add_argument(
-        "--threads", default="default",
+        "--threads",
+        default="default",
         help="torch thread counts to try on each side, comma-separated; 'default' (the "
         "default): torch's own on each side, as the README's train.py runs (the launcher "
         "gives a one-rank NN worker every core), e.g. default,1",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--criteo-rows",
         type=int,
@@ -63,21 +64,25 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="training rows of the Criteo-shaped set (0 skips it; default 200,000)",
     )
     parser.add_argument(
-        "--datasets", default="census,criteo",
+        "--datasets",
+        default="census,criteo",
         help="which data sets to run, in this order (default census,criteo; the RESULT line "
         "reports the first)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--staleness", type=int, default=8,
+        "--staleness",
+        type=int,
+        default=8,
         help="embedding_staleness of the tuned rows (--settings tuned; default 8)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--settings", default="defaults",
+        "--settings",
+        default="defaults",
         help="train.py's DataLoader, one or more of defaults,tuned: defaults (the default) is "
         "the README's DataLoader(StreamingDataset(buffer_size=10)), no options; tuned adds "
         "embedding_staleness=--staleness, reproducible=True and a 16-batch buffer (sides "
         "*_tuned)",
-    )  # fmt: skip
+    )
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -149,17 +154,19 @@ def _add_side_flags(parser: argparse.ArgumentParser) -> None:
         "run --embedded, one process; services,embedded runs both, side pyrsia_embedded)",
     )
     parser.add_argument(
-        "--peers", default="",
+        "--peers",
+        default="",
         help="single-process peers run in every round beside the baseline, comma-separated "
         f"among {','.join(PEERS)} (torchrec: TorchRec's fused CPU embeddings, "
         "benchmarks/torchrec_peer.py, installed by hand); each Pyrsia side is also reported "
         "against each peer as same-run pairs; a peer that is not installed is skipped with a "
         "line saying why",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--torchrec", action="store_true",
+        "--torchrec",
+        action="store_true",
         help="--peers torchrec, but exit 2 when TorchRec is not installed",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
     )

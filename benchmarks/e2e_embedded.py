@@ -21,22 +21,36 @@ from e2e_runs import BATCH, E2E, RUN_TIMEOUT_S, add_launch_figures, loader_env
 from pyrsia.shared.constants import ENV_MALLOC_TUNING
 
 
-def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, *,
-                        threads: int | None, staleness: int | None, max_steps: int,
-                        tuned: bool = False, profile: bool = False,
-                        fused_adam: bool = False, malloc_tuning: str = "on") -> dict[str, Any]:  # fmt: skip
+def run_pyrsia_embedded(
+    data_path: Path,
+    configs: tuple[Path, Path],
+    tmp: Path,
+    *,
+    threads: int | None,
+    staleness: int | None,
+    max_steps: int,
+    tuned: bool = False,
+    profile: bool = False,
+    fused_adam: bool = False,
+    malloc_tuning: str = "on",
+) -> dict[str, Any]:
     """One training run in embedded mode, ``persia-launcher run --embedded``: train.py, the
     embedding PS and worker engines and data_loader.py in one process (no Redis, no servers).
     The same train.py and data_loader.py as :func:`run_pyrsia`, the same JSON;
     ``malloc_tuning`` as there."""
     result_path = tmp / f"result-embedded-{threads or 'default'}-{time.monotonic_ns()}.json"
     env = {
-        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(BATCH),
-        **loader_env(threads, staleness, tuned), "E2E_MAX_STEPS": str(max_steps),
-        "E2E_MIXED_PRECISION": "0", "E2E_DENSE_LR_SCALE": "1",
-        "E2E_FUSED_ADAM": "1" if fused_adam else "0", "PYTHONUNBUFFERED": "1",
+        "E2E_DATA": str(data_path),
+        "E2E_RESULT": str(result_path),
+        "E2E_BATCH": str(BATCH),
+        **loader_env(threads, staleness, tuned),
+        "E2E_MAX_STEPS": str(max_steps),
+        "E2E_MIXED_PRECISION": "0",
+        "E2E_DENSE_LR_SCALE": "1",
+        "E2E_FUSED_ADAM": "1" if fused_adam else "0",
+        "PYTHONUNBUFFERED": "1",
         ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
-    }  # fmt: skip
+    }
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-embedded-{threads or 'default'}.prof")
     log_path = tmp / f"embedded-{threads or 'default'}.log"
@@ -49,8 +63,13 @@ def run_pyrsia_embedded(data_path: Path, configs: tuple[Path, Path], tmp: Path, 
     res = json.loads(result_path.read_text())
     # no services: nothing registered, no metrics
     add_launch_figures(res, sampler, t_launch, 0.0, {}, {"nn_worker": code})
-    res.update(nn_workers=1, cpu_priority="normal", rank_batch=BATCH,
-               malloc_tuning=malloc_tuning, mode="embedded")  # fmt: skip
+    res.update(
+        nn_workers=1,
+        cpu_priority="normal",
+        rank_batch=BATCH,
+        malloc_tuning=malloc_tuning,
+        mode="embedded",
+    )
     return res
 
 
@@ -60,10 +79,21 @@ def _run_launcher(
     """``persia-launcher run --embedded`` until it exits (killed after ``RUN_TIMEOUT_S``),
     its lines in ``log_path``, its CPU tracked by ``sampler``; its exit code."""
     argv = [
-        sys.executable, "-m", "persia.launcher", "run", "--embedded", "--no-progress",
-        "--nn-worker", str(E2E / "train.py"), "--data-loader", str(E2E / "data_loader.py"),
-        "--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "run",
+        "--embedded",
+        "--no-progress",
+        "--nn-worker",
+        str(E2E / "train.py"),
+        "--data-loader",
+        str(E2E / "data_loader.py"),
+        "--embedding-config",
+        str(configs[0]),
+        "--global-config",
+        str(configs[1]),
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv, cwd=REPO, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT

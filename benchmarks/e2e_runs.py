@@ -49,19 +49,35 @@ def loader_env(threads: int | None, staleness: int | None, tuned: bool) -> dict[
     ``OMP_NUM_THREADS`` untouched) and the DataLoader's options: ``staleness`` (None: not
     passed) and, ``tuned``, ``reproducible=True`` with a 16-batch ingress buffer; neither:
     the README's ``DataLoader(StreamingDataset(buffer_size=10))``."""
-    env = {"E2E_STALENESS": "" if staleness is None else str(staleness),
-           "E2E_REPRODUCIBLE": "1" if tuned else "", "E2E_BUFFER": "16" if tuned else ""}  # fmt: skip
+    env = {
+        "E2E_STALENESS": "" if staleness is None else str(staleness),
+        "E2E_REPRODUCIBLE": "1" if tuned else "",
+        "E2E_BUFFER": "16" if tuned else "",
+    }
     if threads is not None:
         env.update(E2E_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     return env
 
 
-def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, threads: int | None,
-               staleness: int | None, max_steps: int, tuned: bool = False, profile: bool = False,
-               mixed_precision: bool = False, nn_workers: int = 1,
-               cpu_priority: str = "normal", rank_batch: str = "whole",
-               fused_adam: bool = False, malloc_tuning: str = "on", batch: int | None = None,
-               extra_env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_pyrsia(
+    data_path: Path,
+    configs: tuple[Path, Path],
+    tmp: Path,
+    *,
+    threads: int | None,
+    staleness: int | None,
+    max_steps: int,
+    tuned: bool = False,
+    profile: bool = False,
+    mixed_precision: bool = False,
+    nn_workers: int = 1,
+    cpu_priority: str = "normal",
+    rank_batch: str = "whole",
+    fused_adam: bool = False,
+    malloc_tuning: str = "on",
+    batch: int | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One training run through the whole pipeline; train.py's JSON plus CPU, metrics, exits.
 
     ``cpu_priority``: the PS, embedding worker and data loaders' ``--cpu-priority``
@@ -79,13 +95,17 @@ def run_pyrsia(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, thread
     lr_scale = nn_workers if rank_batch == "whole" else 1
     result_path = tmp / f"result-{nn_workers}x{threads or 'default'}-{time.monotonic_ns()}.json"
     env = {
-        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
-        **loader_env(threads, staleness, tuned), "E2E_MAX_STEPS": str(max_steps),
+        "E2E_DATA": str(data_path),
+        "E2E_RESULT": str(result_path),
+        "E2E_BATCH": str(batch),
+        **loader_env(threads, staleness, tuned),
+        "E2E_MAX_STEPS": str(max_steps),
         "E2E_MIXED_PRECISION": "1" if mixed_precision else "0",
-        "E2E_DENSE_LR_SCALE": str(lr_scale), "E2E_FUSED_ADAM": "1" if fused_adam else "0",
+        "E2E_DENSE_LR_SCALE": str(lr_scale),
+        "E2E_FUSED_ADAM": "1" if fused_adam else "0",
         ENV_MALLOC_TUNING: "1" if malloc_tuning == "on" else "0",
         **(extra_env or {}),
-    }  # fmt: skip
+    }
     if profile:
         env["E2E_PROFILE"] = str(tmp / f"train-{threads or 'default'}.prof")
     flags = server_flags(configs, cpu_priority)
@@ -105,15 +125,31 @@ def server_flags(configs: tuple[Path, Path], cpu_priority: str) -> list[str]:
     """The PS's and the embedding worker's flags: the job's configs, a port the system picks,
     one replica, ``cpu_priority``."""
     return [
-        "--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-        "--port", "0", "--replica-index", "0", "--replica-size", "1",
-        "--cpu-priority", cpu_priority,
-    ]  # fmt: skip
+        "--embedding-config",
+        str(configs[0]),
+        "--global-config",
+        str(configs[1]),
+        "--port",
+        "0",
+        "--replica-index",
+        "0",
+        "--replica-size",
+        "1",
+        "--cpu-priority",
+        cpu_priority,
+    ]
 
 
-def _run_cluster(tmp: Path, env: dict[str, str], flags: list[str], sampler: CpuSampler, *,
-                 threads: int | None, nn_workers: int,
-                 cpu_priority: str) -> tuple[dict[str, int | None], dict[str, Any], float]:  # fmt: skip
+def _run_cluster(
+    tmp: Path,
+    env: dict[str, str],
+    flags: list[str],
+    sampler: CpuSampler,
+    *,
+    threads: int | None,
+    nn_workers: int,
+    cpu_priority: str,
+) -> tuple[dict[str, int | None], dict[str, Any], float]:
     """Redis, the servers and the clients until the NN worker exits (every child killed and
     reaped if one fails): the exit codes, the servers' ``/metrics`` histograms and the wall
     clock when the servers were started. ``sampler`` tracks every process."""
@@ -162,36 +198,66 @@ def _run_cluster(tmp: Path, env: dict[str, str], flags: list[str], sampler: CpuS
     return codes, metrics, t_services
 
 
-def _start_clients(full_env: dict[str, str], logs: dict[str, Any],
-                   children: list[subprocess.Popen], sampler: CpuSampler, *, nn_workers: int,
-                   cpu_priority: str) -> tuple[subprocess.Popen, list[subprocess.Popen]]:  # fmt: skip
+def _start_clients(
+    full_env: dict[str, str],
+    logs: dict[str, Any],
+    children: list[subprocess.Popen],
+    sampler: CpuSampler,
+    *,
+    nn_workers: int,
+    cpu_priority: str,
+) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
     """The NN worker (``nn_workers`` ranks of train.py) and one data loader per rank, each
     added to ``children`` (for the caller's clean-up) and tracked by ``sampler``."""
     launcher = [sys.executable, "-m", "persia.launcher"]
     nn = subprocess.Popen(
-        [*launcher, "nn-worker", str(E2E / "train.py"), "--nproc-per-node",
-         str(nn_workers), "--master-port", str(free_port())],
-        cwd=REPO, env={**full_env, "E2E_DDP_PORT": str(free_port())},
-        stdout=logs["nn"], stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            *launcher,
+            "nn-worker",
+            str(E2E / "train.py"),
+            "--nproc-per-node",
+            str(nn_workers),
+            "--master-port",
+            str(free_port()),
+        ],
+        cwd=REPO,
+        env={**full_env, "E2E_DDP_PORT": str(free_port())},
+        stdout=logs["nn"],
+        stderr=subprocess.STDOUT,
+    )
     children.append(nn)
     sampler.track("nn_worker", nn.pid)
     loaders = []
     for i in range(nn_workers):
-        loaders.append(subprocess.Popen(
-            [*launcher, "data-loader", "--exit-when-done", "--replica-index", str(i),
-             "--replica-size", str(nn_workers), "--cpu-priority", cpu_priority,
-             str(E2E / "data_loader.py")],
-            cwd=REPO, env=full_env, stdout=logs["dl"], stderr=subprocess.STDOUT,
-        ))  # fmt: skip
+        loaders.append(
+            subprocess.Popen(
+                [
+                    *launcher,
+                    "data-loader",
+                    "--exit-when-done",
+                    "--replica-index",
+                    str(i),
+                    "--replica-size",
+                    str(nn_workers),
+                    "--cpu-priority",
+                    cpu_priority,
+                    str(E2E / "data_loader.py"),
+                ],
+                cwd=REPO,
+                env=full_env,
+                stdout=logs["dl"],
+                stderr=subprocess.STDOUT,
+            )
+        )
         children.append(loaders[-1])
         name = "data_loader" if nn_workers == 1 else f"data_loader_{i}"
         sampler.track(name, loaders[-1].pid)
     return nn, loaders
 
 
-def _read_result(result_path: Path, tmp: Path, threads: int | None, nn_workers: int,
-                 codes: dict[str, int | None]) -> dict[str, Any]:  # fmt: skip
+def _read_result(
+    result_path: Path, tmp: Path, threads: int | None, nn_workers: int, codes: dict[str, int | None]
+) -> dict[str, Any]:
     """train.py's JSON (with each rank's own under ``ranks`` on several ranks); a run with a
     non-zero exit or no JSON raises, with the tails of the NN worker's and loaders' logs."""
     bad = {k: v for k, v in codes.items() if v != 0}
@@ -209,9 +275,14 @@ def _read_result(result_path: Path, tmp: Path, threads: int | None, nn_workers: 
     return res
 
 
-def add_launch_figures(res: dict[str, Any], sampler: CpuSampler, t_launch: float,
-                        services_registered_s: float, metrics: dict[str, Any],
-                        codes: dict[str, int | None]) -> None:  # fmt: skip
+def add_launch_figures(
+    res: dict[str, Any],
+    sampler: CpuSampler,
+    t_launch: float,
+    services_registered_s: float,
+    metrics: dict[str, Any],
+    codes: dict[str, int | None],
+) -> None:
     """Start-up times from ``t_launch`` (first batch, servers started, TrainCtx entered),
     each process's CPU over the training window, the servers' metrics, the exit codes."""
     res["startup_s"] = res["t_first"] - t_launch

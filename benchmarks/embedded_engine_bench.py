@@ -57,9 +57,13 @@ PHASES = ("build", "prepare", "lookup", "tensors", "backward", "payload", "gradi
 COUNTED = ("build", "prepare", "lookup", "tensors", "payload", "gradients")
 """The engine threads' phases (``backward`` stands in for the model: not counted)."""
 ADAGRAD = {
-    "type": "adagrad", "lr": EMBEDDING_LR, "initial_accumulator_value": INITIAL_ACCUMULATOR,
-    "eps": ADAGRAD_EPS, "g_square_momentum": 1.0, "vectorwise_shared": False,
-}  # fmt: skip
+    "type": "adagrad",
+    "lr": EMBEDDING_LR,
+    "initial_accumulator_value": INITIAL_ACCUMULATOR,
+    "eps": ADAGRAD_EPS,
+    "g_square_momentum": 1.0,
+    "vectorwise_shared": False,
+}
 
 
 class Timer:
@@ -100,9 +104,13 @@ async def one_batch(client: EmbeddedClient, data: dict, start: int, batch_id: in
     payload = t.run("payload", lambda: gradient_payload(tensors.embeddings, embeddings.tables))
     c, w = time.thread_time(), time.perf_counter()
     await client.gradients(
-        0, batch_id, 1.0, payload.slots, tables=payload.tables,
+        0,
+        batch_id,
+        1.0,
+        payload.slots,
+        tables=payload.tables,
         skipped_slots=payload.skipped_slots,
-    )  # fmt: skip
+    )
     t.cpu["gradients"], t.wall["gradients"] = time.thread_time() - c, time.perf_counter() - w
     return t
 
@@ -155,19 +163,31 @@ def main(argv: list[str] | None = None) -> int:
             )
         timers = asyncio.run(measure(data, e2e_data.write_configs(data, tmp), args))
     rows = [
-        {"phase": p, "cpu_ms": statistics.median(t.cpu[p] for t in timers) * 1e3,
-         "wall_ms": statistics.median(t.wall[p] for t in timers) * 1e3}
+        {
+            "phase": p,
+            "cpu_ms": statistics.median(t.cpu[p] for t in timers) * 1e3,
+            "wall_ms": statistics.median(t.wall[p] for t in timers) * 1e3,
+        }
         for p in PHASES
-    ]  # fmt: skip
+    ]
     cpu = {r["phase"]: r["cpu_ms"] for r in rows}
     total = sum(cpu[p] for p in COUNTED)
     print_table(
-        [{"phase": r["phase"] + ("" if r["phase"] in COUNTED else " (not counted)"),
-          "cpu_ms": f"{r['cpu_ms']:.3f}", "wall_ms": f"{r['wall_ms']:.3f}"} for r in rows],
+        [
+            {
+                "phase": r["phase"] + ("" if r["phase"] in COUNTED else " (not counted)"),
+                "cpu_ms": f"{r['cpu_ms']:.3f}",
+                "wall_ms": f"{r['wall_ms']:.3f}",
+            }
+            for r in rows
+        ],
         [("phase", "phase"), ("cpu_ms", "CPU ms/batch (median)"), ("wall_ms", "wall ms/batch")],
-    )  # fmt: skip
-    path = write_json("embedded_engine_bench", {"phases": rows, "batches": args.batches,
-                                                "passes": args.passes, "cpu": cpu_model()}, args.json)  # fmt: skip
+    )
+    path = write_json(
+        "embedded_engine_bench",
+        {"phases": rows, "batches": args.batches, "passes": args.passes, "cpu": cpu_model()},
+        args.json,
+    )
     print(f"\nJSON: {path}\nCPU: {cpu_model()}")
     print(
         f"RESULT engine_cpu_ms_per_batch={total:.3f} prepare_cpu_ms={cpu['prepare']:.3f} "

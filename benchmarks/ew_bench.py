@@ -193,13 +193,26 @@ def print_summary(ew: dict[str, Any], base: dict[str, Any]) -> None:
     lo, hi = ew["samples_per_s_minmax"]
     print_table(
         [
-            {"what": "embedding worker (1 EW + 2 PS, HTTP)", "samples/s median": fmt_rate(ew["samples_per_s"]),
-             "min..max": f"{fmt_rate(lo)}..{fmt_rate(hi)}", "ids/s": fmt_rate(ew["samples_per_s"] * SLOTS)},
-            {"what": f"pytorch step ({base['torch_threads']} threads)", "samples/s median": fmt_rate(base["samples_per_s"]),
-             "min..max": f"best {fmt_rate(base['samples_per_s_best'])}", "ids/s": fmt_rate(base["samples_per_s"] * SLOTS)},
+            {
+                "what": "embedding worker (1 EW + 2 PS, HTTP)",
+                "samples/s median": fmt_rate(ew["samples_per_s"]),
+                "min..max": f"{fmt_rate(lo)}..{fmt_rate(hi)}",
+                "ids/s": fmt_rate(ew["samples_per_s"] * SLOTS),
+            },
+            {
+                "what": f"pytorch step ({base['torch_threads']} threads)",
+                "samples/s median": fmt_rate(base["samples_per_s"]),
+                "min..max": f"best {fmt_rate(base['samples_per_s_best'])}",
+                "ids/s": fmt_rate(base["samples_per_s"] * SLOTS),
+            },
         ],
-        [("what", "what"), ("samples/s median", "samples/s (median)"), ("min..max", "range"), ("ids/s", "ids/s")],
-    )  # fmt: skip
+        [
+            ("what", "what"),
+            ("samples/s median", "samples/s (median)"),
+            ("min..max", "range"),
+            ("ids/s", "ids/s"),
+        ],
+    )
     lat = ew["route_latency_ms"]
     print(
         "route latency ms (median/min): "
@@ -209,8 +222,11 @@ def print_summary(ew: dict[str, Any], base: dict[str, Any]) -> None:
         "worker internal ms: "
         + ", ".join(f"{k} {v:.1f}" for k, v in ew["worker_internal_ms"].items())
     )
-    print("cpu ms per batch: " + ", ".join(f"{k} {v:.1f}" for k, v in ew["cpu_ms_per_batch"].items())
-          + f"; pytorch step {1e3 * base['step_s']['median_s']:.1f} ms wall")  # fmt: skip
+    print(
+        "cpu ms per batch: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in ew["cpu_ms_per_batch"].items())
+        + f"; pytorch step {1e3 * base['step_s']['median_s']:.1f} ms wall"
+    )
     print(
         "cpu share (cores) during timed rounds: "
         + ", ".join(f"{k} {v:.2f}" for k, v in ew["cpu_share"].items())
@@ -246,15 +262,31 @@ def main() -> None:
     print_summary(ew, base)
     path = write_json(
         "ew_bench",
-        {"batch": batch, "batches": n_batches, "repeats": repeats, "inflight": args.inflight,
-         "embedding_worker": ew, "baseline": base, "ratio": ratio, "wall_s": time.perf_counter() - t0},
+        {
+            "batch": batch,
+            "batches": n_batches,
+            "repeats": repeats,
+            "inflight": args.inflight,
+            "embedding_worker": ew,
+            "baseline": base,
+            "ratio": ratio,
+            "wall_s": time.perf_counter() - t0,
+        },
         args.json,
-    )  # fmt: skip
+    )
     print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
-    saved(save_bar_chart(path, ["embedding worker\n(1 EW + 2 PS, HTTP)", f"pytorch step\n({base['torch_threads']} threads)"],
-                         [ew["samples_per_s"], base["samples_per_s"]],
-                         title=f"Embedding worker vs a PyTorch step, batch {batch} (ratio {ratio:.2f})",
-                         ylabel="samples/s (median)"))  # fmt: skip
+    saved(
+        save_bar_chart(
+            path,
+            [
+                "embedding worker\n(1 EW + 2 PS, HTTP)",
+                f"pytorch step\n({base['torch_threads']} threads)",
+            ],
+            [ew["samples_per_s"], base["samples_per_s"]],
+            title=f"Embedding worker vs a PyTorch step, batch {batch} (ratio {ratio:.2f})",
+            ylabel="samples/s (median)",
+        )
+    )
     print(f"baseline_samples_per_s={base['samples_per_s']:.0f} ratio={ratio:.2f}")
     print(
         f"RESULT ew_samples_per_s={ew['samples_per_s']:.0f} ew_ids_per_s={ew['samples_per_s'] * SLOTS:.0f}"

@@ -55,9 +55,13 @@ def run_baseline(batch: int, n_batches: int, repeats: int, rows_per_slot: int) -
     loss_fn = nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(2)
     data = [
-        (ids, rng.normal(size=(batch, N_DENSE)).astype(np.float32), rng.integers(0, 2, (batch, 1)).astype(np.float32))
+        (
+            ids,
+            rng.normal(size=(batch, N_DENSE)).astype(np.float32),
+            rng.integers(0, 2, (batch, 1)).astype(np.float32),
+        )
         for ids in make_ids(batch, n_batches, seed=0)
-    ]  # fmt: skip
+    ]
 
     def step(ids: np.ndarray, dense: np.ndarray, label: np.ndarray) -> None:
         logits = model(model.rows(ids), torch.from_numpy(dense))

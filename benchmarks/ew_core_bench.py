@@ -145,8 +145,13 @@ def stage_inputs(schema: EmbeddingSchema, batches: list[dict]) -> dict[str, Any]
     ]
     grads = [[rng.standard_normal((BATCH, DIM)).astype(np.float32)] * SLOTS for _ in prepared]
     grads_by_dim = [pool_backward(p, g, 1.0)[0] for p, g in zip(prepared, grads, strict=True)]
-    return {"prepared": prepared, "vectors": vectors, "answers": answers, "grads": grads,
-            "grads_by_dim": grads_by_dim}  # fmt: skip
+    return {
+        "prepared": prepared,
+        "vectors": vectors,
+        "answers": answers,
+        "grads": grads,
+        "grads_by_dim": grads_by_dim,
+    }
 
 
 def core_stages(
@@ -166,8 +171,13 @@ def core_stages(
     }
 
 
-def print_timings(timings: dict[str, dict[str, float]], unique: float, ids_per_batch: int,
-                  total_min_ms: float, total_ms: float) -> None:  # fmt: skip
+def print_timings(
+    timings: dict[str, dict[str, float]],
+    unique: float,
+    ids_per_batch: int,
+    total_min_ms: float,
+    total_ms: float,
+) -> None:
     """The table of every timing (stages, hashes, scatter variants) and the core's total."""
     print(
         f"embedding worker core: {BATCH} samples x {SLOTS} slots, dim {DIM}, Zipf({ZIPF_A}) "
@@ -180,8 +190,15 @@ def print_timings(timings: dict[str, dict[str, float]], unique: float, ids_per_b
     print(f"load average during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
-def build_report(results: dict, hashes: dict, scatter: dict, unique: float,
-                 ids_per_batch: int, total_ms: float, total_min_ms: float) -> dict[str, Any]:  # fmt: skip
+def build_report(
+    results: dict,
+    hashes: dict,
+    scatter: dict,
+    unique: float,
+    ids_per_batch: int,
+    total_ms: float,
+    total_min_ms: float,
+) -> dict[str, Any]:
     """The JSON report: the machine, the batch's shape, every timing and the core's rates."""
     return {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},

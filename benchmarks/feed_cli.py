@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     _add_job_flags(parser)
     _add_run_flags(parser)
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     _check(parser, args)
     return args
 
@@ -145,8 +145,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not args.datasets or not set(args.datasets) <= set(e2e_data.DATASETS):
         parser.error(f"--datasets: expected a comma-separated subset of {e2e_data.DATASETS}")
-    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness",
-                 "repeats"):  # fmt: skip
+    for flag in ("criteo_rows", "min_steps", "threads", "baseline_threads", "staleness", "repeats"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: expected a positive integer")
     if args.max_steps < 0 or args.max_train_rows < 0 or not args.dense_ms >= 0:

@@ -68,9 +68,15 @@ def _nn_argv() -> list[str]:
 def _dl_argv() -> list[str]:
     """The one data loader, exiting once its data is sent."""
     return [
-        *LAUNCHER, "data-loader", "--exit-when-done", "--replica-index", "0",
-        "--replica-size", "1", str(E2E / "feed_data_loader.py"),
-    ]  # fmt: skip
+        *LAUNCHER,
+        "data-loader",
+        "--exit-when-done",
+        "--replica-index",
+        "0",
+        "--replica-size",
+        "1",
+        str(E2E / "feed_data_loader.py"),
+    ]
 
 
 def _start(
@@ -104,8 +110,11 @@ def _start_services(
             svc = cluster.start(
                 f"pyrsia.services.{service}",
                 [*flags, "--replica-index", str(i), "--replica-size", str(count)],
-                role=roles[service], replica_index=i, wait_ready=False, python_args=from_source,
-            )  # fmt: skip
+                role=roles[service],
+                replica_index=i,
+                wait_ready=False,
+                python_args=from_source,
+            )
             started.append(f"{service}.{i}")
             sampler.track(started[-1], svc.proc.pid)
     return started

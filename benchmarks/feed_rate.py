@@ -103,10 +103,23 @@ def steady_window(steps: int) -> tuple[int, int]:
     return lo, min(hi, steps)
 
 
-def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: str,
-             dense_ms: float, batch: int, steps: int, epochs: int, threads: int,
-             staleness: int, services: str = "working tree", ps_replicas: int = 1,
-             ew_replicas: int = 1, source: Path | None = None) -> dict[str, Any]:  # fmt: skip
+def run_feed(
+    data_path: Path,
+    configs: tuple[Path, Path],
+    tmp: Path,
+    *,
+    dense: str,
+    dense_ms: float,
+    batch: int,
+    steps: int,
+    epochs: int,
+    threads: int,
+    staleness: int,
+    services: str = "working tree",
+    ps_replicas: int = 1,
+    ew_replicas: int = 1,
+    source: Path | None = None,
+) -> dict[str, Any]:
     """One job through the whole pipeline with ``dense`` as the NN worker's dense step,
     ``ps_replicas`` PS shards and ``ew_replicas`` embedding workers; the PS and the embedding
     worker from ``source`` (a ``git archive`` of ``services``, run by
@@ -115,14 +128,27 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
     threads = 1 if dense == "sleep" else threads  # no dense math on the CPU: one torch thread
     result_path = tmp / f"feed-{dense}-{batch}-{time.monotonic_ns()}.json"
     env = {
-        "E2E_DATA": str(data_path), "E2E_RESULT": str(result_path), "E2E_BATCH": str(batch),
-        "E2E_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-        "E2E_STALENESS": str(staleness), "E2E_MAX_STEPS": str(steps),
-        "FEED_EPOCHS": str(epochs), "FEED_DENSE": dense, "FEED_DENSE_MS": str(dense_ms),
-        "FEED_WINDOW": f"{lo},{hi}", "PYTHONUNBUFFERED": "1",
-    }  # fmt: skip
-    flags = ["--embedding-config", str(configs[0]), "--global-config", str(configs[1]),
-             "--port", "0"]  # fmt: skip
+        "E2E_DATA": str(data_path),
+        "E2E_RESULT": str(result_path),
+        "E2E_BATCH": str(batch),
+        "E2E_THREADS": str(threads),
+        "OMP_NUM_THREADS": str(threads),
+        "E2E_STALENESS": str(staleness),
+        "E2E_MAX_STEPS": str(steps),
+        "FEED_EPOCHS": str(epochs),
+        "FEED_DENSE": dense,
+        "FEED_DENSE_MS": str(dense_ms),
+        "FEED_WINDOW": f"{lo},{hi}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    flags = [
+        "--embedding-config",
+        str(configs[0]),
+        "--global-config",
+        str(configs[1]),
+        "--port",
+        "0",
+    ]
     sampler = CpuSampler(interval_s=0.1)
     tag = f"{dense}-{batch}-{time.monotonic_ns()}"
     from_source = ["benchmarks.run_source", str(source)] if source is not None else None
@@ -135,8 +161,7 @@ def run_feed(data_path: Path, configs: tuple[Path, Path], tmp: Path, *, dense: s
             f"--- data loader\n{tail_dl}"
         )
     res = json.loads(result_path.read_text())
-    out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms,
-                        threads=threads)  # fmt: skip
+    out = summarize_run(res, sampler, batch=batch, dense=dense, dense_ms=dense_ms, threads=threads)
     return {"services": services, "ps_replicas": ps_replicas, "ew_replicas": ew_replicas, **out}
 
 
@@ -150,21 +175,33 @@ def run_baseline(data: dict[str, Any], *, batch: int, threads: int, steps: int) 
         res = train_single_process(
             array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], batch),
             [],
-            slot_sizes=[int(c) for c in data["cardinalities"]], dim=EMBEDDING_DIM,
-            model_factory=lambda: build_model(len(data["slot_names"]), data["train_dense"].shape[1]),
-            embedding_lr=EMBEDDING_LR, dense_lr=DENSE_LR,
-            initial_accumulator_value=INITIAL_ACCUMULATOR, emb_initialization=INIT_RANGE,
-            seed=SEED, max_steps=steps,
-        )  # fmt: skip
+            slot_sizes=[int(c) for c in data["cardinalities"]],
+            dim=EMBEDDING_DIM,
+            model_factory=lambda: build_model(
+                len(data["slot_names"]), data["train_dense"].shape[1]
+            ),
+            embedding_lr=EMBEDDING_LR,
+            dense_lr=DENSE_LR,
+            initial_accumulator_value=INITIAL_ACCUMULATOR,
+            emb_initialization=INIT_RANGE,
+            seed=SEED,
+            max_steps=steps,
+        )
     finally:
         torch.set_num_threads(previous)
-    return {"batch": batch, "threads": threads, "steps": res["steps"],
-            "samples_per_s": res["samples_per_s"], "train_seconds": res["train_seconds"]}  # fmt: skip
+    return {
+        "batch": batch,
+        "threads": threads,
+        "steps": res["steps"],
+        "samples_per_s": res["samples_per_s"],
+        "train_seconds": res["train_seconds"],
+    }
 
 
 # ------------------------------------------------------------------------------- report
-def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespace,
-                  trees: dict[str, Path | None]) -> dict:  # fmt: skip
+def bench_dataset(
+    name: str, data_path: Path, tmp: Path, args: argparse.Namespace, trees: dict[str, Path | None]
+) -> dict:
     """Every (dense, batch) configuration of one data set, ``--repeats`` times with the
     services of each of ``trees`` (interleaved), and the baseline at each batch."""
     data = e2e_data.load(data_path)
@@ -180,13 +217,28 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
                 for ps_replicas, ew_replicas, (services, source) in itertools.product(
                     args.ps_replicas, args.ew_replicas, trees.items()
                 ):
-                    print(f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps, "
-                          f"{ps_replicas} PS shard(s), {ew_replicas} embedding worker(s), "
-                          f"services of the {services} ...", flush=True)  # fmt: skip
-                    run = run_feed(data_path, configs, tmp, dense=dense, dense_ms=args.dense_ms,
-                                   batch=batch, steps=steps, epochs=epochs, threads=args.threads,
-                                   staleness=args.staleness, services=services, source=source,
-                                   ps_replicas=ps_replicas, ew_replicas=ew_replicas)  # fmt: skip
+                    print(
+                        f"[{name}] feed run: dense {dense}, batch {batch}, {steps} steps, "
+                        f"{ps_replicas} PS shard(s), {ew_replicas} embedding worker(s), "
+                        f"services of the {services} ...",
+                        flush=True,
+                    )
+                    run = run_feed(
+                        data_path,
+                        configs,
+                        tmp,
+                        dense=dense,
+                        dense_ms=args.dense_ms,
+                        batch=batch,
+                        steps=steps,
+                        epochs=epochs,
+                        threads=args.threads,
+                        staleness=args.staleness,
+                        services=services,
+                        source=source,
+                        ps_replicas=ps_replicas,
+                        ew_replicas=ew_replicas,
+                    )
                     configs_out.append({"dataset": name, **run})
         print(f"[{name}] baseline, batch {batch}, {args.baseline_threads} threads ...", flush=True)
         baselines[batch] = run_baseline(
@@ -198,8 +250,13 @@ def bench_dataset(name: str, data_path: Path, tmp: Path, args: argparse.Namespac
     for c in configs_out:
         c["baseline_samples_per_s"] = baselines[c["batch"]]["samples_per_s"]
         c["ratio"] = c["samples_per_s"] / c["baseline_samples_per_s"]
-    return {"dataset": name, "train_rows": rows, "slots": len(data["slot_names"]),
-            "configs": configs_out, "baselines": list(baselines.values())}  # fmt: skip
+    return {
+        "dataset": name,
+        "train_rows": rows,
+        "slots": len(data["slot_names"]),
+        "configs": configs_out,
+        "baselines": list(baselines.values()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,12 +275,20 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_dataset(name, path, tmp, args, trees))
     compare = compare_trees(results, list(trees)[1]) if len(trees) > 1 else []
     print_report(results, compare)
-    doc = {"dense_ms": args.dense_ms, "threads": args.threads,
-           "baseline_threads": args.baseline_threads, "staleness": args.staleness,
-           "ps_replicas": args.ps_replicas, "ew_replicas": args.ew_replicas,
-           "target_ratio": TARGET_RATIO, "window": WINDOW, "repeats": args.repeats,
-           "services_ref": list(trees)[1] if len(trees) > 1 else None,
-           "services_compare": compare, "results": results}  # fmt: skip
+    doc = {
+        "dense_ms": args.dense_ms,
+        "threads": args.threads,
+        "baseline_threads": args.baseline_threads,
+        "staleness": args.staleness,
+        "ps_replicas": args.ps_replicas,
+        "ew_replicas": args.ew_replicas,
+        "target_ratio": TARGET_RATIO,
+        "window": WINDOW,
+        "repeats": args.repeats,
+        "services_ref": list(trees)[1] if len(trees) > 1 else None,
+        "services_compare": compare,
+        "results": results,
+    }
     path = write_json("feed_rate", doc, args.json)
     png = plot(results, args.png or path.with_suffix(".png"))  # None without matplotlib
     print(f"\nmachine: {machine_info()['cpu_model']}, {os.cpu_count()} CPUs")
@@ -231,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     first = next(
         (c for c in results[0]["configs"] if c["dense"] == "sleep"), results[0]["configs"][0]
     )
-    print(f"RESULT feed_samples_per_s={first['samples_per_s']:.1f} "
-          f"baseline_samples_per_s={first['baseline_samples_per_s']:.1f} ratio={first['ratio']:.3f}")  # fmt: skip
+    print(
+        f"RESULT feed_samples_per_s={first['samples_per_s']:.1f} "
+        f"baseline_samples_per_s={first['baseline_samples_per_s']:.1f} ratio={first['ratio']:.3f}"
+    )
     return 0
 
 

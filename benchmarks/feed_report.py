@@ -34,8 +34,10 @@ def compare_trees(results: list[dict[str, Any]], ref: str) -> list[dict[str, Any
     for r in results:
         keys = list(dict.fromkeys(label(c) for c in r["configs"]))
         for key in keys:
-            runs = {t: [c for c in r["configs"] if label(c) == key and c["services"] == t]
-                    for t in ("working tree", ref)}  # fmt: skip
+            runs = {
+                t: [c for c in r["configs"] if label(c) == key and c["services"] == t]
+                for t in ("working tree", ref)
+            }
             row: dict[str, Any] = {"config": key, "runs": len(runs[ref])}
             for what, get in (
                 ("embedding_worker", lambda c: c["services_cpu_ms_per_batch"]["embedding_worker"]),
@@ -66,56 +68,104 @@ def _print_runs(results: list[dict[str, Any]]) -> None:
         for c in r["configs"]:
             svc = c["services_cpu_ms_per_batch"]
             feeds = c["nn_workers_fed_per_core"]
-            rows.append({
-                "config": label(c), "services": c["services"], "samples/s": fmt_rate(c["samples_per_s"]),
-                "baseline": fmt_rate(c["baseline_samples_per_s"]), "ratio": f"{c['ratio']:.2f}",
-                "nn_out": f"{c['nn_cpu_ms_outside_dense']:.2f}",
-                "ps": f"{svc.get('embedding_ps', 0):.2f}", "ew": f"{svc.get('embedding_worker', 0):.2f}",
-                "dl": f"{svc.get('data_loader', 0):.2f}",
-                "fed_ew": f"{feeds['embedding_worker']:.2f}", "fed_ps": f"{feeds['embedding_ps']:.2f}",
-            })  # fmt: skip
-    print("\nSamples/s of one NN-worker process, CPU ms per batch (NN worker outside the dense "
-          "step; PS, embedding worker, data loader), NN workers one EW / PS core feeds:")  # fmt: skip
-    print_table(rows, [("config", "config"), ("services", "services"), ("samples/s", "samples/s"), ("baseline", "baseline"),
-                       ("ratio", "ratio"), ("nn_out", "nn_cpu_ms"), ("ps", "ps_cpu_ms"),
-                       ("ew", "ew_cpu_ms"), ("dl", "dl_cpu_ms"), ("fed_ew", "nn/ew_core"),
-                       ("fed_ps", "nn/ps_core")])  # fmt: skip
+            rows.append(
+                {
+                    "config": label(c),
+                    "services": c["services"],
+                    "samples/s": fmt_rate(c["samples_per_s"]),
+                    "baseline": fmt_rate(c["baseline_samples_per_s"]),
+                    "ratio": f"{c['ratio']:.2f}",
+                    "nn_out": f"{c['nn_cpu_ms_outside_dense']:.2f}",
+                    "ps": f"{svc.get('embedding_ps', 0):.2f}",
+                    "ew": f"{svc.get('embedding_worker', 0):.2f}",
+                    "dl": f"{svc.get('data_loader', 0):.2f}",
+                    "fed_ew": f"{feeds['embedding_worker']:.2f}",
+                    "fed_ps": f"{feeds['embedding_ps']:.2f}",
+                }
+            )
+    print(
+        "\nSamples/s of one NN-worker process, CPU ms per batch (NN worker outside the dense "
+        "step; PS, embedding worker, data loader), NN workers one EW / PS core feeds:"
+    )
+    print_table(
+        rows,
+        [
+            ("config", "config"),
+            ("services", "services"),
+            ("samples/s", "samples/s"),
+            ("baseline", "baseline"),
+            ("ratio", "ratio"),
+            ("nn_out", "nn_cpu_ms"),
+            ("ps", "ps_cpu_ms"),
+            ("ew", "ew_cpu_ms"),
+            ("dl", "dl_cpu_ms"),
+            ("fed_ew", "nn/ew_core"),
+            ("fed_ps", "nn/ps_core"),
+        ],
+    )
 
 
 def _print_comparison(compare: list[dict[str, Any]]) -> None:
     """The working tree's services against ``--services-ref``'s, medians side by side."""
     ref = next(k for k in compare[0]["embedding_worker"] if k not in ("working_tree", "ratio"))
-    print(f"\nServices of the working tree against {ref} (medians of same-run runs; "
-          "ratio = old / new, > 1 a saving):")  # fmt: skip
+    print(
+        f"\nServices of the working tree against {ref} (medians of same-run runs; "
+        "ratio = old / new, > 1 a saving):"
+    )
     print_table(
-        [{"config": c["config"], "runs": c["runs"],
-          **{f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
-             for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
-             for p in ("working_tree", ref)},
-          **{f"{k}_ratio": f"{c[k]['ratio']:.3f}"
-             for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")}}
-         for c in compare],
+        [
+            {
+                "config": c["config"],
+                "runs": c["runs"],
+                **{
+                    f"{k}_{p}": f"{c[k][p]:.2f}" if k != "samples_per_s" else fmt_rate(c[k][p])
+                    for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
+                    for p in ("working_tree", ref)
+                },
+                **{
+                    f"{k}_ratio": f"{c[k]['ratio']:.3f}"
+                    for k in ("embedding_worker", "embedding_ps", "nn_worker", "samples_per_s")
+                },
+            }
+            for c in compare
+        ],
         [("config", "config"), ("runs", "runs")]
-        + [(f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
-           for k, short in (("embedding_worker", "ew_ms"), ("embedding_ps", "ps_ms"),
-                            ("nn_worker", "nn_ms"), ("samples_per_s", "samples/s"))
-           for p in ("working_tree", ref)]
-        + [(f"{k}_ratio", f"{short}_ratio") for k, short in
-           (("embedding_worker", "ew"), ("embedding_ps", "ps"), ("nn_worker", "nn"),
-            ("samples_per_s", "samples/s"))],
-    )  # fmt: skip
+        + [
+            (f"{k}_{p}", f"{short}_{'new' if p == 'working_tree' else 'old'}")
+            for k, short in (
+                ("embedding_worker", "ew_ms"),
+                ("embedding_ps", "ps_ms"),
+                ("nn_worker", "nn_ms"),
+                ("samples_per_s", "samples/s"),
+            )
+            for p in ("working_tree", ref)
+        ]
+        + [
+            (f"{k}_ratio", f"{short}_ratio")
+            for k, short in (
+                ("embedding_worker", "ew"),
+                ("embedding_ps", "ps"),
+                ("nn_worker", "nn"),
+                ("samples_per_s", "samples/s"),
+            )
+        ],
+    )
 
 
 def _print_details(results: list[dict[str, Any]]) -> None:
     """Each working-tree run's training-thread phases, CPU by thread and cores used."""
     for r in results:
         for c in r["configs"]:
-            phases = ", ".join(f"{k} {v['wall']:.2f} ({v['cpu']:.2f})"
-                               for k, v in c["nn_phases_ms"].items())  # fmt: skip
-            threads = ", ".join(f"{k} {v:.2f}" for k, v in
-                                sorted(c["nn_threads_cpu_ms"].items(), key=lambda kv: -kv[1]))  # fmt: skip
-            cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c["cores_used"].items(),
-                                                                 key=lambda kv: -kv[1]))  # fmt: skip
+            phases = ", ".join(
+                f"{k} {v['wall']:.2f} ({v['cpu']:.2f})" for k, v in c["nn_phases_ms"].items()
+            )
+            threads = ", ".join(
+                f"{k} {v:.2f}"
+                for k, v in sorted(c["nn_threads_cpu_ms"].items(), key=lambda kv: -kv[1])
+            )
+            cores = ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(c["cores_used"].items(), key=lambda kv: -kv[1])
+            )
             if c["services"] != "working tree":
                 continue
             print(f"\n[{label(c)}] training thread ms per batch wall (CPU): {phases}")
@@ -139,10 +189,19 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
         for b in r["baselines"]:
             labels.append(f"{r['dataset']} {b['batch']}")
             for name in names:
-                rates = [c["samples_per_s"] for c in r["configs"]
-                         if c["services"] == "working tree" and c["batch"] == b["batch"]
-                         and series_name(c) == name]  # fmt: skip
+                rates = [
+                    c["samples_per_s"]
+                    for c in r["configs"]
+                    if c["services"] == "working tree"
+                    and c["batch"] == b["batch"]
+                    and series_name(c) == name
+                ]
                 series.setdefault(name, []).append(statistics.median(rates) if rates else None)
             series.setdefault("baseline (2 threads)", []).append(b["samples_per_s"])
-    return save_bar_chart(path, labels, series, ylabel="samples/s",
-                          title="Feed rate: samples/s of one NN-worker process")  # fmt: skip
+    return save_bar_chart(
+        path,
+        labels,
+        series,
+        ylabel="samples/s",
+        title="Feed rate: samples/s of one NN-worker process",
+    )

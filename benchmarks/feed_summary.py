@@ -16,9 +16,14 @@ REPLICATED = ("embedding_ps", "embedding_worker")  # CPU summed over their repli
 
 
 def summarize_run(
-    res: dict[str, Any], sampler: CpuSampler, *, batch: int, dense: str, dense_ms: float,
+    res: dict[str, Any],
+    sampler: CpuSampler,
+    *,
+    batch: int,
+    dense: str,
+    dense_ms: float,
     threads: int,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The steady window's figures of one run (train script JSON + the sampled /proc CPU)."""
     (lo, a), (hi, b) = sorted(((int(k), v) for k, v in res["marks"].items()))
     if a is None or b is None:
@@ -40,10 +45,16 @@ def summarize_run(
         for s in ("embedding_worker", "embedding_ps")
     }
     return {
-        "dense": dense, "dense_ms": dense_ms if dense == "sleep" else None, "batch": batch,
-        "threads": threads, "steps": res["steps"], "window_steps": [lo, hi],
-        "window_seconds": seconds, "samples_per_s": samples / seconds,
-        "run_samples_per_s": res["samples_per_s"], "batches_per_s": batches_per_s,
+        "dense": dense,
+        "dense_ms": dense_ms if dense == "sleep" else None,
+        "batch": batch,
+        "threads": threads,
+        "steps": res["steps"],
+        "window_steps": [lo, hi],
+        "window_seconds": seconds,
+        "samples_per_s": samples / seconds,
+        "run_samples_per_s": res["samples_per_s"],
+        "batches_per_s": batches_per_s,
         "nn_cpu_ms_per_batch": 1e3 * nn_cpu / batches,
         "nn_cpu_ms_outside_dense": 1e3 * (nn_cpu - dense_cpu) / batches,
         "nn_dense_cpu_ms": 1e3 * dense_cpu / batches,
@@ -55,7 +66,7 @@ def summarize_run(
         "nn_workers_fed_per_core": feeds,
         "cores_used": {k: v["cores"] for k, v in window.items()},
         "device": res.get("device", "cpu"),
-    }  # fmt: skip
+    }
 
 
 def _dense_cpu(dense: str, phase_cpu: dict[str, float], threads_cpu: dict[str, float]) -> float:

@@ -75,10 +75,11 @@ def _compare(data, batch: int, steps: int) -> dict:
     opt = hb.wraps(torch.optim.SGD)(sharded.parameters(), lr=0.1)
     sharded_r = _steps(sharded, opt, data, batch, steps)
     return {
-        "batch": batch, **{f"local_{k}": v for k, v in local_r.items()},
+        "batch": batch,
+        **{f"local_{k}": v for k, v in local_r.items()},
         **{f"sharded_{k}": v for k, v in sharded_r.items()},
         "ratio": sharded_r["step_ms"] / local_r["step_ms"],
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,9 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     data = adult_dataset("train")
     config = REPO / "examples" / "hb_adult" / "embedding_config.yml"
     with Cluster() as cluster:
-        cluster.start("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
-        cluster.start("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
-                      role=ROLE_EMBEDDING_WORKER)  # fmt: skip
+        cluster.start(
+            "pyrsia.services.embedding_ps",
+            ["--port", "0"],
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+        )
+        cluster.start(
+            "pyrsia.services.embedding_worker",
+            ["--port", "0", "--embedding-config", str(config)],
+            role=ROLE_EMBEDDING_WORKER,
+        )
         import os
 
         os.environ.update(cluster.env)
@@ -102,15 +111,29 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             connection.close()
     table = [{k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
-    print_table(table, [
-        ("batch", "batch"), ("local_step_ms", "local ms/step"), ("sharded_step_ms", "sharded ms/step"),
-        ("sharded_forward_ms", "sharded fwd"), ("sharded_backward_ms", "sharded bwd+step"),
-        ("ratio", "sharded/local"),
-    ])  # fmt: skip
+    print_table(
+        table,
+        [
+            ("batch", "batch"),
+            ("local_step_ms", "local ms/step"),
+            ("sharded_step_ms", "sharded ms/step"),
+            ("sharded_forward_ms", "sharded fwd"),
+            ("sharded_backward_ms", "sharded bwd+step"),
+            ("ratio", "sharded/local"),
+        ],
+    )
     path = write_json("hb_bench", {"steps": args.steps, "rows": rows}, args.json)
     print(f"JSON: {path}")
-    saved(bar_chart_from_rows(path, rows, "batch", {"local_step_ms": "local", "sharded_step_ms": "sharded"},
-                              title="HybridBackend sharded embedding vs local, per batch size", ylabel="ms per step"))  # fmt: skip
+    saved(
+        bar_chart_from_rows(
+            path,
+            rows,
+            "batch",
+            {"local_step_ms": "local", "sharded_step_ms": "sharded"},
+            title="HybridBackend sharded embedding vs local, per batch size",
+            ylabel="ms per step",
+        )
+    )
     last = rows[-1]
     print(
         f"RESULT local_step_ms={last['local_step_ms']:.3f} "

@@ -81,43 +81,66 @@ def parse_args() -> tuple[argparse.Namespace, list[int], list[int], list[int]]:
     return args, args.sizes or sizes, args.dims or dims, args.batches or batches
 
 
-def print_grid(eng_by: dict[tuple, dict], http_by: dict[tuple, dict], http: list[dict[str, Any]],
-               profile: str | None) -> None:  # fmt: skip
+def print_grid(
+    eng_by: dict[tuple, dict],
+    http_by: dict[tuple, dict],
+    http: list[dict[str, Any]],
+    profile: str | None,
+) -> None:
     """The engine and HTTP table per (n, dim, batch), each HTTP row's phase split, the profile."""
     table = []
     for key in sorted(set(eng_by) | set(http_by)):
         e, h = eng_by.get(key, {}), http_by.get(key, {})
-        table.append({
-            "n": key[0], "dim": key[1], "batch": key[2],
-            "eng_lookup": fmt_rate(e.get("train_lookup_ids_per_s")),
-            "eng_eval": fmt_rate(e.get("eval_lookup_ids_per_s")),
-            "eng_adagrad": fmt_rate(e.get("update_ids_per_s")),
-            "http_lookup": fmt_rate(h.get("lookup_ids_per_s")),
-            "http_update": fmt_rate(h.get("update_ids_per_s")),
-            "srv_cpu": f"{h['server_cpu_share']:.2f}" if h else "-",
-            "B/entry": f"{e['bytes_per_entry']:.1f}" if e else "-",
-            "ratio": f"{(e or h)['bytes_per_entry_ratio']:.3f}",
-        })  # fmt: skip
+        table.append(
+            {
+                "n": key[0],
+                "dim": key[1],
+                "batch": key[2],
+                "eng_lookup": fmt_rate(e.get("train_lookup_ids_per_s")),
+                "eng_eval": fmt_rate(e.get("eval_lookup_ids_per_s")),
+                "eng_adagrad": fmt_rate(e.get("update_ids_per_s")),
+                "http_lookup": fmt_rate(h.get("lookup_ids_per_s")),
+                "http_update": fmt_rate(h.get("update_ids_per_s")),
+                "srv_cpu": f"{h['server_cpu_share']:.2f}" if h else "-",
+                "B/entry": f"{e['bytes_per_entry']:.1f}" if e else "-",
+                "ratio": f"{(e or h)['bytes_per_entry_ratio']:.3f}",
+            }
+        )
     print_table(table, [(k, k) for k in table[0]] if table else [])
     for r in http:
         p = r["phases"]
-        print(f"  phases n={r['n']} dim={r['dim']} batch={r['batch']} (1 request in flight): wall {p['wall_ms']:.1f} ms = "
-              f"encode {p['client_encode_ms']:.1f} + engine {p['server_engine_ms']:.1f} + decode {p['client_decode_ms']:.1f} "
-              f"+ http/server codec {p['http_and_server_codec_ms']:.1f}")  # fmt: skip
+        print(
+            f"  phases n={r['n']} dim={r['dim']} batch={r['batch']} (1 request in flight): wall {p['wall_ms']:.1f} ms = "
+            f"encode {p['client_encode_ms']:.1f} + engine {p['server_engine_ms']:.1f} + decode {p['client_decode_ms']:.1f} "
+            f"+ http/server codec {p['http_and_server_codec_ms']:.1f}"
+        )
     if profile:
         print(profile)
 
 
 def save_chart(path: Path, eng_by: dict[tuple, dict], http_by: dict[tuple, dict]) -> None:
     """The PNG beside the JSON: ids/s of the engine and HTTP sides per (n, dim, batch)."""
-    chart = [{"config": f"n={k[0]:,} d={k[1]} b={k[2]}",
-              "engine lookup": eng_by.get(k, {}).get("train_lookup_ids_per_s"),
-              "engine Adagrad": eng_by.get(k, {}).get("update_ids_per_s"),
-              "HTTP lookup": http_by.get(k, {}).get("lookup_ids_per_s"),
-              "HTTP update": http_by.get(k, {}).get("update_ids_per_s")}
-             for k in sorted(set(eng_by) | set(http_by))]  # fmt: skip
-    saved(bar_chart_from_rows(path, chart, "config", ["engine lookup", "engine Adagrad", "HTTP lookup", "HTTP update"],
-                              title="Embedding PS: ids/s (n ids, dim, batch)", ylabel="ids/s", logy=True))  # fmt: skip
+    chart = [
+        {
+            "config": f"n={k[0]:,} d={k[1]} b={k[2]}",
+            "engine lookup": eng_by.get(k, {}).get("train_lookup_ids_per_s"),
+            "engine Adagrad": eng_by.get(k, {}).get("update_ids_per_s"),
+            "HTTP lookup": http_by.get(k, {}).get("lookup_ids_per_s"),
+            "HTTP update": http_by.get(k, {}).get("update_ids_per_s"),
+        }
+        for k in sorted(set(eng_by) | set(http_by))
+    ]
+    saved(
+        bar_chart_from_rows(
+            path,
+            chart,
+            "config",
+            ["engine lookup", "engine Adagrad", "HTTP lookup", "HTTP update"],
+            title="Embedding PS: ids/s (n ids, dim, batch)",
+            ylabel="ids/s",
+            logy=True,
+        )
+    )
 
 
 def head_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,8 +169,17 @@ def main() -> None:
     eng_by = {(r["n"], r["dim"], r["batch"]): r for r in engine_first}
     http_by = {(r["n"], r["dim"], r["batch"]): r for r in http}
     print_grid(eng_by, http_by, http, profile)
-    path = write_json("ps_bench", {"args": {k: v for k, v in vars(args).items() if k != "json"}, "engine": engine, "http": http,
-                                   "profile": profile, "wall_s": time.perf_counter() - t0}, args.json)  # fmt: skip
+    path = write_json(
+        "ps_bench",
+        {
+            "args": {k: v for k, v in vars(args).items() if k != "json"},
+            "engine": engine,
+            "http": http,
+            "profile": profile,
+            "wall_s": time.perf_counter() - t0,
+        },
+        args.json,
+    )
     print(f"JSON: {path}  ({time.perf_counter() - t0:.0f} s)")
     save_chart(path, eng_by, http_by)
     e, h = head_row(engine_first), head_row(http)

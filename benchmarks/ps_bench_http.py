@@ -122,8 +122,11 @@ class PSDriver:
                         / stats["raw_bytes_per_entry"],
                     )
                     rows.append(row)
-                    print(f"  http n={n} dim={dim} batch={batch}: lookup {fmt_rate(row['lookup_ids_per_s'])}/s "
-                          f"update {fmt_rate(row['update_ids_per_s'])}/s (cpu: server {row['server_cpu_share']:.2f}, client {row['client_cpu_share']:.2f})", flush=True)  # fmt: skip
+                    print(
+                        f"  http n={n} dim={dim} batch={batch}: lookup {fmt_rate(row['lookup_ids_per_s'])}/s "
+                        f"update {fmt_rate(row['update_ids_per_s'])}/s (cpu: server {row['server_cpu_share']:.2f}, client {row['client_cpu_share']:.2f})",
+                        flush=True,
+                    )
         await self.http.close()
         return rows
 

@@ -46,7 +46,9 @@ def _data_files(directory: Path) -> list[Path]:
 
 def _same_bytes(a: Path, b: Path) -> bool:
     fa, fb = _data_files(a), _data_files(b)
-    return len(fa) == len(fb) and all(filecmp.cmp(x, y, shallow=False) for x, y in zip(fa, fb, strict=True))  # fmt: skip
+    return len(fa) == len(fb) and all(
+        filecmp.cmp(x, y, shallow=False) for x, y in zip(fa, fb, strict=True)
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -99,12 +101,18 @@ def result_rows(
     rows = []
     for op, by_workers in times.items():
         one, many = statistics.median(by_workers[1]), statistics.median(by_workers[args.workers])
-        rows.append({
-            "op": op, "entries": args.entries, "table_mb": round(table_mb),
-            "t_1_thread_s": round(one, 3), f"t_{args.workers}_threads_s": round(many, 3),
-            "speedup": round(one / many, 2),
-            "mb_per_s_1": round(table_mb / one), f"mb_per_s_{args.workers}": round(table_mb / many),
-        })  # fmt: skip
+        rows.append(
+            {
+                "op": op,
+                "entries": args.entries,
+                "table_mb": round(table_mb),
+                "t_1_thread_s": round(one, 3),
+                f"t_{args.workers}_threads_s": round(many, 3),
+                "speedup": round(one / many, 2),
+                "mb_per_s_1": round(table_mb / one),
+                f"mb_per_s_{args.workers}": round(table_mb / many),
+            }
+        )
     return rows
 
 
@@ -114,19 +122,42 @@ def main() -> int:
     table_mb = args.entries * (2 * args.dim * 4 + 8) / 1e6
     times, identical = time_dumps_and_loads(store, args)
     rows = result_rows(times, args, table_mb)
-    print(f"PS checkpoint, {args.entries} entries x dim {args.dim} (Adagrad), {args.shards} shards, "
-          f"median of {args.repeats}, interleaved; files byte-identical: {identical}")  # fmt: skip
+    print(
+        f"PS checkpoint, {args.entries} entries x dim {args.dim} (Adagrad), {args.shards} shards, "
+        f"median of {args.repeats}, interleaved; files byte-identical: {identical}"
+    )
     n = args.workers
-    print_table(rows, [("op", "op"), ("table_mb", "MB"), ("t_1_thread_s", "1 thread s"),
-                       (f"t_{n}_threads_s", f"{n} threads s"), ("speedup", "ratio"),
-                       ("mb_per_s_1", "MB/s 1"), (f"mb_per_s_{n}", f"MB/s {n}")])  # fmt: skip
-    doc = {"benchmark": "ps_checkpoint", "args": vars(args) | {"json": None}, "results": rows,
-           "raw_seconds": {op: {str(k): v for k, v in d.items()} for op, d in times.items()},
-           "files_identical": identical}  # fmt: skip
+    print_table(
+        rows,
+        [
+            ("op", "op"),
+            ("table_mb", "MB"),
+            ("t_1_thread_s", "1 thread s"),
+            (f"t_{n}_threads_s", f"{n} threads s"),
+            ("speedup", "ratio"),
+            ("mb_per_s_1", "MB/s 1"),
+            (f"mb_per_s_{n}", f"MB/s {n}"),
+        ],
+    )
+    doc = {
+        "benchmark": "ps_checkpoint",
+        "args": vars(args) | {"json": None},
+        "results": rows,
+        "raw_seconds": {op: {str(k): v for k, v in d.items()} for op, d in times.items()},
+        "files_identical": identical,
+    }
     path = write_json("ps_checkpoint", doc, args.json)
     print(f"JSON: {path}")
-    saved(bar_chart_from_rows(path, rows, "op", {"mb_per_s_1": "1 thread", f"mb_per_s_{n}": f"{n} threads"},
-                              title=f"PS checkpoint, {rows[0]['table_mb']} MB table", ylabel="MB/s"))  # fmt: skip
+    saved(
+        bar_chart_from_rows(
+            path,
+            rows,
+            "op",
+            {"mb_per_s_1": "1 thread", f"mb_per_s_{n}": f"{n} threads"},
+            title=f"PS checkpoint, {rows[0]['table_mb']} MB table",
+            ylabel="MB/s",
+        )
+    )
     return 0 if identical else 1
 
 

@@ -57,8 +57,11 @@ def run_child(entries: int, batch: int, dim: int, copy: bool) -> dict:
     """One growth from empty to ``entries`` in a fresh interpreter."""
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(entries), str(batch), str(dim), str(int(copy))],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"growth run failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -92,22 +95,43 @@ def main(argv: list[str] | None = None) -> int:
             runs[side].append(run_child(args.entries, args.batch, args.dim, side == "copy"))
     median = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items()}
     rows = [
-        {"side": side, "median_s": f"{median[side]:.3f}",
-         "runs_s": " / ".join(f"{r['seconds']:.3f}" for r in rs),
-         "page_faults": f"{statistics.median(r['page_faults'] for r in rs):.0f}"}
+        {
+            "side": side,
+            "median_s": f"{median[side]:.3f}",
+            "runs_s": " / ".join(f"{r['seconds']:.3f}" for r in rs),
+            "page_faults": f"{statistics.median(r['page_faults'] for r in rs):.0f}",
+        }
         for side, rs in runs.items()
-    ]  # fmt: skip
-    print(f"PS store (one internal shard) from empty to {args.entries:,} entries of dim {args.dim} "
-          f"(Adagrad), {args.batch:,} new ids a batch ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
-    print_table(rows, [("side", "growth"), ("median_s", "insert s"), ("runs_s", "runs s"),
-                       ("page_faults", "page faults")])  # fmt: skip
+    ]
+    print(
+        f"PS store (one internal shard) from empty to {args.entries:,} entries of dim {args.dim} "
+        f"(Adagrad), {args.batch:,} new ids a batch ({time.perf_counter() - t0:.1f}s)"
+    )
+    print_table(
+        rows,
+        [
+            ("side", "growth"),
+            ("median_s", "insert s"),
+            ("runs_s", "runs s"),
+            ("page_faults", "page faults"),
+        ],
+    )
     ratio = median["copy"] / median["in place"]
-    path = write_json("ps_growth_bench", {"args": vars(args) | {"json": None}, "runs": runs,
-                                          "median_s": median, "ratio": ratio}, args.json)  # fmt: skip
+    path = write_json(
+        "ps_growth_bench",
+        {"args": vars(args) | {"json": None}, "runs": runs, "median_s": median, "ratio": ratio},
+        args.json,
+    )
     print(f"\nJSON: {path}")
-    saved(save_bar_chart(path, list(median), list(median.values()),
-                         title=f"PS store growth to {args.entries:,} entries (copy / in place {ratio:.2f})",
-                         ylabel="insert seconds (median)"))  # fmt: skip
+    saved(
+        save_bar_chart(
+            path,
+            list(median),
+            list(median.values()),
+            title=f"PS store growth to {args.entries:,} entries (copy / in place {ratio:.2f})",
+            ylabel="insert seconds (median)",
+        )
+    )
     print(
         f"RESULT in_place_s={median['in place']:.4f} copy_s={median['copy']:.4f} ratio={ratio:.3f}"
     )

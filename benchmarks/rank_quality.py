@@ -106,16 +106,21 @@ def run_baseline(data: dict[str, Any], seed: int, rows: int, lr_scale: float) ->
     res = train_single_process(
         array_batches(data["train_cat_ids"], data["train_dense"], data["train_label"], rows),
         array_batches(data["test_cat_ids"], data["test_dense"], data["test_label"], TEST_BATCH),
-        slot_sizes=[int(c) for c in data["cardinalities"]], dim=EMBEDDING_DIM,
-        model_factory=model_factory(data, seed), embedding_lr=EMBEDDING_LR,
-        dense_lr=DENSE_LR * lr_scale, initial_accumulator_value=INITIAL_ACCUMULATOR,
-        emb_initialization=INIT_RANGE, seed=seed,
-    )  # fmt: skip
+        slot_sizes=[int(c) for c in data["cardinalities"]],
+        dim=EMBEDDING_DIM,
+        model_factory=model_factory(data, seed),
+        embedding_lr=EMBEDDING_LR,
+        dense_lr=DENSE_LR * lr_scale,
+        initial_accumulator_value=INITIAL_ACCUMULATOR,
+        emb_initialization=INIT_RANGE,
+        seed=seed,
+    )
     return {"auc": res["auc"], "samples_per_s": res["samples_per_s"], "steps": res["steps"]}
 
 
-def run_sync(data: dict[str, Any], seed: int, ranks: int, rows: int, lr_scale: float,
-             reduction: str) -> dict[str, Any]:  # fmt: skip
+def run_sync(
+    data: dict[str, Any], seed: int, ranks: int, rows: int, lr_scale: float, reduction: str
+) -> dict[str, Any]:
     """``ranks`` data-parallel ranks of ``rows`` emulated in one process with nothing in flight.
 
     Every group of ``ranks`` consecutive batches is one synchronous step: each rank's batch
@@ -170,8 +175,9 @@ def run_sync(data: dict[str, Any], seed: int, ranks: int, rows: int, lr_scale: f
     return {"auc": auc, "samples_per_s": len(data["train_label"]) / seconds, "steps": len(batches)}
 
 
-def run_config(name: str, data: dict[str, Any], data_path: Path, tmp: Path,
-               seed: int) -> dict[str, Any]:  # fmt: skip
+def run_config(
+    name: str, data: dict[str, Any], data_path: Path, tmp: Path, seed: int
+) -> dict[str, Any]:
     """One run of configuration ``name`` (see the module's docstring)."""
     c = CONFIGS[name]
     if c["kind"] == "baseline":
@@ -180,11 +186,21 @@ def run_config(name: str, data: dict[str, Any], data_path: Path, tmp: Path,
         return run_sync(data, seed, c["ranks"], c["rows"], c["lr_scale"], c["reduction"])
     configs = e2e_data.write_configs(data, tmp)
     res = run_pyrsia(
-        data_path, configs, tmp, threads=1, staleness=c.get("staleness", STALENESS),
-        max_steps=0, nn_workers=c["ranks"], batch=c["rows"], tuned=True,  # batch-id order
-        extra_env={"E2E_DENSE_LR_SCALE": str(c["lr_scale"]), "E2E_SEED": str(SEED + seed),
-                   "E2E_EMB_GRAD_REDUCTION": c.get("reduction", "sum")},
-    )  # fmt: skip
+        data_path,
+        configs,
+        tmp,
+        threads=1,
+        staleness=c.get("staleness", STALENESS),
+        max_steps=0,
+        nn_workers=c["ranks"],
+        batch=c["rows"],
+        tuned=True,  # batch-id order
+        extra_env={
+            "E2E_DENSE_LR_SCALE": str(c["lr_scale"]),
+            "E2E_SEED": str(SEED + seed),
+            "E2E_EMB_GRAD_REDUCTION": c.get("reduction", "sum"),
+        },
+    )
     return {"auc": res["auc"], "samples_per_s": res["samples_per_s"], "steps": res["steps"]}
 
 
@@ -196,14 +212,18 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         aucs = [r["auc"] for r in rs]
         gaps = [r["auc"] - base[r["seed"]] for r in rs if r["seed"] in base]
         sps = [r["samples_per_s"] for r in rs]
-        rows.append({
-            "config": name, "seeds": len(rs),
-            "auc_mean": statistics.fmean(aucs), "auc_spread": (max(aucs) - min(aucs)) / 2,
-            "gap_mean": statistics.fmean(gaps) if gaps else float("nan"),
-            "gap_min": min(gaps) if gaps else float("nan"),
-            "gap_max": max(gaps) if gaps else float("nan"),
-            "samples_per_s": statistics.fmean(sps),
-        })  # fmt: skip
+        rows.append(
+            {
+                "config": name,
+                "seeds": len(rs),
+                "auc_mean": statistics.fmean(aucs),
+                "auc_spread": (max(aucs) - min(aucs)) / 2,
+                "gap_mean": statistics.fmean(gaps) if gaps else float("nan"),
+                "gap_min": min(gaps) if gaps else float("nan"),
+                "gap_max": max(gaps) if gaps else float("nan"),
+                "samples_per_s": statistics.fmean(sps),
+            }
+        )
     return rows
 
 
@@ -218,14 +238,14 @@ def print_rows(dataset: str, rows: list[dict[str, Any]]) -> None:
                 "sps": f"{r['samples_per_s'] / 1e3:.1f}k",
             }
             for r in rows
-        ],  # fmt: skip
+        ],
         [
             ("config", "configuration"),
             ("seeds", "seeds"),
             ("auc", "AUC mean ± half range"),
             ("gap", "gap mean [min, max]"),
             ("sps", "samples/s"),
-        ],  # fmt: skip
+        ],
     )
 
 
@@ -240,8 +260,14 @@ def int_list(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int
     return items
 
 
-def run_dataset(dataset: str, configs: list[str], seeds: list[int], tmp: Path,
-                criteo_rows: int, caps: dict[str, int]) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+def run_dataset(
+    dataset: str,
+    configs: list[str],
+    seeds: list[int],
+    tmp: Path,
+    criteo_rows: int,
+    caps: dict[str, int],
+) -> dict[str, list[dict[str, Any]]]:
     """Every configuration on ``dataset`` drawn with each seed: its runs per configuration."""
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for seed in seeds:
@@ -253,8 +279,11 @@ def run_dataset(dataset: str, configs: list[str], seeds: list[int], tmp: Path,
             res = run_config(name, data, path, tmp, seed)
             res["seed"] = seed
             runs[name].append(res)
-            print(f"{dataset} seed {seed} {name}: AUC {res['auc']:.4f}, "
-                  f"{res['samples_per_s'] / 1e3:.1f}k samples/s", flush=True)  # fmt: skip
+            print(
+                f"{dataset} seed {seed} {name}: AUC {res['auc']:.4f}, "
+                f"{res['samples_per_s'] / 1e3:.1f}k samples/s",
+                flush=True,
+            )
     return runs
 
 
@@ -264,17 +293,32 @@ def parse_args(
     """The command line, checked: the args, the data sets, the configurations (the baseline
     first: every gap is to it) and the seeds."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", default="criteo,census",
-                        help="data sets, in this order (default criteo,census)")  # fmt: skip
-    parser.add_argument("--criteo-rows", type=int, default=200_000,
-                        help="training rows of the Criteo-shaped set (default 200,000)")  # fmt: skip
+    parser.add_argument(
+        "--datasets",
+        default="criteo,census",
+        help="data sets, in this order (default criteo,census)",
+    )
+    parser.add_argument(
+        "--criteo-rows",
+        type=int,
+        default=200_000,
+        help="training rows of the Criteo-shaped set (default 200,000)",
+    )
     parser.add_argument("--seeds", default="0,1,2", help="seeds (default 0,1,2)")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"configurations, comma-separated (default all: {', '.join(CONFIGS)})")  # fmt: skip
-    parser.add_argument("--max-train-rows", type=int, default=0,
-                        help="train on the first N rows only (0: all; for smoke runs)")  # fmt: skip
-    parser.add_argument("--json", type=Path, default=None,
-                        help="write the JSON here (default bench_results/)")  # fmt: skip
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"configurations, comma-separated (default all: {', '.join(CONFIGS)})",
+    )
+    parser.add_argument(
+        "--max-train-rows",
+        type=int,
+        default=0,
+        help="train on the first N rows only (0: all; for smoke runs)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the JSON here (default bench_results/)"
+    )
     args = parser.parse_args(argv)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not datasets or not set(datasets) <= set(e2e_data.DATASETS):
@@ -303,13 +347,19 @@ def main(argv: list[str] | None = None) -> int:
             results[dataset] = {"runs": runs, "rows": rows}
             print_rows(dataset, rows)
     path = write_json(
-        "rank_quality", {"seeds": seeds, "criteo_rows": args.criteo_rows, "results": results},
+        "rank_quality",
+        {"seeds": seeds, "criteo_rows": args.criteo_rows, "results": results},
         args.json,
-    )  # fmt: skip
+    )
     print(f"\nJSON: {path}")
-    print("RESULT " + " ".join(
-        f"{d}_{r['config']}_gap={r['gap_mean']:.4f}" for d, v in results.items() for r in v["rows"]
-    ))  # fmt: skip
+    print(
+        "RESULT "
+        + " ".join(
+            f"{d}_{r['config']}_gap={r['gap_mean']:.4f}"
+            for d, v in results.items()
+            for r in v["rows"]
+        )
+    )
     return 0
 
 

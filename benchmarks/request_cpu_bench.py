@@ -73,12 +73,27 @@ class Tree:
         self.name = name
         self.cluster = Cluster()
         launcher = ["benchmarks.run_source", str(source)] if source is not None else None
-        flags = ["--port", "0", "--embedding-config", str(CONFIG / "embedding_config.yml"),
-                 "--global-config", str(CONFIG / "global_config.yml")]  # fmt: skip
-        self.ps = self.cluster.start("pyrsia.services.embedding_ps", flags, role=ROLE_EMBEDDING_PS,
-                                     wait_ready=False, python_args=launcher)  # fmt: skip
-        self.ew = self.cluster.start("pyrsia.services.embedding_worker", flags,
-                                     role=ROLE_EMBEDDING_WORKER, python_args=launcher)  # fmt: skip
+        flags = [
+            "--port",
+            "0",
+            "--embedding-config",
+            str(CONFIG / "embedding_config.yml"),
+            "--global-config",
+            str(CONFIG / "global_config.yml"),
+        ]
+        self.ps = self.cluster.start(
+            "pyrsia.services.embedding_ps",
+            flags,
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+            python_args=launcher,
+        )
+        self.ew = self.cluster.start(
+            "pyrsia.services.embedding_worker",
+            flags,
+            role=ROLE_EMBEDDING_WORKER,
+            python_args=launcher,
+        )
         # the baseline's client is the baseline's: aiohttp for every call
         self.http = HttpClient(retries=0, lean=source is None)
         self.cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -92,8 +107,11 @@ class Tree:
         await self.http.call(f"{self.ew.url}/register_optimizer", optimizer)
 
     def _cpu(self) -> dict[str, float]:
-        return {"ew": cpu_seconds(self.ew.proc.pid), "ps": cpu_seconds(self.ps.proc.pid),
-                "client": time.process_time()}  # fmt: skip
+        return {
+            "ew": cpu_seconds(self.ew.proc.pid),
+            "ps": cpu_seconds(self.ps.proc.pid),
+            "client": time.process_time(),
+        }
 
     async def phase(self, route: str, bodies: list[bytes], concurrency: int, record: bool) -> None:
         slots = asyncio.Semaphore(concurrency)
@@ -120,9 +138,11 @@ class Tree:
 
     def per_request_ms(self) -> dict[str, dict[str, float]]:
         return {
-            route: {p: 1e3 * self.cpu[route][p] / self.requests[route] for p in ("ew", "ps", "client")}
+            route: {
+                p: 1e3 * self.cpu[route][p] / self.requests[route] for p in ("ew", "ps", "client")
+            }
             for route in ROUTES
-        }  # fmt: skip
+        }
 
     async def close(self) -> list[int]:
         await self.http.close()
@@ -172,15 +192,22 @@ def report(result: dict[str, Any], base: str | None) -> dict[str, float]:
                 if base is not None and name != base:
                     row[f"{proc}_ratio"] = _ratio(ms[base][route][proc], ms[name][route][proc])
             rows.append(row)
-    columns = [("route", "route"), ("tree", "tree"), ("ew", "worker CPU-ms"),
-               ("ps", "PS CPU-ms"), ("client", "client CPU-ms")]  # fmt: skip
+    columns = [
+        ("route", "route"),
+        ("tree", "tree"),
+        ("ew", "worker CPU-ms"),
+        ("ps", "PS CPU-ms"),
+        ("client", "client CPU-ms"),
+    ]
     if base is not None:
         columns += [("ew_ratio", "worker x"), ("ps_ratio", "PS x"), ("client_ratio", "client x")]
     print("CPU-ms per request (ratio = baseline / working tree; > 1 is a saving)")
     print_table(rows, columns)
-    summary = {"ew_cpu_ms_per_step": per_step(ms["working"], "ew"),
-               "ps_cpu_ms_per_step": per_step(ms["working"], "ps"),
-               "client_cpu_ms_per_step": per_step(ms["working"], "client")}  # fmt: skip
+    summary = {
+        "ew_cpu_ms_per_step": per_step(ms["working"], "ew"),
+        "ps_cpu_ms_per_step": per_step(ms["working"], "ps"),
+        "client_cpu_ms_per_step": per_step(ms["working"], "client"),
+    }
     if base is not None:
         for proc in ("ew", "ps", "client"):
             summary[f"ratio_{proc}"] = per_step(ms[base], proc) / per_step(ms["working"], proc)
@@ -189,13 +216,19 @@ def report(result: dict[str, Any], base: str | None) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-ref", default="main",
-                        help="commit to compare with ('none': the working tree alone)")  # fmt: skip
+    parser.add_argument(
+        "--baseline-ref",
+        default="main",
+        help="commit to compare with ('none': the working tree alone)",
+    )
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds per tree")
     parser.add_argument("--round", type=int, default=200, help="batches per round")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke size: 2 rounds of 50, baseline HEAD (the tests use it)")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke size: 2 rounds of 50, baseline HEAD (the tests use it)",
+    )
     parser.add_argument(
         "--json", type=Path, help="where to write the JSON (default bench_results/)"
     )
@@ -212,20 +245,34 @@ def main() -> None:
         result = asyncio.run(run(args, sources))
     base = "baseline" if commit else None
     summary = report(result, base)
-    steps_per_core_s = 1e3 / (summary["ew_cpu_ms_per_step"] + summary["ps_cpu_ms_per_step"]
-                              + summary["client_cpu_ms_per_step"])  # fmt: skip
+    steps_per_core_s = 1e3 / (
+        summary["ew_cpu_ms_per_step"]
+        + summary["ps_cpu_ms_per_step"]
+        + summary["client_cpu_ms_per_step"]
+    )
     print(f"baseline: {args.baseline_ref} ({commit})" if commit else "no baseline")
     print(f"one core runs ~{steps_per_core_s:.0f} load-driver steps/s of worker + PS + client")
-    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "baseline_commit": commit,
-           "summary": summary, **result}  # fmt: skip
+    doc = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "baseline_commit": commit,
+        "summary": summary,
+        **result,
+    }
     path = write_json("request_cpu", doc, args.json)
     print(f"wrote {path}")
     procs = {"ew": "embedding worker", "ps": "PS", "client": "client"}
     per_tree = {
         tree: [per_step(ms, p) for p in procs] for tree, ms in result["per_request_ms"].items()
     }
-    saved(save_bar_chart(path, list(procs.values()), per_tree, title="CPU-ms per training step, per process",
-                         ylabel="CPU ms per step"))  # fmt: skip
+    saved(
+        save_bar_chart(
+            path,
+            list(procs.values()),
+            per_tree,
+            title="CPU-ms per training step, per process",
+            ylabel="CPU ms per step",
+        )
+    )
     print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in summary.items()))
 
 

@@ -61,8 +61,14 @@ def _prepare(root: Path) -> Path:
         store.lookup(ids, 8, train=True)
     store.dump(root / "ckpt", 0, 1)
     examples = ([torch.randn(4, 5)], [torch.randn(4, 8) for _ in SLOTS])
-    return export_model(root / "model", DNN(), example_inputs=examples, embedding_config=root / "embedding_config.yml",
-                        embedding_checkpoint_dir=root / "ckpt", non_id_names=["dense"])  # fmt: skip
+    return export_model(
+        root / "model",
+        DNN(),
+        example_inputs=examples,
+        embedding_config=root / "embedding_config.yml",
+        embedding_checkpoint_dir=root / "ckpt",
+        non_id_names=["dense"],
+    )
 
 
 def _batch(n: int, rng: np.random.Generator) -> PersiaBatch:
@@ -81,7 +87,9 @@ def _body(batch: PersiaBatch, as_json: bool) -> bytes:
     return json.dumps(body).encode() if as_json else packb(body)
 
 
-async def _serve_run(url: str, bodies: list[bytes], as_json: bool, concurrency: int) -> tuple[list[float], float]:  # fmt: skip
+async def _serve_run(
+    url: str, bodies: list[bytes], as_json: bool, concurrency: int
+) -> tuple[list[float], float]:
     import aiohttp
 
     kind = "application/json" if as_json else "application/msgpack"
@@ -107,12 +115,19 @@ async def _serve_run(url: str, bodies: list[bytes], as_json: bool, concurrency: 
 def _row(mode: str, batch: int, lat: list[float], wall: float) -> dict:
     lat_ms = sorted(x * 1000 for x in lat)
     p99 = lat_ms[min(len(lat_ms) - 1, int(0.99 * len(lat_ms)))]
-    return {"mode": mode, "batch": batch, "requests": len(lat), "p50_ms": round(statistics.median(lat_ms), 2),
-            "p99_ms": round(p99, 2), "samples_per_s": len(lat) * batch / wall}  # fmt: skip
+    return {
+        "mode": mode,
+        "batch": batch,
+        "requests": len(lat),
+        "p50_ms": round(statistics.median(lat_ms), 2),
+        "p99_ms": round(p99, 2),
+        "samples_per_s": len(lat) * batch / wall,
+    }
 
 
-def measure_size(ctx: InferCtx, model: Any, url: str, batches: list[PersiaBatch],
-                 size: int) -> list[dict]:  # fmt: skip
+def measure_size(
+    ctx: InferCtx, model: Any, url: str, batches: list[PersiaBatch], size: int
+) -> list[dict]:
     """The rows of one batch size: the in-process handler path (the baseline), then the
     served model over msgpack at 1 and ``CONCURRENCY`` clients, and over JSON up to 64."""
     rows = []
@@ -140,16 +155,36 @@ def report(rows: list[dict], quick: bool) -> None:
     """The table, the JSON, the p50 chart and the RESULT line of the measured ``rows``."""
     for r in rows:
         r["rate"] = fmt_rate(r["samples_per_s"])
-    print_table(rows, [("mode", "mode"), ("batch", "batch"), ("requests", "requests"), ("p50_ms", "p50 ms"),
-                       ("p99_ms", "p99 ms"), ("rate", "samples/s")])  # fmt: skip
+    print_table(
+        rows,
+        [
+            ("mode", "mode"),
+            ("batch", "batch"),
+            ("requests", "requests"),
+            ("p50_ms", "p50 ms"),
+            ("p99_ms", "p99 ms"),
+            ("rate", "samples/s"),
+        ],
+    )
     path = write_json("serve_bench", {"rows": rows, "concurrency": CONCURRENCY, "quick": quick})
     print(f"json: {path}")
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     sizes = sorted({r["batch"] for r in rows})
-    p50 = {(m, b): next((r["p50_ms"] for r in rows if r["mode"] == m and r["batch"] == b), None)
-           for m in modes for b in sizes}  # fmt: skip
-    saved(save_bar_chart(path, [f"batch {b}" for b in sizes], {m: [p50[m, b] for b in sizes] for m in modes},
-                         title="Serving latency (p50)", ylabel="ms", logy=True))  # fmt: skip
+    p50 = {
+        (m, b): next((r["p50_ms"] for r in rows if r["mode"] == m and r["batch"] == b), None)
+        for m in modes
+        for b in sizes
+    }
+    saved(
+        save_bar_chart(
+            path,
+            [f"batch {b}" for b in sizes],
+            {m: [p50[m, b] for b in sizes] for m in modes},
+            title="Serving latency (p50)",
+            ylabel="ms",
+            logy=True,
+        )
+    )
 
     def pick(mode: str, batch: int, key: str) -> float:
         return next(r[key] for r in rows if r["mode"] == mode and r["batch"] == batch)
@@ -177,11 +212,35 @@ def main() -> None:
             f"common_config:\n  job_type: Infer\n  infer_config:\n    servers: [127.0.0.1:{ps_port}]\n"
             f"    embedding_checkpoint: {export / 'embedding'}\n"
         )
-        env = {"PERSIA_REDIS_URL": "redis://127.0.0.1:1/0", "PERSIA_JOB_ID": "serve-bench", "LOG_LEVEL": "WARNING"}  # fmt: skip
-        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--global-config", str(root / "infer.yml"), "--port", str(ps_port)],
-                               env, role="ps", address=f"127.0.0.1:{ps_port}", timeout_s=120)  # fmt: skip
-        serve = ServiceProc.start("persia.launcher", ["serve", "--model", str(export), "--global-config", str(root / "infer.yml"),
-                                  "--port", str(serve_port)], env, role="serve", address=f"127.0.0.1:{serve_port}", timeout_s=120)  # fmt: skip
+        env = {
+            "PERSIA_REDIS_URL": "redis://127.0.0.1:1/0",
+            "PERSIA_JOB_ID": "serve-bench",
+            "LOG_LEVEL": "WARNING",
+        }
+        ps = ServiceProc.start(
+            "pyrsia.services.embedding_ps",
+            ["--global-config", str(root / "infer.yml"), "--port", str(ps_port)],
+            env,
+            role="ps",
+            address=f"127.0.0.1:{ps_port}",
+            timeout_s=120,
+        )
+        serve = ServiceProc.start(
+            "persia.launcher",
+            [
+                "serve",
+                "--model",
+                str(export),
+                "--global-config",
+                str(root / "infer.yml"),
+                "--port",
+                str(serve_port),
+            ],
+            env,
+            role="serve",
+            address=f"127.0.0.1:{serve_port}",
+            timeout_s=120,
+        )
         try:
             worker = serve.health()[1]["embedding_workers"][0].removeprefix("http://")
             model = load_model(export)

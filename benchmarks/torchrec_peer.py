@@ -87,7 +87,7 @@ class TorchRecEmbeddings(nn.Module):
                 pooling=PoolingType.SUM,
                 weight_init_min=init[0],
                 weight_init_max=init[1],
-            )  # fmt: skip
+            )
             for j, (key, size) in enumerate(zip(self.keys, self.sizes, strict=True))
         ]
         self.collection = FusedEmbeddingBagCollection(

@@ -53,18 +53,32 @@ ENV_MEANINGS: dict[str, str] = {
 }
 
 OTHER_ENV: list[tuple[str, str]] = [
-    ("EMBEDDING_WORKER_SERVICE", "comma-separated `host:port` of embedding workers, used "
-     "instead of the registry (PERSIA's variable; `persia.service`, `persia-launcher serve`)"),
-    ("REPLICA_INDEX, REPLICA_SIZE", "set by `persia-launcher data-loader`; read by "
-     "`persia.env.get_replica_index()` / `get_replica_size()` (default 0 / 1)"),
-    ("RANK, LOCAL_RANK, WORLD_SIZE", "set by torch's launcher for each NN-worker rank; `RANK` "
-     "alone says whether a process is an NN worker ([Coming from PERSIA]"
-     "(../guides/persia-migration.md#behaviours-kept))"),
-    ("EPL_<CATEGORY>_<ATTRIBUTE>", "every EPL key ([configuration reference](config.md"
-     "#epl-keys-persiaeplconfig))"),
-    ("HB_<NAME>", "HybridBackend options ([configuration reference](config.md"
-     "#hybridbackend-options-hbcontextoptions))"),
-]  # fmt: skip
+    (
+        "EMBEDDING_WORKER_SERVICE",
+        "comma-separated `host:port` of embedding workers, used "
+        "instead of the registry (PERSIA's variable; `persia.service`, `persia-launcher serve`)",
+    ),
+    (
+        "REPLICA_INDEX, REPLICA_SIZE",
+        "set by `persia-launcher data-loader`; read by "
+        "`persia.env.get_replica_index()` / `get_replica_size()` (default 0 / 1)",
+    ),
+    (
+        "RANK, LOCAL_RANK, WORLD_SIZE",
+        "set by torch's launcher for each NN-worker rank; `RANK` "
+        "alone says whether a process is an NN worker ([Coming from PERSIA]"
+        "(../guides/persia-migration.md#behaviours-kept))",
+    ),
+    (
+        "EPL_<CATEGORY>_<ATTRIBUTE>",
+        "every EPL key ([configuration reference](config.md#epl-keys-persiaeplconfig))",
+    ),
+    (
+        "HB_<NAME>",
+        "HybridBackend options ([configuration reference](config.md"
+        "#hybridbackend-options-hbcontextoptions))",
+    ),
+]
 
 
 def env_constants() -> list[tuple[str, str]]:

@@ -65,9 +65,12 @@ class DataCtx:
         if embedded_requested():  # the engines are imported only in embedded mode
             from pyrsia.services.embedded.sender import EmbeddedSender as sender_type
         sender = sender_type(
-            self.replica_index, self.replica_size, wait_timeout_s=self.wait_timeout_s,
-            send_timeout_s=self.send_timeout_s, max_inflight=self.max_inflight,
-        )  # fmt: skip
+            self.replica_index,
+            self.replica_size,
+            wait_timeout_s=self.wait_timeout_s,
+            send_timeout_s=self.send_timeout_s,
+            max_inflight=self.max_inflight,
+        )
         sender.open()
         self._sender = sender
         return self

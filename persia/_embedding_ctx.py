@@ -21,8 +21,10 @@ from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseErro
 _logger = logging.getLogger("persia.ctx")
 
 
-def _prepare_feature(persia_training_batch: PersiaTrainingBatch,
-                     preprocess_mode: PreprocessMode = PreprocessMode.TRAIN):  # fmt: skip
+def _prepare_feature(
+    persia_training_batch: PersiaTrainingBatch,
+    preprocess_mode: PreprocessMode = PreprocessMode.TRAIN,
+):
     """``(non_id_type_feature_tensors, embedding_tensors, label_tensors or None)`` of a batch,
     on the batch's device; embeddings require grad in TRAIN mode, labels are None in
     INFERENCE mode (PERSIA's ``persia.ctx._prepare_feature``; contexts call it through
@@ -74,8 +76,14 @@ class EmbeddingCtx(BaseCtx):
     ``device_id`` of its own, its device while it is entered.
     """
 
-    def __init__(self, preprocess_mode: PreprocessMode, model: torch.nn.Module | None = None,
-                 embedding_config: EmbeddingConfig | None = None, *args, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        preprocess_mode: PreprocessMode,
+        model: torch.nn.Module | None = None,
+        embedding_config: EmbeddingConfig | None = None,
+        *args,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if not isinstance(preprocess_mode, PreprocessMode):
             raise InvalidInputError("preprocess_mode", "a PreprocessMode", preprocess_mode)
@@ -206,10 +214,13 @@ class EmbeddingCtx(BaseCtx):
         train = self.preprocess_mode == PreprocessMode.TRAIN and persia_batch.requires_grad
         answer, worker = self._run(self.session.client.lookup_direct(persia_batch.id_part(), train))
         return PersiaTrainingBatch(
-            persia_batch.dense_part(), answer.embeddings, persia_batch.requires_grad,
-            worker=worker if answer.batch_id is not None else None, batch_id=answer.batch_id,
+            persia_batch.dense_part(),
+            answer.embeddings,
+            persia_batch.requires_grad,
+            worker=worker if answer.batch_id is not None else None,
+            batch_id=answer.batch_id,
             device_id=device_id if device_id is not None else self.device_id,
-        )  # fmt: skip
+        )
 
     def get_embedding_from_bytes(
         self, data: bytes, device_id: int | None = None
@@ -309,8 +320,14 @@ class EmbeddingCtx(BaseCtx):
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
 
-    def dump_checkpoint(self, dst_dir: str, dense_filename: str = "dense.pt", jit_dense_filename: str = "jit_dense.pt",
-                        blocking: bool = True, with_jit_model: bool = False) -> None:  # fmt: skip
+    def dump_checkpoint(
+        self,
+        dst_dir: str,
+        dense_filename: str = "dense.pt",
+        jit_dense_filename: str = "jit_dense.pt",
+        blocking: bool = True,
+        with_jit_model: bool = False,
+    ) -> None:
         """Dense model state (rank 0) and every embedding shard into ``dst_dir``.
 
         Not collective (PERSIA's examples call it on rank 0 only): other ranks return at once.
@@ -324,8 +341,13 @@ class EmbeddingCtx(BaseCtx):
             self.dump_torch_state_dict(self.model, dst_dir, dense_filename)
             self.dump_embedding(dst_dir, blocking=blocking)
 
-    def load_checkpoint(self, src_dir: str, map_location=None, dense_filename: str = "dense.pt",
-                        blocking: bool = True) -> None:  # fmt: skip
+    def load_checkpoint(
+        self,
+        src_dir: str,
+        map_location=None,
+        dense_filename: str = "dense.pt",
+        blocking: bool = True,
+    ) -> None:
         """Load the dense model (calling rank) and embeddings (rank 0); not collective either."""
         if self.model is None:
             raise MisuseError("load_checkpoint needs the context's model: pass model=...")

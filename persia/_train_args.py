@@ -22,8 +22,15 @@ EMBEDDING_GRAD_REDUCTIONS = ("sum", "mean")
 """Accepted ``TrainCtx(embedding_grad_reduction=...)`` values (see TrainCtx)."""
 
 
-def check_args(embedding_optimizer, dense_optimizer, model, grad_scalar_update_factor,
-                embedding_grad_reduction, distributed_option, lookup_emb_directly) -> None:  # fmt: skip
+def check_args(
+    embedding_optimizer,
+    dense_optimizer,
+    model,
+    grad_scalar_update_factor,
+    embedding_grad_reduction,
+    distributed_option,
+    lookup_emb_directly,
+) -> None:
     """TrainCtx's arguments, each refused with the name of the argument and what it needs."""
     if not isinstance(embedding_optimizer, Optimizer):
         raise InvalidTypeError(
@@ -45,16 +52,20 @@ def check_args(embedding_optimizer, dense_optimizer, model, grad_scalar_update_f
             "a torch.nn.Module",
             message="TrainCtx needs model=<the torch.nn.Module to train>",
         )
-    if isinstance(grad_scalar_update_factor, bool) or not isinstance(grad_scalar_update_factor, (int, float)) \
-            or not grad_scalar_update_factor > 0:  # fmt: skip
+    if (
+        isinstance(grad_scalar_update_factor, bool)
+        or not isinstance(grad_scalar_update_factor, (int, float))
+        or not grad_scalar_update_factor > 0
+    ):
         raise InvalidInputError(
             "grad_scalar_update_factor", "a number > 0", grad_scalar_update_factor
         )
     if embedding_grad_reduction not in EMBEDDING_GRAD_REDUCTIONS:
         raise InvalidInputError(
-            "embedding_grad_reduction", " or ".join(map(repr, EMBEDDING_GRAD_REDUCTIONS)),
+            "embedding_grad_reduction",
+            " or ".join(map(repr, EMBEDDING_GRAD_REDUCTIONS)),
             embedding_grad_reduction,
-        )  # fmt: skip
+        )
     if distributed_option is not None and not isinstance(distributed_option, DistributedBaseOption):
         raise InvalidTypeError(
             "distributed_option",

@@ -95,15 +95,34 @@ class TrainCtx(EmbeddingCtx):
         model, device_id, embedding_config, threadpool_worker_size: as for EmbeddingCtx.
     """
 
-    def __init__(self, embedding_optimizer: Optimizer | None = None, dense_optimizer: torch.optim.Optimizer | None = None,
-                 grad_scalar_update_factor: float = 4, backward_buffer_size: int = 10, backward_workers_size: int = 8,
-                 grad_update_buffer_size: int = 60, lookup_emb_directly: bool = True, mixed_precision: bool = True,
-                 distributed_option: DistributedBaseOption | None = None, *args, epl_config: Any = None,
-                 embedding_grad_reduction: str = "sum", tensorboard_dir: str | os.PathLike | None = None,
-                 log_every_n_steps: int = 1, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        embedding_optimizer: Optimizer | None = None,
+        dense_optimizer: torch.optim.Optimizer | None = None,
+        grad_scalar_update_factor: float = 4,
+        backward_buffer_size: int = 10,
+        backward_workers_size: int = 8,
+        grad_update_buffer_size: int = 60,
+        lookup_emb_directly: bool = True,
+        mixed_precision: bool = True,
+        distributed_option: DistributedBaseOption | None = None,
+        *args,
+        epl_config: Any = None,
+        embedding_grad_reduction: str = "sum",
+        tensorboard_dir: str | os.PathLike | None = None,
+        log_every_n_steps: int = 1,
+        **kwargs,
+    ):
         super().__init__(PreprocessMode.TRAIN, *args, **kwargs)
-        check_args(embedding_optimizer, dense_optimizer, self.model, grad_scalar_update_factor,
-                    embedding_grad_reduction, distributed_option, lookup_emb_directly)  # fmt: skip
+        check_args(
+            embedding_optimizer,
+            dense_optimizer,
+            self.model,
+            grad_scalar_update_factor,
+            embedding_grad_reduction,
+            distributed_option,
+            lookup_emb_directly,
+        )
         self.embedding_optimizer = embedding_optimizer
         self.grad_scalar_update_factor = float(grad_scalar_update_factor)
         self.embedding_grad_reduction = embedding_grad_reduction
@@ -267,9 +286,13 @@ class TrainCtx(EmbeddingCtx):
         master_addr = self._get_master_addr() if option.needs_master_addr() else None
         initialized = torch.distributed.is_initialized()
         self.model, optimizer = option.convert2distributed_model(
-            self.model, self.world_size, self.rank_id, self.device_id,
-            master_addr=master_addr, optimizer=self.dense_optimizer,
-        )  # fmt: skip
+            self.model,
+            self.world_size,
+            self.rank_id,
+            self.device_id,
+            master_addr=master_addr,
+            optimizer=self.dense_optimizer,
+        )
         self._owns_process_group = not initialized and torch.distributed.is_initialized()
         if optimizer is not None:
             self.dense_optimizer = optimizer
@@ -318,8 +341,15 @@ class TrainCtx(EmbeddingCtx):
         return float(self.world_size) if self.embedding_grad_reduction == "mean" else 1.0
 
     # --- checkpoints --------------------------------------------------------------------
-    def dump_checkpoint(self, dst_dir: str, dense_model_filename: str = "dense.pt", jit_dense_model_filename: str = "jit_dense.pt",
-                        opt_filename: str = "opt.pt", blocking: bool = True, with_jit_model: bool = False) -> None:  # fmt: skip
+    def dump_checkpoint(
+        self,
+        dst_dir: str,
+        dense_model_filename: str = "dense.pt",
+        jit_dense_model_filename: str = "jit_dense.pt",
+        opt_filename: str = "opt.pt",
+        blocking: bool = True,
+        with_jit_model: bool = False,
+    ) -> None:
         """Model, dense optimizer state and embeddings (after in-flight gradients land).
 
         Not collective: rank 0 alone may call it (PERSIA's example does), see
@@ -327,15 +357,26 @@ class TrainCtx(EmbeddingCtx):
         every rank must call it (the optimizer shards are gathered on rank 0).
         """
         self.wait_for_gradients()
-        super().dump_checkpoint(dst_dir, dense_filename=dense_model_filename, jit_dense_filename=jit_dense_model_filename,
-                                blocking=blocking, with_jit_model=with_jit_model)  # fmt: skip
+        super().dump_checkpoint(
+            dst_dir,
+            dense_filename=dense_model_filename,
+            jit_dense_filename=jit_dense_model_filename,
+            blocking=blocking,
+            with_jit_model=with_jit_model,
+        )
         if hasattr(self.dense_optimizer, "consolidate_state_dict"):  # EPL zero.level v1 (ZeRO)
             self.dense_optimizer.consolidate_state_dict(to=0)  # every rank's shard, on rank 0
         if self._writer():
             self.dump_torch_state_dict(self.dense_optimizer, dst_dir, opt_filename)
 
-    def load_checkpoint(self, src_dir: str, map_location=None, dense_model_filename: str = "dense.pt",
-                        opt_filename: str = "opt.pt", blocking: bool = True) -> None:  # fmt: skip
+    def load_checkpoint(
+        self,
+        src_dir: str,
+        map_location=None,
+        dense_model_filename: str = "dense.pt",
+        opt_filename: str = "opt.pt",
+        blocking: bool = True,
+    ) -> None:
         """Restore model, dense optimizer state and embeddings from ``src_dir``."""
         self.wait_for_gradients()
         super().load_checkpoint(

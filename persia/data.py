@@ -128,9 +128,17 @@ class DataLoader:
             gradients even inside a TrainCtx; in a plain BaseCtx lookups never train.
     """
 
-    def __init__(self, dataset: IterableDatasetBase, forward_buffer_size: int = 10,
-                 timeout_ms: int = DATALOADER_TIMEOUT_MS, num_workers: int = 10, reproducible: bool = False,
-                 embedding_staleness: int | None = None, *, is_training: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        dataset: IterableDatasetBase,
+        forward_buffer_size: int = 10,
+        timeout_ms: int = DATALOADER_TIMEOUT_MS,
+        num_workers: int = 10,
+        reproducible: bool = False,
+        embedding_staleness: int | None = None,
+        *,
+        is_training: bool = True,
+    ):
         if not isinstance(dataset, IterableDatasetBase):
             raise InvalidTypeError(
                 "dataset", "persia.data.StreamingDataset or IterableDataset", type(dataset).__name__
@@ -215,19 +223,32 @@ class DataLoader:
         )
         source: StreamedLookups | DirectLookups
         if isinstance(self.dataset, StreamingDataset):
-            queue = session.ingress(rank=env.get_rank() or 0, world_size=env.get_world_size() or 1,
-                                    capacity=self.dataset.buffer_size, reproducible=self.reproducible)  # fmt: skip
+            queue = session.ingress(
+                rank=env.get_rank() or 0,
+                world_size=env.get_world_size() or 1,
+                capacity=self.dataset.buffer_size,
+                reproducible=self.reproducible,
+            )
             source = StreamedLookups(queue, session.client, train=train, device_id=ctx.device_id)
         else:
             source = DirectLookups(
-                iter(self.dataset), self.dataset.buffer_size, _check_batch, session.client,
-                train=train, device_id=ctx.device_id,
-            )  # fmt: skip
+                iter(self.dataset),
+                self.dataset.buffer_size,
+                _check_batch,
+                session.client,
+                train=train,
+                device_id=ctx.device_id,
+            )
         return Prefetcher(
-            session.runtime, source, num_workers=self.num_workers,
+            session.runtime,
+            source,
+            num_workers=self.num_workers,
             buffer_size=self.forward_buffer_size,
-            staleness=self.staleness_bound if train else None, just_in_time=train,
+            staleness=self.staleness_bound if train else None,
+            just_in_time=train,
             on_wait=session.stats.waited if train else None,  # the rank's lookup wait
-            before_wait=ctx.training_step.hand_over if train and isinstance(ctx, TrainCtx) else None,
+            before_wait=ctx.training_step.hand_over
+            if train and isinstance(ctx, TrainCtx)
+            else None,
             ranks=env.get_world_size() or 1,  # the ranks share the staleness window
-        )  # fmt: skip
+        )

@@ -157,9 +157,12 @@ def set_env(
     global _cached
     with _lock:
         _cached = _Env(
-            rank=rank, local_rank=local_rank, world_size=world_size,
-            replica_index=replica_index, replica_size=replica_size,  # type: ignore[arg-type]
-        )  # fmt: skip
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            replica_index=replica_index,
+            replica_size=replica_size,  # type: ignore[arg-type]
+        )
 
 
 def _switch(name: str) -> bool:

@@ -141,9 +141,10 @@ class PersiaServiceCtx:
     ):
         if embedding_config is None and embedding_config_path is None:
             raise InvalidInputError(
-                "embedding_config", "a dict, or embedding_config_path",
+                "embedding_config",
+                "a dict, or embedding_config_path",
                 message="pass embedding_config (a dict) or embedding_config_path",
-            )  # fmt: skip
+            )
         for name, value in (
             ("data_loader_replica_num", data_loader_replica_num),
             ("nproc_per_node", nproc_per_node),
@@ -192,10 +193,21 @@ class PersiaServiceCtx:
         assert self._tmp is not None
         proc = self._spawn(
             "redis-server",
-            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._tmp.name],
+            [
+                find_redis_server(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._tmp.name,
+            ],
             env,
-        )  # fmt: skip
+        )
         import socket
 
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
@@ -220,10 +232,19 @@ class PersiaServiceCtx:
                 port = find_free_port(port)
                 proc = self._spawn(
                     what,
-                    [sys.executable, "-m", module, "--port", str(port), "--replica-index",
-                     str(index), "--replica-size", str(count)],
+                    [
+                        sys.executable,
+                        "-m",
+                        module,
+                        "--port",
+                        str(port),
+                        "--replica-index",
+                        str(index),
+                        "--replica-size",
+                        str(count),
+                    ],
                     env,
-                )  # fmt: skip
+                )
                 try:
                     _wait_healthy(proc, port, what, env, ready=role == "embedding worker")
                     break
@@ -249,13 +270,17 @@ class PersiaServiceCtx:
             )
             export({ENV_EMBEDDING_CONFIG: str(embedding_path), ENV_GLOBAL_CONFIG: str(global_path)})
             self._start_services(
-                "embedding PS", "pyrsia.services.embedding_ps",
-                self.embedding_parameter_replica_num, self.embedding_parameter_server_port,
-            )  # fmt: skip
+                "embedding PS",
+                "pyrsia.services.embedding_ps",
+                self.embedding_parameter_replica_num,
+                self.embedding_parameter_server_port,
+            )
             self._start_services(
-                "embedding worker", "pyrsia.services.embedding_worker",
-                self.embedding_worker_replica_num, self.embedding_worker_port,
-            )  # fmt: skip
+                "embedding worker",
+                "pyrsia.services.embedding_worker",
+                self.embedding_worker_replica_num,
+                self.embedding_worker_port,
+            )
             if self.data_loader_func is not None or self.nn_worker_func is not None:
                 from pyrsia.shared.runtime import get_runtime
 

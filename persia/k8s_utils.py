@@ -71,8 +71,9 @@ def _with_image(job: PersiaJobSpec, image: str) -> PersiaJobSpec:
     return PersiaJobSpec(**{**job.__dict__, "roles": roles})
 
 
-def generate(text: str, *, source: str = "job.yml", image: str | None = None,
-             auth_secret: str | None = None) -> tuple[str, list[str]]:  # fmt: skip
+def generate(
+    text: str, *, source: str = "job.yml", image: str | None = None, auth_secret: str | None = None
+) -> tuple[str, list[str]]:
     """The manifests (one YAML stream) for every PersiaJob in ``text``, and notes for the user.
 
     Without ``auth_secret`` each job gets a Secret ``<job>-auth`` with a new random token.
@@ -85,15 +86,19 @@ def generate(text: str, *, source: str = "job.yml", image: str | None = None,
     for document in documents:
         kind = document.get("kind") if isinstance(document, dict) else None
         if kind != "PersiaJob":
-            notes.append(f"{source}: skipped a {kind or 'non-PersiaJob'} document "
-                         "(Pyrsia's registry is the generated Redis; no NATS or operator needed)")  # fmt: skip
+            notes.append(
+                f"{source}: skipped a {kind or 'non-PersiaJob'} document "
+                "(Pyrsia's registry is the generated Redis; no NATS or operator needed)"
+            )
             continue
         job = parse_persia_job(document, source=source)
         if image:
             job = _with_image(job, image)
         for name in job.dropped_env:
-            notes.append(f"{source}: dropped env {name}: Pyrsia uses PERSIA_REDIS_URL "
-                         f"(set to redis://{job.name}-redis:6379/0)")  # fmt: skip
+            notes.append(
+                f"{source}: dropped env {name}: Pyrsia uses PERSIA_REDIS_URL "
+                f"(set to redis://{job.name}-redis:6379/0)"
+            )
         if auth_secret:
             objects += build_manifests(job, auth_secret=auth_secret)
         else:
@@ -112,19 +117,31 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("gencrd", "manifests"):
         sub = commands.add_parser(name, help="PersiaJob YAML -> Kubernetes manifests")
-        sub.add_argument("job_file", nargs="?", metavar="JOB",
-                         help="the PersiaJob YAML (PERSIA's k8s example shape; or --job)")  # fmt: skip
+        sub.add_argument(
+            "job_file",
+            nargs="?",
+            metavar="JOB",
+            help="the PersiaJob YAML (PERSIA's k8s example shape; or --job)",
+        )
         sub.add_argument("--job", default=None, help="the PersiaJob YAML (same as JOB)")
         sub.add_argument(
             "--output", default="-", help="where to write the manifests (default stdout)"
         )
-        sub.add_argument("--auth-secret", default=None,
-                         help="an existing Secret (key 'token') holding PERSIA_AUTH_TOKEN; by "
-                         "default a Secret <job>-auth with a random token is written")  # fmt: skip
-        sub.add_argument("--image", default=None,
-                         help=f"image for roles that name none (default {DEFAULT_IMAGE})")  # fmt: skip
-    for name, help_ in (("operator", "PERSIA's operator: not needed; prints what to run instead"),
-                        ("server", "PERSIA's job server: not needed; prints the kubectl commands")):  # fmt: skip
+        sub.add_argument(
+            "--auth-secret",
+            default=None,
+            help="an existing Secret (key 'token') holding PERSIA_AUTH_TOKEN; by "
+            "default a Secret <job>-auth with a random token is written",
+        )
+        sub.add_argument(
+            "--image",
+            default=None,
+            help=f"image for roles that name none (default {DEFAULT_IMAGE})",
+        )
+    for name, help_ in (
+        ("operator", "PERSIA's operator: not needed; prints what to run instead"),
+        ("server", "PERSIA's job server: not needed; prints the kubectl commands"),
+    ):
         commands.add_parser(name, help=help_, add_help=False)  # PERSIA's flags are ignored
     return parser
 
@@ -145,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if not path.is_file():
         return fail(f"{path}: no such file (set by --job)")
     try:
-        text, notes = generate(path.read_text(), source=path.name, image=args.image,
-                               auth_secret=args.auth_secret)  # fmt: skip
+        text, notes = generate(
+            path.read_text(), source=path.name, image=args.image, auth_secret=args.auth_secret
+        )
     except ConfigError as exc:
         return fail(str(exc))
     for note in notes:

@@ -176,9 +176,13 @@ def get_default_logger(
     elif level is not None:
         _default_logger.setLevel(level)
     _add_file_handlers(
-        _default_logger, enable_file_logger, log_filename,
-        enable_err_redirect, err_redirect_filepath, err_redirect_level,
-    )  # fmt: skip
+        _default_logger,
+        enable_file_logger,
+        log_filename,
+        enable_err_redirect,
+        err_redirect_filepath,
+        err_redirect_level,
+    )
     return _default_logger
 
 
@@ -243,9 +247,13 @@ def setLogger(  # noqa: N802 - PERSIA's name
         logger.addHandler(handler)
     logger.setLevel(_parse_level(log_level, "log_level"))
     _add_file_handlers(
-        logger, enable_file_logger, log_filename,
-        enable_err_redirect, err_redirect_filepath, err_redirect_level,
-    )  # fmt: skip
+        logger,
+        enable_file_logger,
+        log_filename,
+        enable_err_redirect,
+        err_redirect_filepath,
+        err_redirect_level,
+    )
     return logger
 
 

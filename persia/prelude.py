@@ -89,9 +89,10 @@ def check_pyarray_dtype_valid(array: np.ndarray, dtype: Any) -> None:
         )
     if expected not in DENSE_DTYPES:
         raise InvalidTypeError(
-            "dtype", DENSE_EXPECTED,
+            "dtype",
+            DENSE_EXPECTED,
             message=f"dtype {expected} is not supported: expected {DENSE_EXPECTED}",
-        )  # fmt: skip
+        )
 
 
 class PersiaBatchDataSender:

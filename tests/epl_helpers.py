@@ -130,7 +130,7 @@ def run_two_gloo_ranks(job_module: str, out: Path) -> list[dict]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for r in range(2)
     ]
     try:

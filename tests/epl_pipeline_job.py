@@ -29,8 +29,13 @@ def model() -> nn.Sequential:
 
 
 def main() -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=RANK,
-                            world_size=WORLD, timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=RANK,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 1, generator=gen)
     reference = model()
@@ -56,8 +61,12 @@ def main() -> None:
             for n, p in mine.named_parameters()
             if p.grad is not None
         ]
-        results[name] = {"schedule": type(runner.schedule).__name__, "n_params_with_grad": len(diffs),
-                         "max_grad_diff": max(diffs), "loss": None if loss is None else float(loss)}  # fmt: skip
+        results[name] = {
+            "schedule": type(runner.schedule).__name__,
+            "n_params_with_grad": len(diffs),
+            "max_grad_diff": max(diffs),
+            "loss": None if loss is None else float(loss),
+        }
     results["whole_loss"] = float(nn.functional.mse_loss(reference(x), y))
     with open(os.path.join(sys.argv[1], f"rank{RANK}.json"), "w") as f:
         json.dump(results, f)

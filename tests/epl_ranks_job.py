@@ -152,8 +152,10 @@ def reduce_method() -> dict:
         ctx = distributed({"communication.gradients_reduce_method": method}, m)
         step(ctx, seed=RANK)
         out[method] = grads(m)
-    return {"sum_minus_2mean": float((out["sum"] - 2 * out["mean"]).abs().max()),
-            "mean_norm": float(out["mean"].norm())}  # fmt: skip
+    return {
+        "sum_minus_2mean": float((out["sum"] - 2 * out["mean"]).abs().max()),
+        "mean_norm": float(out["mean"].norm()),
+    }
 
 
 def fp16() -> dict:

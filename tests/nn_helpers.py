@@ -44,14 +44,27 @@ def job_services(
     procs: list[ServiceProc] = []
     try:
         for i in range(ps_replicas):
-            procs.append(ServiceProc.start(
-                "pyrsia.services.embedding_ps", ["--port", "0", "--replica-index", str(i), "--replica-size", str(ps_replicas)],
-                env, role=ROLE_EMBEDDING_PS, replica_index=i, wait_ready=False, log_dir=workdir,
-            ))  # fmt: skip
-        procs.append(ServiceProc.start(
-            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config)],
-            env, role=ROLE_EMBEDDING_WORKER, wait_ready=True, log_dir=workdir,
-        ))  # fmt: skip
+            procs.append(
+                ServiceProc.start(
+                    "pyrsia.services.embedding_ps",
+                    ["--port", "0", "--replica-index", str(i), "--replica-size", str(ps_replicas)],
+                    env,
+                    role=ROLE_EMBEDDING_PS,
+                    replica_index=i,
+                    wait_ready=False,
+                    log_dir=workdir,
+                )
+            )
+        procs.append(
+            ServiceProc.start(
+                "pyrsia.services.embedding_worker",
+                ["--port", "0", "--embedding-config", str(config)],
+                env,
+                role=ROLE_EMBEDDING_WORKER,
+                wait_ready=True,
+                log_dir=workdir,
+            )
+        )
         yield procs
     finally:
         codes = [(p.role, p.stop()) for p in reversed(procs)]

@@ -54,8 +54,17 @@ def emb_file_bytes(signs, inners, dims, slots=None, n_slots=None) -> bytes:
 def uniform_emb_file(path: Path, signs: np.ndarray, inner: np.ndarray, dim: int) -> None:
     """All-live file, element k = list position k, every entry ``inner.shape[1]`` floats."""
     n, length = inner.shape
-    node = np.dtype([("next", "<u4"), ("prev", "<u4"), ("flag", "u1"), ("len", "<u4"),
-                     ("inner", "<f4", (length,)), ("dim", "<u8"), ("sign", "<u8")])  # fmt: skip
+    node = np.dtype(
+        [
+            ("next", "<u4"),
+            ("prev", "<u4"),
+            ("flag", "u1"),
+            ("len", "<u4"),
+            ("inner", "<f4", (length,)),
+            ("dim", "<u8"),
+            ("sign", "<u8"),
+        ]
+    )
     nodes = np.zeros(n, dtype=node)
     position = np.arange(1, n + 1, dtype=np.uint32)
     nodes["next"] = np.where(position < n, position + 1, 0)

@@ -18,9 +18,13 @@ def run_prometheus_targets(
 ) -> subprocess.CompletedProcess:
     """``python -m persia.launcher prometheus-targets ARGS`` in the repo, ``env`` over ours."""
     return subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "prometheus-targets", *args], cwd=REPO,
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "persia.launcher", "prometheus-targets", *args],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def check_file_sd(groups: object) -> None:

@@ -23,8 +23,12 @@ NO_REDIS = "redis://127.0.0.1:1/0"
 
 def train(model, steps: int, ids, seed: int) -> None:
     """``steps`` training steps of ``model`` on batches of ``ids`` (seeds from ``seed``)."""
-    with TrainCtx(Adagrad(lr=0.2), torch.optim.SGD(model.parameters(), lr=0.05), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.2),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model=model,
+        mixed_precision=False,
+    ) as ctx:
         for step in range(steps):
             out, labels = ctx.forward(
                 ctx.get_embedding_from_data(make_batch(ids, seed=seed + step))
@@ -49,9 +53,24 @@ def train_and_export(root, start, env):
     Returns (model, probe batch, eval predictions, export directory)."""
     common = ["--embedding-config", str(root / "embedding_config.yml")]
     for i in range(2):
-        start("pyrsia.services.embedding_ps", [*common, "--global-config", str(root / "train.yml"), "--port", "0",
-              "--replica-index", str(i), "--replica-size", "2"], env, role=ROLE_EMBEDDING_PS, replica_index=i,
-              wait_ready=False)  # fmt: skip
+        start(
+            "pyrsia.services.embedding_ps",
+            [
+                *common,
+                "--global-config",
+                str(root / "train.yml"),
+                "--port",
+                "0",
+                "--replica-index",
+                str(i),
+                "--replica-size",
+                "2",
+            ],
+            env,
+            role=ROLE_EMBEDDING_PS,
+            replica_index=i,
+            wait_ready=False,
+        )
     start(
         "pyrsia.services.embedding_worker",
         [*common, "--port", "0"],
@@ -62,10 +81,19 @@ def train_and_export(root, start, env):
     train(model, 4, IDS, seed=0)
     probe = make_batch(IDS, requires_grad=False, seed=99)
     want, non_id, emb = predictions(model, probe)
-    with TrainCtx(Adagrad(lr=0.2), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
-        export = export_model(root / "model", model, example_inputs=(non_id, emb),
-                              embedding_config=root / "embedding_config.yml", ctx=ctx)  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.2),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        model=model,
+        mixed_precision=False,
+    ) as ctx:
+        export = export_model(
+            root / "model",
+            model,
+            example_inputs=(non_id, emb),
+            embedding_config=root / "embedding_config.yml",
+            ctx=ctx,
+        )
     return model, probe, want, export
 
 
@@ -99,10 +127,23 @@ def start_serving_stack(root, start, env, export, inc):
             role="infer_ps",
             replica_index=i,
             address=f"127.0.0.1:{p}",
-        )  # fmt: skip
+        )
         for i, p in enumerate(ports)
     ]
     serve_port = free_port()
-    serve = start("persia.launcher", ["serve", "--model", str(export), "--global-config", str(root / "infer.yml"),
-                  "--port", str(serve_port)], infer_env, role="serve", address=f"127.0.0.1:{serve_port}")  # fmt: skip
+    serve = start(
+        "persia.launcher",
+        [
+            "serve",
+            "--model",
+            str(export),
+            "--global-config",
+            str(root / "infer.yml"),
+            "--port",
+            str(serve_port),
+        ],
+        infer_env,
+        role="serve",
+        address=f"127.0.0.1:{serve_port}",
+    )
     return infer_ps, serve

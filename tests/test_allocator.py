@@ -53,9 +53,13 @@ def run_steps(mode: str, **env: str) -> dict:
     clean.pop("GLIBC_TUNABLES", None)
     clean.pop("PERSIA_MALLOC_TUNING", None)
     done = subprocess.run(
-        [sys.executable, "-c", STEPS_SCRIPT, mode], cwd=REPO, capture_output=True, text=True,
-        timeout=60, env={**clean, "PYTHONPATH": str(REPO), **env},
-    )  # fmt: skip
+        [sys.executable, "-c", STEPS_SCRIPT, mode],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -98,10 +102,21 @@ def test_the_setting_defaults_to_on(monkeypatch, value, enabled):
 def test_a_service_with_a_bad_setting_refuses_to_start_and_names_it(job_env, command):
     config = REPO / "examples" / "adult_income" / "config" / "embedding_config.yml"
     done = subprocess.run(
-        [sys.executable, "-m", "persia.launcher", command, "--port", "0",
-         "--embedding-config", str(config)],
-        cwd=REPO, env={**os.environ, **job_env, "PERSIA_MALLOC_TUNING": "yes"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            command,
+            "--port",
+            "0",
+            "--embedding-config",
+            str(config),
+        ],
+        cwd=REPO,
+        env={**os.environ, **job_env, "PERSIA_MALLOC_TUNING": "yes"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "PERSIA_MALLOC_TUNING must be 0 or 1, got 'yes'" in done.stderr

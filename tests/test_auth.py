@@ -24,8 +24,17 @@ from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.service_procs import REPO
 
 TOKEN = "t0ken-" + "x" * 26
-PS_ROUTES = ["/configure", "/register_optimizer", "/lookup", "/update", "/dump", "/load",
-             "/clear", "/stats", "/checksum"]  # fmt: skip
+PS_ROUTES = [
+    "/configure",
+    "/register_optimizer",
+    "/lookup",
+    "/update",
+    "/dump",
+    "/load",
+    "/clear",
+    "/stats",
+    "/checksum",
+]
 
 
 def test_token_must_be_long_visible_ascii():
@@ -62,24 +71,34 @@ def test_server_refuses_public_bind_without_token_in_one_line(module, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PERSIA_REDIS_URL": "redis://127.0.0.1:1/0"}
     proc = subprocess.run(
         [sys.executable, "-m", module, "--host", "0.0.0.0", "--embedding-config", str(config)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "PERSIA_AUTH_TOKEN" in lines[0] and "--insecure" in lines[0], lines
     bad_token = subprocess.run(
         [sys.executable, "-m", module, "--embedding-config", str(config)],
-        cwd=REPO, env={**env, "PERSIA_AUTH_TOKEN": "short"}, capture_output=True, text=True,
+        cwd=REPO,
+        env={**env, "PERSIA_AUTH_TOKEN": "short"},
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert bad_token.returncode == 2 and "PERSIA_AUTH_TOKEN" in bad_token.stderr
 
 
 def test_max_request_bytes_flag_is_validated(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pyrsia.services.embedding_ps", "--max-request-bytes", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--max-request-bytes" in proc.stderr
 
 
@@ -157,9 +176,11 @@ def test_a_whole_job_runs_with_a_token(redis_server, tmp_path):
             seen = []
             feeder = threading.Thread(target=data_loader)
             with TrainCtx(
-                SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                SGD(lr=0.1),
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
                 mixed_precision=False,
-            ) as ctx:  # fmt: skip
+            ) as ctx:
                 feeder.start()
                 for batch in DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000):
                     output, labels = ctx.forward(batch)

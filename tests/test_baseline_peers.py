@@ -55,9 +55,14 @@ def train(factory):
         return made[0]
 
     result = train_single_process(
-        array_batches(cat, dense, label, 64), array_batches(cat, dense, label, 256),
-        SLOTS, DIM, Model, embedding_lr=0.5, embedding_factory=build,
-    )  # fmt: skip
+        array_batches(cat, dense, label, 64),
+        array_batches(cat, dense, label, 256),
+        SLOTS,
+        DIM,
+        Model,
+        embedding_lr=0.5,
+        embedding_factory=build,
+    )
     return result, made[0]
 
 
@@ -106,8 +111,11 @@ def test_torchrec_peer_trains_its_tables_inside_backward():
 def test_e2e_bench_torchrec_flag_without_torchrec_says_how_to_install():
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--torchrec"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert (
         "--torchrec" in done.stderr and "pip install" in done.stderr and "torchrec" in done.stderr

@@ -52,8 +52,9 @@ def test_every_thread_of_the_process_is_counted_under_its_name():
     assert all(v >= 0.0 for v in names.values())
 
 
-def _spin_for(seconds: float, started: threading.Event | None = None,
-              go: threading.Event | None = None) -> None:  # fmt: skip
+def _spin_for(
+    seconds: float, started: threading.Event | None = None, go: threading.Event | None = None
+) -> None:
     start = time.thread_time()
     while time.thread_time() - start < seconds:
         pass

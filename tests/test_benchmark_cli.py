@@ -36,7 +36,7 @@ def _run_all(extra: list[str]) -> dict[str, subprocess.CompletedProcess]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for name in RESULT_KEYS
     }
     done = {}

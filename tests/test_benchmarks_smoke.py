@@ -38,9 +38,19 @@ def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
     outputs, codes = {}, {}
     for name in BENCHES:
         proc = subprocess.run(
-            [sys.executable, str(REPO / "benchmarks" / name), "--quick", "--json", str(tmp_path / f"{name}.json")],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / name),
+                "--quick",
+                "--json",
+                str(tmp_path / f"{name}.json"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=240,
+        )
         outputs[name], codes[name] = proc.stdout, proc.returncode
     for name, keys in BENCHES.items():
         out = outputs[name]
@@ -64,14 +74,25 @@ def test_benchmarks_quick_print_a_parseable_result_line(tmp_path):
 def test_contention_benchmark_quick_prints_its_result_line(tmp_path):
     """The baseline alone and beside a side load, 1 and 2 threads (benchmarks/contention_bench.py)."""
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "contention_bench.py"), "--quick",
-         "--json", str(tmp_path / "contention.json")],
-        capture_output=True, text=True, timeout=280, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "contention_bench.py"),
+            "--quick",
+            "--json",
+            str(tmp_path / "contention.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = parse_result_line(out.stdout)
     assert set(result) == {
-        "two_threads_alone", "two_threads_loaded", "two_threads_beside_idle_class",
-        "one_thread_alone", "two_processes",
-    }  # fmt: skip
+        "two_threads_alone",
+        "two_threads_loaded",
+        "two_threads_beside_idle_class",
+        "one_thread_alone",
+        "two_processes",
+    }
     assert all(v > 0 for v in result.values())

@@ -96,12 +96,19 @@ async def test_a_real_ps_refuses_an_edited_manifest_with_400(services, tmp_path)
     root = tmp_path / "root"
     _checkpoint(root / "ckpt")
     _edit(root / "ckpt", EDITS["entries count"])
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--checkpoint-root", str(root)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+    )
     client = HttpClient(retries=0)
     try:
         hyper = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
         await client.call(f"{ps.url}/configure", {"hyperparams": hyper})
-        await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}})  # fmt: skip
+        await client.call(
+            f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}}
+        )
         with pytest.raises(RemoteBadRequestError) as err:
             await client.call(f"{ps.url}/load", {"dir": str(root / "ckpt")})
         assert err.value.field == "directory" and "manifest_crc32" in err.value.expected

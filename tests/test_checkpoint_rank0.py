@@ -57,8 +57,15 @@ def run_group(
     argv: list[str], *, cwd: Path, env: dict, timeout_s: float
 ) -> subprocess.CompletedProcess:
     """Run the launcher in its own process group; a hang fails the test and kills every rank."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -83,10 +90,24 @@ def test_checkpoint_on_rank_zero_only_does_not_hang(redis_server, tmp_path):
     repo = Path(__file__).resolve().parents[1]
     with job_services(env, tmp_path / "svc"):
         proc = run_group(
-            [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "2",
-             "--master-port", str(free_port()), "--", str(tmp_path), str(free_port())],
-            cwd=repo, env={**os.environ, **env, "PYTHONPATH": str(repo)}, timeout_s=90,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "nn-worker",
+                str(script),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "--",
+                str(tmp_path),
+                str(free_port()),
+            ],
+            cwd=repo,
+            env={**os.environ, **env, "PYTHONPATH": str(repo)},
+            timeout_s=90,
+        )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("ckpt", "ckpt_end"):
         assert (tmp_path / name / "dense.pt").is_file() and (tmp_path / name / "opt.pt").is_file()

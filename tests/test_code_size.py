@@ -22,8 +22,11 @@ def _python_files() -> list[str]:
     """Tracked and untracked-but-not-ignored .py files (a new file counts before its commit)."""
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [f for f in out.split() if (REPO / f).exists() and not f.startswith(EXEMPT)]
 
 

@@ -63,7 +63,9 @@ async def test_a_cold_ps_stays_registered_through_its_first_lookup(services, tmp
     from pyrsia.shared.http_client import HttpClient
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
     key = service_key(ps.env["PERSIA_JOB_ID"], ROLE_EMBEDDING_PS, 0)
     db = aioredis.Redis.from_url(ps.env["PERSIA_REDIS_URL"])
     client = HttpClient(retries=0)
@@ -78,9 +80,13 @@ async def test_a_cold_ps_stays_registered_through_its_first_lookup(services, tmp
     try:
         hyper = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
         await client.call(f"{ps.url}/configure", {"hyperparams": hyper})
-        await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}})  # fmt: skip
+        await client.call(
+            f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}}
+        )
         ids = np.arange(1, 9, dtype=np.uint64)
-        await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 8, "ids": ids}]}, timeout_s=120)  # fmt: skip
+        await client.call(
+            f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 8, "ids": ids}]}, timeout_s=120
+        )
     finally:
         watcher.cancel()
         await client.close()

@@ -68,8 +68,9 @@ def test_dockerfile_keeps_the_registry_default_and_installs_offline_from_the_whe
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPTS / name), *args], capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.mark.parametrize(

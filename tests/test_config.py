@@ -143,7 +143,11 @@ def test_persia_infer_config_loads():
     assert cfg.common_config.metrics_config.enable_metrics is True
 
 
-MISSPELT = {"common_config": {"checkpointing_config": {"checkpoint_dir": "/tmp/c", "checkpoint_every_n_step": 100}}}  # fmt: skip
+MISSPELT = {
+    "common_config": {
+        "checkpointing_config": {"checkpoint_dir": "/tmp/c", "checkpoint_every_n_step": 100}
+    }
+}
 
 
 def test_an_unknown_key_is_an_error_naming_the_closest_key(monkeypatch):
@@ -165,7 +169,10 @@ def test_an_unknown_key_is_an_error_naming_the_closest_key(monkeypatch):
 def test_unknown_keys_can_be_allowed_for_forward_compatibility(monkeypatch):
     """strict=False, or $PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS=1: a warning and the key ignored;
     strict=True wins over the variable."""
-    with pytest.warns(ConfigWarning, match='checkpoint_every_n_step: unknown key, ignored .did you mean "checkpoint_every_n_steps"'):  # fmt: skip
+    with pytest.warns(
+        ConfigWarning,
+        match='checkpoint_every_n_step: unknown key, ignored .did you mean "checkpoint_every_n_steps"',
+    ):
         cfg = parse_global_config(MISSPELT, strict=False)
     assert cfg.common_config.checkpointing_config.checkpoint_every_n_steps == 0
     monkeypatch.setenv("PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS", "1")

@@ -78,8 +78,12 @@ def test_data_loader_script_and_its_children_run_in_the_idle_class(job_env, tmp_
     env = {**os.environ, **job_env, ENV_CPU_PRIORITY: "background"}  # from the environment
     done = subprocess.run(
         [sys.executable, "-m", "persia.launcher", "data-loader", "--exit-when-done", str(script)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert f"loader {os.SCHED_IDLE}" in done.stdout
     assert f"child {os.SCHED_IDLE}" in done.stdout
@@ -89,10 +93,22 @@ def test_data_loader_script_and_its_children_run_in_the_idle_class(job_env, tmp_
 def test_a_bad_priority_in_the_environment_is_refused_by_name(job_env, command):
     env = {**os.environ, **job_env, ENV_CPU_PRIORITY: "urgent"}
     done = subprocess.run(
-        [sys.executable, "-m", "persia.launcher", command, "--port", "0",
-         "--embedding-config", str(CONFIG)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            command,
+            "--port",
+            "0",
+            "--embedding-config",
+            str(CONFIG),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert ENV_CPU_PRIORITY in done.stderr and "'urgent'" in done.stderr
 
@@ -100,8 +116,11 @@ def test_a_bad_priority_in_the_environment_is_refused_by_name(job_env, command):
 def test_a_bad_flag_value_is_refused_by_argparse():
     done = subprocess.run(
         [sys.executable, "-m", "persia.launcher", "embedding-worker", "--cpu-priority", "high"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "--cpu-priority" in done.stderr and "'high'" in done.stderr
 

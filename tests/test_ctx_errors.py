@@ -176,7 +176,18 @@ def test_launcher_exit_code_is_the_scripts(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['WORLD_SIZE'] == '2' else 1)\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "2", "--master-port", str(free_port())],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "nn-worker",
+            str(script),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 3, proc.stderr

@@ -82,8 +82,13 @@ def test_eval_ctx_nested_keeps_hyperparameters(job):
     model = PooledModel()
     _clear()
     config = EmbeddingConfig(emb_initialization=(0.5, 0.6), weight_bound=3)
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  embedding_config=config, mixed_precision=False) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        embedding_config=config,
+        mixed_precision=False,
+    ) as ctx:
         with eval_ctx(model=model):
             pass
         batch = ctx.get_embedding_from_data(make_batch([301, 302]))
@@ -203,9 +208,13 @@ def test_only_a_training_context_warms_the_gradient_kernel(job):
     tunes the process's malloc (pyrsia/shared/allocator.py) as it enters."""
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-c", WARMING_SCRIPT], cwd=repo, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": str(repo)},
-    )  # fmt: skip
+        [sys.executable, "-c", WARMING_SCRIPT],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["alone"] == {"numba": False, "warming": False, "malloc": 0}

@@ -23,8 +23,12 @@ def job(redis_server, tmp_path_factory):
     with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None, EMBEDDING_WORKER_SERVICE=None):
         with job_services(env, tmp_path_factory.mktemp("svc"), ps_replicas=2) as procs:
             model = SmallModel()
-            with TrainCtx(Adagrad(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1),
-                          model=model, mixed_precision=False) as ctx:  # fmt: skip
+            with TrainCtx(
+                Adagrad(lr=0.1),
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
+                mixed_precision=False,
+            ) as ctx:
                 for step in range(2):
                     out, labels = ctx.forward(
                         ctx.get_embedding_from_data(make_batch(IDS, seed=step))
@@ -96,8 +100,12 @@ def test_query_methods_work_before_with_and_after_it_ends(job, tmp_path):
 
 def test_train_ctx_queries_after_with_ends(job, tmp_path):
     _, model = job
-    ctx = TrainCtx(Adagrad(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                   mixed_precision=False)  # fmt: skip
+    ctx = TrainCtx(
+        Adagrad(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+    )
     with ctx:
         inside = ctx.get_embedding_size()
     assert ctx.get_embedding_size() == inside

@@ -39,8 +39,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module", autouse=True)
 def adult_data():
-    subprocess.run([sys.executable, str(ADULT / "data_prep.py")], check=True, cwd=REPO,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ADULT / "data_prep.py")], check=True, cwd=REPO, capture_output=True
+    )
 
 
 def run_adult(tmp_path: Path, name: str, **env: str) -> tuple[str, dict, dict]:
@@ -52,14 +53,29 @@ def run_adult(tmp_path: Path, name: str, **env: str) -> tuple[str, dict, dict]:
     }
     environ.update(CUDA_VISIBLE_DEVICES=environ.get("CUDA_VISIBLE_DEVICES", "0"), **env)
     args = [
-        sys.executable, "-m", "persia.launcher", "run", "--no-progress",
-        "--nn-worker", str(JOB),
-        "--data-loader", str(ADULT / "data_loader.py"),
-        "--embedding-config", str(ADULT / "config" / "embedding_config.yml"),
-        "--global-config", str(ADULT / "config" / "global_config.yml"),
-    ]  # fmt: skip
-    proc = subprocess.run(args, cwd=tmp_path, env=environ, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "run",
+        "--no-progress",
+        "--nn-worker",
+        str(JOB),
+        "--data-loader",
+        str(ADULT / "data_loader.py"),
+        "--embedding-config",
+        str(ADULT / "config" / "embedding_config.yml"),
+        "--global-config",
+        str(ADULT / "config" / "global_config.yml"),
+    ]
+    proc = subprocess.run(
+        args,
+        cwd=tmp_path,
+        env=environ,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
     out = proc.stdout
     (tmp_path / "run.log").write_text(out)
     artifacts = os.environ.get("PYRSIA_GPU_ARTIFACTS")
@@ -105,15 +121,18 @@ def test_adult_trains_on_cuda_with_fp16_autocast_and_dynamic_grad_scaler(tmp_pat
     assert last < first * 0.8, (first, last)
     assert auc > AUC_FLOOR, auc
     _record(record_property, auc=auc, first_loss=first, last_loss=last, **end)
-    print(f"\nadult fp16+GradScaler on {torch.cuda.get_device_name(0)}: AUC {auc:.4f}, "
-          f"loss {first:.4f} -> {last:.4f}, final loss scale {end['scale']:g}, "
-          f"skipped updates {end['skipped_updates']}, peak GPU memory {end['max_memory_mb']} MB")  # fmt: skip
+    print(
+        f"\nadult fp16+GradScaler on {torch.cuda.get_device_name(0)}: AUC {auc:.4f}, "
+        f"loss {first:.4f} -> {last:.4f}, final loss scale {end['scale']:g}, "
+        f"skipped updates {end['skipped_updates']}, peak GPU memory {end['max_memory_mb']} MB"
+    )
 
 
 @pytest.mark.timeout(330)
 def test_adult_epl_amp_with_offloaded_weights_trains_on_cuda(tmp_path, record_property):
-    out, probe, end = run_adult(tmp_path, "adult_epl_offload", ADULT_SCRIPT="epl",
-                                EPL_OFFLOAD_LEVEL="v0")  # fmt: skip
+    out, probe, end = run_adult(
+        tmp_path, "adult_epl_offload", ADULT_SCRIPT="epl", EPL_OFFLOAD_LEVEL="v0"
+    )
     assert probe["device_id"] == 0
     # offload v0: the weights live in pinned CPU memory, each use computes on the GPU
     assert probe["param_devices"] == ["cpu"] and probe["params_pinned"] is True, probe
@@ -126,5 +145,7 @@ def test_adult_epl_amp_with_offloaded_weights_trains_on_cuda(tmp_path, record_pr
     assert last < first * 0.8, (first, last)
     assert auc > AUC_FLOOR, auc
     _record(record_property, auc=auc, first_loss=first, last_loss=last, **end)
-    print(f"\nadult EPL amp O1 + offload v0 on {torch.cuda.get_device_name(0)}: AUC {auc:.4f}, "
-          f"loss {first:.4f} -> {last:.4f}, skipped updates {end['skipped_updates']}")  # fmt: skip
+    print(
+        f"\nadult EPL amp O1 + offload v0 on {torch.cuda.get_device_name(0)}: AUC {auc:.4f}, "
+        f"loss {first:.4f} -> {last:.4f}, skipped updates {end['skipped_updates']}"
+    )

@@ -60,8 +60,13 @@ def test_mixed_precision_step_applies_the_unscaled_embedding_gradient(job):
     GPU, the PS must still move each id by exactly -lr * w (SGD)."""
     ids = list(range(1, 33))
     model = PooledModel().cuda(0)
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
-                  mixed_precision=True, device_id=0) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        model=model,
+        mixed_precision=True,
+        device_id=0,
+    ) as ctx:
         assert type(ctx.grad_scaler) is torch.amp.GradScaler and ctx.grad_scaler.is_enabled()
         batch = ctx.get_embedding_from_data(make_batch(ids))
         before = _slot_a(batch)
@@ -87,8 +92,13 @@ def test_mixed_precision_trains_in_fp16_on_the_gpu(job):
     dtypes: list[torch.dtype] = []
     model.linear.register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))
     batch_ids = list(range(100, 164))
-    with TrainCtx(Adagrad(lr=0.1), torch.optim.Adam(model.parameters(), lr=0.05), model=model,
-                  mixed_precision=True, device_id=0) as ctx:  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.1),
+        torch.optim.Adam(model.parameters(), lr=0.05),
+        model=model,
+        mixed_precision=True,
+        device_id=0,
+    ) as ctx:
         losses = []
         for _ in range(30):  # one fixed batch: the loss must fall
             output, labels = ctx.forward(ctx.get_embedding_from_data(make_batch(batch_ids)))
@@ -115,8 +125,13 @@ def test_an_evaluation_nested_in_a_cuda_trainctx_runs_on_its_device(job):
     """PERSIA's Adult example evaluates with ``eval_ctx(model=model)`` inside TrainCtx, without
     a device_id: the batches (looked up directly or through a DataLoader) land on the GPU."""
     model = SmallModel().cuda(0)
-    with TrainCtx(Adagrad(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=True, device_id=0):  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=True,
+        device_id=0,
+    ):
         with eval_ctx(model=model) as ctx, torch.no_grad():
             output, labels = ctx.forward(
                 ctx.get_embedding_from_data(make_batch(range(1, 9), requires_grad=False))
@@ -172,10 +187,18 @@ def test_epl_offload_with_amp_steps_like_the_model_on_the_gpu(job):
     plain = DeepModel().cuda(0)
     model = copy.deepcopy(plain)
     config = {"amp.level": "O1", "offload.level": "v0"}
-    ctx = make_ctx(model, epl.Config(config, environ={}), device_id=0,
-                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))  # fmt: skip
-    reference = make_ctx(plain, epl.Config({"amp.level": "O1"}, environ={}), device_id=0,
-                         optimizer=torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9))  # fmt: skip
+    ctx = make_ctx(
+        model,
+        epl.Config(config, environ={}),
+        device_id=0,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+    )
+    reference = make_ctx(
+        plain,
+        epl.Config({"amp.level": "O1"}, environ={}),
+        device_id=0,
+        optimizer=torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9),
+    )
     assert ctx.epl_plan.offloaded
     assert all(p.device.type == "cpu" and p.is_pinned() for p in model.parameters())
     non_id, emb, labels = inputs(16)
@@ -200,8 +223,14 @@ def test_epl_offload_trains_through_trainctx_on_cuda(job):
     model = SmallModel()
     config = epl.Config({"amp.level": "O1", "offload.level": "v0"}, environ={})
     batch_ids = list(range(200, 264))
-    with TrainCtx(Adagrad(lr=0.1), torch.optim.Adam(model.parameters(), lr=0.05), model=model,
-                  mixed_precision=False, device_id=0, epl_config=config) as ctx:  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.1),
+        torch.optim.Adam(model.parameters(), lr=0.05),
+        model=model,
+        mixed_precision=False,
+        device_id=0,
+        epl_config=config,
+    ) as ctx:
         losses = []
         for _ in range(30):
             output, labels = ctx.forward(ctx.get_embedding_from_data(make_batch(batch_ids)))
@@ -217,8 +246,12 @@ def test_infer_ctx_predicts_on_the_gpu(job):
     torch.manual_seed(0)
     model = SmallModel()
     ids = list(range(300, 340))
-    with TrainCtx(Adagrad(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False) as train:  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+    ) as train:
         for step in range(3):  # on the CPU: embeddings and a model to serve
             output, labels = train.forward(
                 train.get_embedding_from_data(make_batch(ids, seed=step))

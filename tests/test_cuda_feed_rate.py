@@ -40,17 +40,38 @@ def test_feed_rate_with_the_dense_step_on_the_gpu(tmp_path, record_property):
     out = Path(os.environ.get("PYRSIA_GPU_ARTIFACTS") or tmp_path)
     json_path = out / "feed_rate.json"
     args = [
-        sys.executable, str(REPO / "benchmarks" / "feed_rate.py"),
-        "--dense", "cuda,sleep", "--datasets", "criteo", "--criteo-rows", "20000",
-        "--batches", "1024", "--min-steps", "60", "--ps-replicas", "1,2",
-        "--json", str(json_path), "--png", str(out / "feed_rate.png"),
-    ]  # fmt: skip
+        sys.executable,
+        str(REPO / "benchmarks" / "feed_rate.py"),
+        "--dense",
+        "cuda,sleep",
+        "--datasets",
+        "criteo",
+        "--criteo-rows",
+        "20000",
+        "--batches",
+        "1024",
+        "--min-steps",
+        "60",
+        "--ps-replicas",
+        "1,2",
+        "--json",
+        str(json_path),
+        "--png",
+        str(out / "feed_rate.png"),
+    ]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    proc = subprocess.run(args, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=400)  # fmt: skip
+    proc = subprocess.run(
+        args,
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=400,
+    )
     (tmp_path / "feed_rate.log").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:]
     doc = json.loads(json_path.read_text())

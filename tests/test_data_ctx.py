@@ -91,11 +91,22 @@ def _embedding_worker(config, index: int, env: dict, tmp_path) -> ServiceProc:
     """Replica ``index`` of 2 embedding workers, started without waiting for it."""
     return ServiceProc.start(
         "pyrsia.services.embedding_worker",
-        ["--port", "0", "--embedding-config", str(config), "--replica-index", str(index),
-         "--replica-size", "2"],
-        env, role=ROLE_EMBEDDING_WORKER, replica_index=index, wait_ready=False,
+        [
+            "--port",
+            "0",
+            "--embedding-config",
+            str(config),
+            "--replica-index",
+            str(index),
+            "--replica-size",
+            "2",
+        ],
+        env,
+        role=ROLE_EMBEDDING_WORKER,
+        replica_index=index,
+        wait_ready=False,
         log_dir=tmp_path,
-    )  # fmt: skip
+    )
 
 
 def _send_four_batches(env: dict, late: threading.Thread) -> list:
@@ -131,15 +142,24 @@ def test_a_loader_deals_batches_to_every_embedding_worker_replica(redis_server, 
 
     late = threading.Thread(target=lambda: (time.sleep(0.5), worker(1)))
     try:
-        procs.append(ServiceProc.start(
-            "pyrsia.services.embedding_ps", ["--port", "0"], env, role=ROLE_EMBEDDING_PS,
-            wait_ready=False, log_dir=tmp_path,
-        ))  # fmt: skip
+        procs.append(
+            ServiceProc.start(
+                "pyrsia.services.embedding_ps",
+                ["--port", "0"],
+                env,
+                role=ROLE_EMBEDDING_PS,
+                wait_ready=False,
+                log_dir=tmp_path,
+            )
+        )
         worker(0)
         items = _send_four_batches(env, late)
         assert sorted((item.batch_id, item.worker) for item in items) == [
-            (0, 0), (1, 1), (2, 0), (3, 1)
-        ]  # fmt: skip
+            (0, 0),
+            (1, 1),
+            (2, 0),
+            (3, 1),
+        ]
     finally:
         late.join()
         codes = [(p.role, p.stop()) for p in reversed(procs)]

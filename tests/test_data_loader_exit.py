@@ -33,11 +33,21 @@ print("last words", end="")  # no newline: only a flush gets it out
 
 def run_loader(script: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "data-loader", "--exit-when-done",
-         str(script), str(out)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "data-loader",
+            "--exit-when-done",
+            str(script),
+            str(out),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
         timeout=60,
-    )  # fmt: skip
+    )
 
 
 def test_a_finished_loader_runs_atexit_flushes_and_skips_finalization(tmp_path):

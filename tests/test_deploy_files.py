@@ -19,8 +19,12 @@ import yaml
 from persia.launcher import SUBCOMMANDS
 
 TRAINING_COMMANDS = set(SUBCOMMANDS) - {
-    "serve", "convert-checkpoint", "status", "run", "prometheus-targets"
-}  # fmt: skip
+    "serve",
+    "convert-checkpoint",
+    "status",
+    "run",
+    "prometheus-targets",
+}
 """What a training job runs (serving an exported model is a job of its own: README "Serving";
 converting a PERSIA checkpoint is a one-off command; status only looks at a running job;
 run starts all of these itself, on one machine; prometheus-targets feeds a Prometheus, under

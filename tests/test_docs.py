@@ -146,8 +146,11 @@ def test_api_pages_turn_rst_roles_into_cross_references():
         '</autoref> and <autoref identifier="persia.ctx.get_ctx" optional><code>get_ctx</code>'
         "</autoref>"
     )
-    root = griffe.load("persia", extensions=griffe.load_extensions(roles.RstRoles()),
-                       search_paths=[str(DOCS.parent)])  # fmt: skip
+    root = griffe.load(
+        "persia",
+        extensions=griffe.load_extensions(roles.RstRoles()),
+        search_paths=[str(DOCS.parent)],
+    )
     left, todo = [], [root]
     while todo:
         obj = todo.pop()

@@ -37,10 +37,21 @@ KEYS = RESULT_KEYS["e2e_bench.py"]
 def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--json", str(out_json),
-         "--log-dir", str(tmp_path / "logs")],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=160,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--json",
+            str(out_json),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=160,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     assert out.rstrip().splitlines()[-1].startswith("RESULT "), "RESULT is not the last line"
@@ -64,8 +75,11 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
     assert census["pyrsia"]["page_faults"] >= 0 and census["baseline"]["page_faults"] >= 0
     if os.confstr("CS_GNU_LIBC_VERSION"):  # TrainCtx and both services tuned their malloc
         logs = tmp_path / "logs"
-        for log in [*logs.glob("nn-*.log"), *logs.glob("embedding_worker-*.log"),
-                    *logs.glob("embedding_ps-*.log")]:  # fmt: skip
+        for log in [
+            *logs.glob("nn-*.log"),
+            *logs.glob("embedding_worker-*.log"),
+            *logs.glob("embedding_ps-*.log"),
+        ]:
             assert "freed heap memory: kept" in log.read_text(), log.name
     assert set(census["pyrsia"]["exit_codes"].values()) == {0}
     assert {"nn_worker", "embedding_worker", "embedding_ps", "data_loader", "redis"} <= set(
@@ -79,10 +93,23 @@ def test_e2e_bench_quick_runs_the_pipeline_and_prints_one_result_line(tmp_path):
 def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_path):
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--nn-workers", "2",
-         "--rank-batch", "whole,split", "--json", str(out_json)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=480,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--nn-workers",
+            "2",
+            "--rank-batch",
+            "whole,split",
+            "--json",
+            str(out_json),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=480,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     census = json.loads(out_json.read_text())["results"][0]
     base = census["baseline"]
@@ -105,10 +132,22 @@ def test_e2e_bench_quick_with_two_nn_worker_ranks_whole_and_split_batches(tmp_pa
 def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference(tmp_path):
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--fused-adam",
-         "--threads", "1", "--json", str(out_json)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--fused-adam",
+            "--threads",
+            "1",
+            "--json",
+            str(out_json),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     census = json.loads(out_json.read_text())["results"][0]
     assert census["pyrsia"]["dense_fused_adam"] is True
@@ -126,11 +165,25 @@ def test_e2e_bench_quick_with_fused_adam_runs_both_sides_and_the_fused_reference
 def test_e2e_bench_quick_with_malloc_tuning_on_and_off_runs_both(tmp_path):
     out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick",
-         "--malloc-tuning", "on,off", "--threads", "1", "--json", str(out_json), "--log-dir",
-         str(logs)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--malloc-tuning",
+            "on,off",
+            "--threads",
+            "1",
+            "--json",
+            str(out_json),
+            "--log-dir",
+            str(logs),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     sides = json.loads(out_json.read_text())["results"][0]["pyrsia_sides"]
     assert sides["pyrsia"]["malloc_tuning"] == "on" and sides["pyrsia"]["steps"] == 20
@@ -142,10 +195,21 @@ def test_e2e_bench_quick_with_malloc_tuning_on_and_off_runs_both(tmp_path):
 
 def test_e2e_bench_rejects_a_split_that_does_not_divide_the_batch():
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--nn-workers", "3",
-         "--rank-batch", "split"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--nn-workers",
+            "3",
+            "--rank-batch",
+            "split",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "--rank-batch split: the ranks must divide the batch 1024, got [3]" in proc.stdout
 
@@ -158,15 +222,35 @@ def test_e2e_bench_quick_embedded_mode_with_malloc_tuning_on_and_off_runs_both(t
     side, silently), and ``--settings``: the tuned rows beside the README's defaults."""
     out_json, logs = tmp_path / "e2e.json", tmp_path / "logs"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--modes",
-         "embedded", "--malloc-tuning", "on,off", "--settings", "defaults,tuned",
-         "--json", str(out_json), "--log-dir", str(logs)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=190,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--modes",
+            "embedded",
+            "--malloc-tuning",
+            "on,off",
+            "--settings",
+            "defaults,tuned",
+            "--json",
+            str(out_json),
+            "--log-dir",
+            str(logs),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=190,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     sides = json.loads(out_json.read_text())["results"][0]["pyrsia_sides"]
-    assert set(sides) == {"pyrsia_embedded", "pyrsia_embedded_malloc_off", "pyrsia_embedded_tuned",
-                          "pyrsia_embedded_malloc_off_tuned"}  # fmt: skip
+    assert set(sides) == {
+        "pyrsia_embedded",
+        "pyrsia_embedded_malloc_off",
+        "pyrsia_embedded_tuned",
+        "pyrsia_embedded_malloc_off_tuned",
+    }
     assert sides["pyrsia_embedded"]["loader_options"] == {}  # the README's DataLoader
     tuned = {"embedding_staleness": 8, "reproducible": True}
     assert sides["pyrsia_embedded_tuned"]["loader_options"] == tuned

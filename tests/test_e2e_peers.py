@@ -73,10 +73,23 @@ def test_e2e_bench_quick_embedded_with_the_torchrec_peer(tmp_path):
     TorchRec the run goes on without it, after the line saying why."""
     out_json = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "e2e_bench.py"), "--quick", "--modes",
-         "embedded", "--peers", "torchrec", "--json", str(out_json)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=230,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "e2e_bench.py"),
+            "--quick",
+            "--modes",
+            "embedded",
+            "--peers",
+            "torchrec",
+            "--json",
+            str(out_json),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=230,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     result = json.loads(out_json.read_text())["results"][0]
     if torchrec_missing() is not None:

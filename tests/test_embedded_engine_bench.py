@@ -25,10 +25,22 @@ from _common import parse_result_line  # noqa: E402
 def test_embedded_engine_bench_times_every_phase(tmp_path):
     out_json = tmp_path / "engine.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "embedded_engine_bench.py"), "--batches", "3",
-         "--passes", "1", "--json", str(out_json)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "embedded_engine_bench.py"),
+            "--batches",
+            "3",
+            "--passes",
+            "1",
+            "--json",
+            str(out_json),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     result = parse_result_line(proc.stdout)
     assert list(result) == RESULT_KEYS["embedded_engine_bench.py"]
@@ -40,7 +52,10 @@ def test_embedded_engine_bench_times_every_phase(tmp_path):
 def test_embedded_engine_bench_refuses_an_empty_run():
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "embedded_engine_bench.py"), "--passes", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "--batches, --passes: expected >= 1" in proc.stderr

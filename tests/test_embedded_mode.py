@@ -29,9 +29,18 @@ from tests.nn_helpers import EMBEDDING_CONFIG, make_batch
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("1", True), ("true", True), (" ON ", True), ("yes", True), ("", False), ("0", False),
-     ("false", False), ("off", False), (None, False)],
-)  # fmt: skip
+    [
+        ("1", True),
+        ("true", True),
+        (" ON ", True),
+        ("yes", True),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        (None, False),
+    ],
+)
 def test_persia_embedded_selects_the_mode(value, expected):
     environ = {} if value is None else {ENV_EMBEDDED: value}
     assert embedded_requested(environ) is expected
@@ -54,8 +63,11 @@ def embedded_env(tmp_path, monkeypatch):
         "embedding_parameter_server_config: {capacity: 100000, num_hashmap_internal_shards: 2}\n"
         "embedding_worker_config: {forward_buffer_size: 3}\n"
     )
-    for key, value in {ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(emb),
-                       ENV_GLOBAL_CONFIG: str(glob)}.items():  # fmt: skip
+    for key, value in {
+        ENV_EMBEDDED: "1",
+        ENV_EMBEDDING_CONFIG: str(emb),
+        ENV_GLOBAL_CONFIG: str(glob),
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(ENV_DATALOADER_ENTRY, raising=False)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "REPLICA_INDEX", "REPLICA_SIZE"):
@@ -99,8 +111,13 @@ def test_batches_reach_the_training_loop_in_order_through_the_bounds(embedded_en
             assert trainable and buffered.batch_id == item.batch_id
             ids = batches[item.batch_id].id_part()
             direct, _ = await client.lookup_direct(ids, False)
-            seen.append((item.batch_id, np.asarray(buffered.embeddings[0][1]),
-                         np.asarray(direct.embeddings[0][1])))  # fmt: skip
+            seen.append(
+                (
+                    item.batch_id,
+                    np.asarray(buffered.embeddings[0][1]),
+                    np.asarray(direct.embeddings[0][1]),
+                )
+            )
             assert len(client.worker.forward) <= 3  # the loader's forward buffer bound
             grads = [(n, np.ones_like(d)) for n, d in buffered.embeddings]
             await client.gradients(0, item.batch_id, 1.0, grads)

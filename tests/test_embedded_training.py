@@ -82,11 +82,22 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _run(folder: Path, *flags: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*LAUNCHER, *flags, "--nn-worker", str(folder / "train.py"),
-         "--data-loader", str(folder / "data_loader.py"),
-         "--embedding-config", str(folder / "embedding_config.yml")],
-        cwd=folder, env=_env(**env), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            *LAUNCHER,
+            *flags,
+            "--nn-worker",
+            str(folder / "train.py"),
+            "--data-loader",
+            str(folder / "data_loader.py"),
+            "--embedding-config",
+            str(folder / "embedding_config.yml"),
+        ],
+        cwd=folder,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_run_embedded_trains_as_the_services_do(job_files, tmp_path):
@@ -175,8 +186,12 @@ def _in_mode(mode: str, redis_url: str, workdir: Path, ckpt: Path, *, train: boo
         config.write_text(EMBEDDING_CONFIG)
         reset_embedded_job()  # a fresh in-process PS
         try:
-            with environ(**{ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(config)},
-                         RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):  # fmt: skip
+            with environ(
+                **{ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(config)},
+                RANK=None,
+                WORLD_SIZE=None,
+                LOCAL_RANK=None,
+            ):
                 return _train_or_load(ckpt, train=train)
         finally:
             reset_embedded_job()

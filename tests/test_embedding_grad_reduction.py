@@ -67,8 +67,13 @@ with open(f"{out}/rank{get_rank()}.json", "w") as f:
 
 def _trainctx(**kwargs) -> TrainCtx:
     model = torch.nn.Linear(2, 1)
-    return TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                    mixed_precision=False, **kwargs)  # fmt: skip
+    return TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("bad", ["avg", "SUM", 2, None])
@@ -99,7 +104,7 @@ def test_mean_halves_the_gradient_two_ranks_apply_on_the_ps(redis_server, tmp_pa
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
             for r in (0, 1)
         ]
         try:

@@ -135,9 +135,13 @@ def test_persia_nn_worker_env(monkeypatch):
 
 @pytest.mark.parametrize(
     "stray",
-    [{"LOCAL_RANK": "0"}, {"WORLD_SIZE": "4"}, {"LOCAL_RANK": "7", "WORLD_SIZE": "2"},
-     {"LOCAL_RANK": "junk", "WORLD_SIZE": "-3"}],
-)  # fmt: skip
+    [
+        {"LOCAL_RANK": "0"},
+        {"WORLD_SIZE": "4"},
+        {"LOCAL_RANK": "7", "WORLD_SIZE": "2"},
+        {"LOCAL_RANK": "junk", "WORLD_SIZE": "-3"},
+    ],
+)
 def test_without_rank_local_rank_and_world_size_are_ignored(monkeypatch, stray):
     # A data loader launched from a shell that exports torch's variables (or a malformed
     # leftover) is not an NN worker: nothing about ranks is read or validated.

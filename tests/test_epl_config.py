@@ -61,10 +61,17 @@ def test_keys_types_and_defaults_are_epls_table():
 
 def test_param_dict_values_are_read_and_canonical():
     config = Config(
-        {"pipeline.num_micro_batch": 4, "zero.level": "V1", "amp.level": "o1", "pipeline.strategy": "preferforward",
-         "amp.loss_scale": 128, "pipeline.num_stages": 2, "cluster.run_visible_devices": "0, 1"},
+        {
+            "pipeline.num_micro_batch": 4,
+            "zero.level": "V1",
+            "amp.level": "o1",
+            "pipeline.strategy": "preferforward",
+            "amp.loss_scale": 128,
+            "pipeline.num_stages": 2,
+            "cluster.run_visible_devices": "0, 1",
+        },
         environ={},
-    )  # fmt: skip
+    )
     assert config.pipeline.num_micro_batch == 4 and config.pipeline.num_stages == 2
     assert (config.zero.level, config.amp.level, config.pipeline.strategy) == (
         "v1",
@@ -112,8 +119,13 @@ def test_wrong_type_names_key_expected_and_value(key, value, expected):
 
 
 def test_environment_sets_keys_and_param_dict_wins():
-    environ = {"EPL_PIPELINE_NUM_MICRO_BATCH": "4", "EPL_AMP_LOSS_SCALE": "64", "EPL_IO_SLICING": "true",
-               "EPL_PIPELINE_NUM_STAGES": "none", "EPL_ZERO_LEVEL": "v1"}  # fmt: skip
+    environ = {
+        "EPL_PIPELINE_NUM_MICRO_BATCH": "4",
+        "EPL_AMP_LOSS_SCALE": "64",
+        "EPL_IO_SLICING": "true",
+        "EPL_PIPELINE_NUM_STAGES": "none",
+        "EPL_ZERO_LEVEL": "v1",
+    }
     config = Config({"zero.level": ""}, environ=environ)
     assert (
         config.pipeline.num_micro_batch == 4
@@ -183,6 +195,12 @@ def test_import_reads_no_environment():
 
 def test_public_surface_is_pinned():
     assert sorted(epl.__all__) == [
-        "Config", "FileListDataset", "KEYS", "add_to_collection", "clip_by_global_norm", "current_config", "init",
+        "Config",
+        "FileListDataset",
+        "KEYS",
+        "add_to_collection",
+        "clip_by_global_norm",
+        "current_config",
+        "init",
         "slice_files",
-    ]  # fmt: skip
+    ]

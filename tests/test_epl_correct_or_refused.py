@@ -227,8 +227,14 @@ def test_a_key_whose_switch_is_off_is_reported(caplog, key, value, switch):
 
 
 def _exit_log(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return done.stderr
 
 

@@ -62,8 +62,10 @@ def test_drop_last_files_wins_over_unbalanced():
 def test_balanced_slicing_when_files_divide_evenly():
     config = Config({"io.slicing": True}, environ={})
     assert [epl.slice_files(FILES[:6], i, 3, config) for i in range(3)] == [
-        ["part-0.csv", "part-3.csv"], ["part-1.csv", "part-4.csv"], ["part-2.csv", "part-5.csv"]
-    ]  # fmt: skip
+        ["part-0.csv", "part-3.csv"],
+        ["part-1.csv", "part-4.csv"],
+        ["part-2.csv", "part-5.csv"],
+    ]
     with pytest.raises(ConfigError, match="at least one file"):
         epl.slice_files(FILES[:2], 0, 3, config)
 
@@ -98,8 +100,13 @@ def test_run_visible_devices_sets_cuda_visible_devices(monkeypatch):
 
 
 def test_placement_keys_are_logged_once_as_no_effect(caplog):
-    config = Config({"cluster.device_place_prefer_intra_node": False, "cluster.colocate_split_and_replicate": True},
-                    environ={})  # fmt: skip
+    config = Config(
+        {
+            "cluster.device_place_prefer_intra_node": False,
+            "cluster.colocate_split_and_replicate": True,
+        },
+        environ={},
+    )
     with caplog.at_level(logging.WARNING, logger="persia.epl.cluster"):
         epl.init(config)
         epl.init(config)

@@ -58,10 +58,26 @@ def test_two_ranks_with_zero_and_amp_keep_identical_dense_parameters(redis_serve
     repo = Path(__file__).resolve().parents[1]
     with job_services(env, tmp_path / "svc"):
         proc = subprocess.run(
-            [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "2",
-             "--master-port", str(free_port()), "--", str(tmp_path), str(free_port())],
-            cwd=repo, env={**os.environ, **env, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "nn-worker",
+                str(script),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "--",
+                str(tmp_path),
+                str(free_port()),
+            ],
+            cwd=repo,
+            env={**os.environ, **env, "PYTHONPATH": str(repo)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
 

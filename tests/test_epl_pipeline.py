@@ -42,8 +42,14 @@ def ranks(tmp_path_factory):
     return run_two_gloo_ranks("tests.epl_pipeline_job", tmp_path_factory.mktemp("epl_pipe"))
 
 
-@pytest.mark.parametrize(("run", "schedule"), [("1f1b_auto", "Schedule1F1B"), ("gpipe_auto", "ScheduleGPipe"),
-                                               ("gpipe_given", "ScheduleGPipe")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("run", "schedule"),
+    [
+        ("1f1b_auto", "Schedule1F1B"),
+        ("gpipe_auto", "ScheduleGPipe"),
+        ("gpipe_given", "ScheduleGPipe"),
+    ],
+)
 def test_pipeline_stage_gradients_equal_whole_model(ranks, run, schedule):
     for r in ranks:
         assert r[run]["schedule"] == schedule

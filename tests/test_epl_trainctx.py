@@ -51,8 +51,13 @@ def _one_step(ids, epl_config):
     """One SGD step of PooledModel (loss = sum(output)); embeddings before and after."""
     model = PooledModel()
     _clear()
-    with TrainCtx(SGD(lr=0.5), torch.optim.SGD(model.parameters(), lr=0.0), model=model,
-                  mixed_precision=False, epl_config=epl_config) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.5),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        model=model,
+        mixed_precision=False,
+        epl_config=epl_config,
+    ) as ctx:
         for batch in DataLoader(ListDataset([make_batch(ids)]), embedding_staleness=1):
             before = np.array(batch.embeddings[0][1])
             output, _ = ctx.forward(batch)
@@ -85,8 +90,17 @@ def test_embedding_updates_are_exact_under_epl(job, config):
 def test_epl_init_job_trains_and_checkpoints_the_plain_model(job, tmp_path):
     torch.manual_seed(0)
     model = SmallModel()
-    epl.init(epl.Config({"pipeline.num_micro_batch": 2, "amp.level": "O1", "amp.loss_scale": 64,
-                         "optimizer.num_apply_group": 2}, environ={}))  # fmt: skip
+    epl.init(
+        epl.Config(
+            {
+                "pipeline.num_micro_batch": 2,
+                "amp.level": "O1",
+                "amp.loss_scale": 64,
+                "optimizer.num_apply_group": 2,
+            },
+            environ={},
+        )
+    )
     start = {k: v.clone() for k, v in model.state_dict().items()}
     _clear()
     with TrainCtx(
@@ -113,8 +127,9 @@ def test_epl_init_job_trains_and_checkpoints_the_plain_model(job, tmp_path):
 
 def test_clip_by_global_norm_inside_a_trainctx_without_epl_is_refused(job):
     model = PooledModel()
-    with TrainCtx(SGD(lr=0.5), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.5), torch.optim.SGD(model.parameters(), lr=0.1), model=model, mixed_precision=False
+    ) as ctx:
         assert ctx.epl_plan is None  # no EPL config, no norm: no clipping step
         with pytest.raises(ConfigError, match=r"clip_by_global_norm.*before TrainCtx"):
             epl.clip_by_global_norm(1.0)

@@ -144,8 +144,11 @@ def test_num_apply_group_result_identical():
     plain = DeepModel()
     model = copy.deepcopy(plain)
     opt_plain = torch.optim.Adam(plain.parameters(), lr=0.01)
-    ctx = make_ctx(model, epl.Config({"optimizer.num_apply_group": 3}, environ={}),
-                   optimizer=torch.optim.Adam(model.parameters(), lr=0.01))  # fmt: skip
+    ctx = make_ctx(
+        model,
+        epl.Config({"optimizer.num_apply_group": 3}, environ={}),
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+    )
     assert isinstance(ctx.dense_optimizer, GroupedApplyOptimizer)
     for step in range(3):
         for m, opt, prec in (
@@ -187,8 +190,11 @@ def test_num_apply_group_lowers_peak_temporary_memory():
         for p in params:
             p.grad = torch.randn_like(p)
         opt.step()  # the state exists: the next step allocates only temporaries
-        ctx = make_ctx(nn.ParameterList(params), epl.Config({"optimizer.num_apply_group": groups}, environ={}),
-                       optimizer=opt)  # fmt: skip
+        ctx = make_ctx(
+            nn.ParameterList(params),
+            epl.Config({"optimizer.num_apply_group": groups}, environ={}),
+            optimizer=opt,
+        )
         peaks[groups] = peak_temporary_bytes(ctx.dense_optimizer.step)
     assert 0 < peaks[4] < 0.4 * peaks[1], peaks
 
@@ -279,8 +285,11 @@ def test_clip_by_global_norm_clips_the_dense_step():
     torch.manual_seed(0)
     model = DeepModel()
     epl.clip_by_global_norm(0.01)
-    ctx = make_ctx(model, epl.Config({"communication.clip_after_allreduce": True}, environ={}),
-                   optimizer=torch.optim.SGD(model.parameters(), lr=1.0))  # fmt: skip
+    ctx = make_ctx(
+        model,
+        epl.Config({"communication.clip_after_allreduce": True}, environ={}),
+        optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+    )
     before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
     _backward(ctx.model, *inputs(8))
     ctx._precision.step(ctx.dense_optimizer, True, 4.0)

@@ -73,11 +73,26 @@ def _example(tmp_path: Path, train_edit: tuple[str, str] | None = None) -> Path:
 
 
 def _run_job(job: Path, tmp_path: Path, redis_url: str, loader: str = "data_loader.py"):
-    argv = [*LAUNCHER, "run", "--nn-worker", str(job / "train.py"), "--data-loader",
-            str(job / loader), "--embedding-config", str(job / "embedding_config.yml")]  # fmt: skip
+    argv = [
+        *LAUNCHER,
+        "run",
+        "--nn-worker",
+        str(job / "train.py"),
+        "--data-loader",
+        str(job / loader),
+        "--embedding-config",
+        str(job / "embedding_config.yml"),
+    ]
     env = _env(tmp_path, PERSIA_REDIS_URL=redis_url, PERSIA_JOB_ID=f"err-{uuid.uuid4().hex[:8]}")
-    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _line_of(path: Path, text: str) -> int:
@@ -123,8 +138,11 @@ def test_run_names_the_process_that_failed_first_and_the_cause(tmp_path_factory,
     ), out["boom"][-3000:]
     assert codes["boom"] == 1
     assert out["boom"].count("Traceback (most recent call last)") == 1, out["boom"][-3000:]
-    assert re.search(rf'^nn_worker +\|   File "{re.escape(str(job / "train.py"))}", line {line}',
-                     out["boom"], re.M), out["boom"][-3000:]  # fmt: skip
+    assert re.search(
+        rf'^nn_worker +\|   File "{re.escape(str(job / "train.py"))}", line {line}',
+        out["boom"],
+        re.M,
+    ), out["boom"][-3000:]
     assert "runpy" not in out["boom"]  # the script's frames, not the launcher's
 
     tmp, job, _ = cases["slot"]
@@ -145,11 +163,20 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, redis_server):
         held.listen()
         port = held.getsockname()[1]
         proc = subprocess.run(
-            [*LAUNCHER, "embedding-parameter-server", "--port", str(port),
-             "--embedding-config", str(EXAMPLE / "embedding_config.yml")],
+            [
+                *LAUNCHER,
+                "embedding-parameter-server",
+                "--port",
+                str(port),
+                "--embedding-config",
+                str(EXAMPLE / "embedding_config.yml"),
+            ],
             env=_env(tmp_path, PERSIA_REDIS_URL=redis_server.url, PERSIA_JOB_ID="port-in-use"),
-            cwd=tmp_path, capture_output=True, text=True, timeout=50,
-        )  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=50,
+        )
     log = tmp_path / "logs" / "embedding_parameter_server-0.log"
     assert _last_line(proc.stderr) == (
         f"error: embedding_parameter_server/0: port {port} on 127.0.0.1 is already in use by "
@@ -165,10 +192,18 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, redis_server):
 def test_redis_down_is_reported_within_5_seconds(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     proc = subprocess.Popen(
-        [*LAUNCHER, "embedding-worker", "--embedding-config", str(EXAMPLE / "embedding_config.yml")],
-        env=_env(tmp_path, PERSIA_REDIS_URL=url), cwd=tmp_path, text=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            *LAUNCHER,
+            "embedding-worker",
+            "--embedding-config",
+            str(EXAMPLE / "embedding_config.yml"),
+        ],
+        env=_env(tmp_path, PERSIA_REDIS_URL=url),
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     with proc.stderr:
         lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]
     assert proc.wait(timeout=30) == 2
@@ -187,10 +222,16 @@ def test_float_ids_are_one_line_naming_the_data_loader(tmp_path):
     (tmp_path / "loader.py").write_text(FLOAT_IDS_LOADER)
     proc = subprocess.run(
         [*LAUNCHER, "data-loader", str(tmp_path / "loader.py")],
-        env=_env(tmp_path, PERSIA_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
-                 PERSIA_WAIT_TIMEOUT_S="1"),
-        cwd=tmp_path, capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+        env=_env(
+            tmp_path,
+            PERSIA_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+            PERSIA_WAIT_TIMEOUT_S="1",
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert _last_line(proc.stderr) == (
         "error: data_loader/0: IDTypeFeatureWithSingleID 'user': data: expected a 1-D numpy "
         "array of non-negative integer ids: uint64, a signed integer dtype (int8 .. int64) or "
@@ -224,7 +265,7 @@ def test_python_train_py_without_the_launcher_is_one_line_and_always_exits(tmp_p
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         for _ in range(3)
     ]
     for proc in procs:

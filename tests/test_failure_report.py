@@ -22,8 +22,11 @@ def _raised_in_script(tmp_path, code: str) -> BaseException:
 
 
 def test_a_user_exception_names_its_line_and_the_known_fix(tmp_path):
-    exc = _raised_in_script(tmp_path, "x = 1\nraise ValueError('Target size (torch.Size([8])) "
-                            "must be the same as input size (torch.Size([8, 1]))')\n")  # fmt: skip
+    exc = _raised_in_script(
+        tmp_path,
+        "x = 1\nraise ValueError('Target size (torch.Size([8])) "
+        "must be the same as input size (torch.Size([8, 1]))')\n",
+    )
     assert fr.describe(exc) == (
         "ValueError: Target size (torch.Size([8])) must be the same as input size "
         "(torch.Size([8, 1])) at train.py:2; the labels' shape [8] is not the model output's "

@@ -57,12 +57,26 @@ def _launch(tmp_path: Path, **env: str) -> str:
     drop = ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE")
     run_env = {k: v for k, v in os.environ.items() if k not in drop} | env
     # no Redis listens there: the launcher goes on without a job lease, as it says
-    run_env.update(PERSIA_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
-                   PERSIA_JOB_ID=f"threads-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    run_env.update(
+        PERSIA_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        PERSIA_JOB_ID=f"threads-{uuid.uuid4().hex[:8]}",
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "1"],
-        cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "nn-worker",
+            str(script),
+            "--nproc-per-node",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if "THREADS" in ln)
     return line[line.index("THREADS") :]
@@ -96,8 +110,11 @@ def embedded_job(tmp_path, monkeypatch):
     emb.write_text(EMBEDDING_CONFIG)
     glob = tmp_path / "global_config.yml"
     glob.write_text("embedding_parameter_server_config: {capacity: 100000}\n")
-    for key, value in {ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(emb),
-                       ENV_GLOBAL_CONFIG: str(glob)}.items():  # fmt: skip
+    for key, value in {
+        ENV_EMBEDDED: "1",
+        ENV_EMBEDDING_CONFIG: str(emb),
+        ENV_GLOBAL_CONFIG: str(glob),
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(ENV_DATALOADER_ENTRY, raising=False)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "REPLICA_INDEX", "REPLICA_SIZE"):
@@ -121,8 +138,9 @@ def _limits(loader: DataLoader, ctx) -> tuple[int | None, int | None]:
 
 def test_a_training_loop_at_defaults_runs_under_the_automatic_bound(embedded_job):
     model = SmallModel()
-    with TrainCtx(Adagrad(lr=0.05), torch.optim.Adam(model.parameters()), model=model,
-                  mixed_precision=False) as ctx:  # fmt: skip
+    with TrainCtx(
+        Adagrad(lr=0.05), torch.optim.Adam(model.parameters()), model=model, mixed_precision=False
+    ) as ctx:
         auto = AUTO_EMBEDDING_STALENESS
         assert _limits(DataLoader(Batches()), ctx) == (auto, auto)
         assert _limits(DataLoader(Batches(), embedding_staleness=3), ctx) == (3, 3)

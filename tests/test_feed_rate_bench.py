@@ -65,13 +65,36 @@ def _run_tiny(tmp_path: Path, out_json: Path) -> str:
     """A few 256-row Criteo batches, sleep dense step, 1 and 2 PS shards x 1 and 2 embedding
     workers; its output (the script exited 0)."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), "--dense", "sleep",
-         "--dense-ms", "1", "--datasets", "criteo", "--criteo-rows", "3000", "--batches", "256",
-         "--max-steps", "8", "--ps-replicas", "1,2", "--ew-replicas", "1,2",
-         "--json", str(out_json),
-         "--log-dir", str(tmp_path / "logs")],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "feed_rate.py"),
+            "--dense",
+            "sleep",
+            "--dense-ms",
+            "1",
+            "--datasets",
+            "criteo",
+            "--criteo-rows",
+            "3000",
+            "--batches",
+            "256",
+            "--max-steps",
+            "8",
+            "--ps-replicas",
+            "1,2",
+            "--ew-replicas",
+            "1,2",
+            "--json",
+            str(out_json),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 
@@ -80,9 +103,12 @@ def _check_replicas_tracked(sharded: dict) -> None:
     """Both PS shards and both embedding workers ran, were tracked, and sum to the service."""
     for role, key, names in (
         ("embedding_ps", "ps_shards_cpu_ms_per_batch", {"embedding_ps.0", "embedding_ps.1"}),
-        ("embedding_worker", "ew_replicas_cpu_ms_per_batch",
-         {"embedding_worker.0", "embedding_worker.1"}),
-    ):  # fmt: skip
+        (
+            "embedding_worker",
+            "ew_replicas_cpu_ms_per_batch",
+            {"embedding_worker.0", "embedding_worker.1"},
+        ),
+    ):
         replicas = sharded[key]  # both replicas ran and were tracked
         assert set(replicas) == names  # (an 8-step window may read 0)
         assert all(v >= 0 for v in replicas.values())
@@ -91,12 +117,19 @@ def _check_replicas_tracked(sharded: dict) -> None:
 
 def _check_config_figures(config: dict) -> None:
     """One configuration's promised figures: finite and positive where they must be."""
-    for key in ("samples_per_s", "baseline_samples_per_s", "ratio", "nn_cpu_ms_per_batch",
-                "nn_cpu_ms_outside_dense"):  # fmt: skip
+    for key in (
+        "samples_per_s",
+        "baseline_samples_per_s",
+        "ratio",
+        "nn_cpu_ms_per_batch",
+        "nn_cpu_ms_outside_dense",
+    ):
         assert _finite_positive(config[key]), (key, config[key])
     assert set(config["services_cpu_ms_per_batch"]) == {
-        "embedding_ps", "embedding_worker", "data_loader"
-    }  # fmt: skip
+        "embedding_ps",
+        "embedding_worker",
+        "data_loader",
+    }
     assert all(v >= 0 for v in config["services_cpu_ms_per_batch"].values())
     assert set(config["nn_workers_fed_per_core"]) == {"embedding_ps", "embedding_worker"}
     assert config["ratio"] == pytest.approx(
@@ -115,8 +148,12 @@ def _check_config_figures(config: dict) -> None:
 def test_feed_rate_refuses_a_bad_flag(flag, value, message):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "feed_rate.py"), flag, value],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert message in proc.stdout
 
@@ -126,19 +163,40 @@ def test_the_chart_has_a_bar_per_replica_configuration(tmp_path, monkeypatch):
     import plots
 
     drawn = {}
-    monkeypatch.setattr(plots, "save_bar_chart", lambda path, labels, series, **kw: drawn.update(
-        labels=labels, series=series) or path)  # fmt: skip
+    monkeypatch.setattr(
+        plots,
+        "save_bar_chart",
+        lambda path, labels, series, **kw: drawn.update(labels=labels, series=series) or path,
+    )
 
     def config(ps: int, ew: int, rate: float, services: str = "working tree") -> dict:
-        return {"dataset": "criteo", "dense": "sleep", "batch": 1024, "ps_replicas": ps,
-                "ew_replicas": ew, "services": services, "samples_per_s": rate}  # fmt: skip
+        return {
+            "dataset": "criteo",
+            "dense": "sleep",
+            "batch": 1024,
+            "ps_replicas": ps,
+            "ew_replicas": ew,
+            "services": services,
+            "samples_per_s": rate,
+        }
 
-    configs = [config(1, 1, 100.0), config(4, 2, 200.0), config(4, 2, 220.0),
-               config(4, 2, 999.0, services="abc1234")]  # fmt: skip
-    results = [{"dataset": "criteo", "configs": configs,
-                "baselines": [{"batch": 1024, "samples_per_s": 40.0}]}]  # fmt: skip
+    configs = [
+        config(1, 1, 100.0),
+        config(4, 2, 200.0),
+        config(4, 2, 220.0),
+        config(4, 2, 999.0, services="abc1234"),
+    ]
+    results = [
+        {
+            "dataset": "criteo",
+            "configs": configs,
+            "baselines": [{"batch": 1024, "samples_per_s": 40.0}],
+        }
+    ]
     feed_report.plot(results, tmp_path / "chart.png")
     assert drawn["labels"] == ["criteo 1024"]
     assert drawn["series"] == {  # the working tree's median per configuration
-        "dense sleep": [100.0], "dense sleep ps4 ew2": [210.0], "baseline (2 threads)": [40.0]
-    }  # fmt: skip
+        "dense sleep": [100.0],
+        "dense sleep ps4 ew2": [210.0],
+        "baseline (2 threads)": [40.0],
+    }

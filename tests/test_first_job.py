@@ -49,26 +49,43 @@ def page_auc_range() -> tuple[float, float]:
 
 def test_the_page_shows_every_file_of_the_example_through_snippets():
     included = re.findall(r'^--8<-- "([^"]+)"$', PAGE.read_text(), re.M)
-    files = sorted(p.relative_to(REPO).as_posix() for p in EXAMPLE.iterdir()
-                   if p.is_file() and p.suffix in (".py", ".yml"))  # fmt: skip
+    files = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in EXAMPLE.iterdir()
+        if p.is_file() and p.suffix in (".py", ".yml")
+    )
     assert sorted(included) == files
     argv = page_command()
     assert argv[:2] == ["persia-launcher", "run"]
-    for flag, name in (("--nn-worker", "train.py"), ("--data-loader", "data_loader.py"),
-                       ("--embedding-config", "embedding_config.yml"),
-                       ("--global-config", "global_config.yml")):  # fmt: skip
+    for flag, name in (
+        ("--nn-worker", "train.py"),
+        ("--data-loader", "data_loader.py"),
+        ("--embedding-config", "embedding_config.yml"),
+        ("--global-config", "global_config.yml"),
+    ):
         assert argv[argv.index(flag) + 1] == f"examples/first_job/{name}"
 
 
 @pytest.mark.timeout(300)
 def test_the_first_job_runs_as_the_page_shows_it_and_quietly():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PERSIA_REDIS_URL", "PERSIA_JOB_ID", "LOG_LEVEL", "PERSIA_VERBOSE")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PERSIA_REDIS_URL", "PERSIA_JOB_ID", "LOG_LEVEL", "PERSIA_VERBOSE")
+    }
     env["PATH"] = (
         f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's persia-launcher
     )
-    proc = subprocess.run(page_command(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)  # fmt: skip
+    proc = subprocess.run(
+        page_command(),
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-5000:]
     found = RESULT.findall(out)

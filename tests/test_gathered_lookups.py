@@ -239,10 +239,16 @@ def test_scatter_add_refuses_every_non_finite_pattern_anywhere(bits, where):
 
 def test_scatter_add_takes_the_extreme_finite_values():
     extremes = np.array(
-        [np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal,
-         -0.0, np.finfo(np.float32).tiny, 1.0],
+        [
+            np.finfo(np.float32).max,
+            -np.finfo(np.float32).max,
+            np.finfo(np.float32).smallest_subnormal,
+            -0.0,
+            np.finfo(np.float32).tiny,
+            1.0,
+        ],
         dtype=np.float32,
-    )  # fmt: skip
+    )
     rows = np.tile(extremes, (4, 1))
     out = np.zeros((4, 6), np.float32)
     assert add_rows_if_finite(np.arange(4, dtype=np.int64), rows, out)

@@ -38,8 +38,12 @@ def embedded(tmp_path: Path):
     config = tmp_path / "embedding_config.yml"
     config.write_text(EMBEDDING_CONFIG)
     reset_embedded_job()
-    with environ(**{ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(config)},
-                 RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):  # fmt: skip
+    with environ(
+        **{ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(config)},
+        RANK=None,
+        WORLD_SIZE=None,
+        LOCAL_RANK=None,
+    ):
         yield
     reset_embedded_job()
 

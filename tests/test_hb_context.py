@@ -128,6 +128,14 @@ def test_function_runs_in_its_scope_and_validates_at_decoration():
 
 def test_public_surface_is_pinned():
     assert sorted(hb.__all__) == [
-        "Context", "Options", "context", "data", "embedding", "function", "metrics", "scope",
-        "train", "wraps",
-    ]  # fmt: skip
+        "Context",
+        "Options",
+        "context",
+        "data",
+        "embedding",
+        "function",
+        "metrics",
+        "scope",
+        "train",
+        "wraps",
+    ]

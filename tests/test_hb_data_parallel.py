@@ -131,9 +131,14 @@ def _reference_params() -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("sizes", "n", "runs"),
-    [([4] * 8, 2, [4, 4]), ([4] * 8, 3, [3, 3, 2]), ([100, 4, 4, 4], 2, [1, 3]),
-     ([4, 4], 5, [1, 1]), ([], 2, [])],
-)  # fmt: skip
+    [
+        ([4] * 8, 2, [4, 4]),
+        ([4] * 8, 3, [3, 3, 2]),
+        ([100, 4, 4, 4], 2, [1, 3]),
+        ([4, 4], 5, [1, 1]),
+        ([], 2, []),
+    ],
+)
 def test_bucket_partition_cuts_contiguous_runs_of_near_equal_bytes(sizes, n, runs):
     assert bucket_partition(sizes, n) == runs
 
@@ -151,11 +156,26 @@ def test_grad_nbuckets_sets_the_all_reduce_buckets_of_two_gloo_ranks(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(RANK_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "2", "--master-port",
-         str(free_port()), sys.executable, str(script), str(tmp_path), str(STEPS), str(LR)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "persia.hb.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            str(STEPS),
+            str(LR),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     reference = _reference_params()

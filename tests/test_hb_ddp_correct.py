@@ -161,8 +161,14 @@ def _start_ranks(tmp_path: Path, script: str) -> list[tuple[int, str]]:
     path = tmp_path / "rank_script.py"
     path.write_text(script)
     port = str(free_port())
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": port, "HB_COMM_DEFAULT": "gloo"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "HB_COMM_DEFAULT": "gloo",
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, str(path), str(tmp_path), str(STEPS), str(LR)],
@@ -171,7 +177,7 @@ def _start_ranks(tmp_path: Path, script: str) -> list[tuple[int, str]]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for r in (0, 1)
     ]
     outputs = []

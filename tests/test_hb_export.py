@@ -82,9 +82,11 @@ def _train_and_export(tmp_path, dense, cats, education, label):
         loss.backward()
         opt.step()
     path = hb.train.export(
-        tmp_path / "model", model=model, non_id_names=["dense"],
+        tmp_path / "model",
+        model=model,
+        non_id_names=["dense"],
         example_inputs=(dense[:64], cats[:64], education[:64]),
-    )  # fmt: skip
+    )
     model.eval()
     with torch.no_grad():
         trained = model(dense[:500], cats[:500], education[:500])
@@ -100,7 +102,9 @@ def _assert_unexportable_models_are_refused(tmp_path, dense, cats, education):
     with pytest.raises(InvalidInputError, match="mode='sum'"):
         hb.train.export(tmp_path / "x", model=nn.Sequential(mean_bag), example_inputs=(cats[:4],))
     with pytest.raises(InvalidInputError, match="called with one of the model's arguments"):
-        hb.train.export(tmp_path / "y", model=computed, example_inputs=(dense[:4], cats[:4], education[:4]))  # fmt: skip
+        hb.train.export(
+            tmp_path / "y", model=computed, example_inputs=(dense[:4], cats[:4], education[:4])
+        )
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 

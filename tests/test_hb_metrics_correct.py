@@ -276,11 +276,25 @@ def test_two_ranks_steps_auc_is_the_union_and_workers_share_the_stream(tmp_path)
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "2", "--master-port",
-         str(free_port()), sys.executable, str(script), str(tmp_path), str(repo / "tests")],
-        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "persia.hb.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            str(repo / "tests"),
+        ],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     parts = rank_batches(0) + rank_batches(1)

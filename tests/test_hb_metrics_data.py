@@ -171,18 +171,34 @@ def test_two_ranks_metrics_equal_the_union_and_data_is_shared_out(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "2", "--master-port",
-         str(free_port()), sys.executable, str(script), str(tmp_path), str(REPO / "tests")],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "persia.hb.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            str(REPO / "tests"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     labels, scores = (np.concatenate(p) for p in zip(rank_data(0), rank_data(1), strict=True))
     union_auc = pairwise_auc(labels, scores)
     union_accuracy = float(((scores > 0.5) == (labels > 0.5)).mean())
-    print(f"\nunion AUC {union_auc:.6f}; ranks: exact {[r['exact'] for r in ranks]}, "
-          f"bucketed {[r['bucketed'] for r in ranks]}")  # fmt: skip
+    print(
+        f"\nunion AUC {union_auc:.6f}; ranks: exact {[r['exact'] for r in ranks]}, "
+        f"bucketed {[r['bucketed'] for r in ranks]}"
+    )
     for r in ranks:
         assert r["exact"] == pytest.approx(union_auc, abs=1e-4)
         assert r["bucketed"] == pytest.approx(union_auc, abs=2e-3)

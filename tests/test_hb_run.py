@@ -43,19 +43,41 @@ def _hb_run(tmp_path: Path, flags: list[str], env: dict[str, str]) -> list[dict]
     script = tmp_path / "record.py"
     script.write_text(RECORD)
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.hb.run", "--master-port", str(free_port()), *flags,
-         sys.executable, str(script), str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.hb.run",
+            "--master-port",
+            str(free_port()),
+            *flags,
+            sys.executable,
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _ranks(tmp_path)
 
 
 @pytest.mark.parametrize(
     ("value", "count"),
-    [("0,1", 2), ("3", 1), ("", 0), ("none", 0), ("void", 0), ("GPU-6f2d1a,GPU-77aa", 2),
-     ("MIG-1", 1), ("0,-1,2", 1), (" 0 , 1 ", 2)],
-)  # fmt: skip
+    [
+        ("0,1", 2),
+        ("3", 1),
+        ("", 0),
+        ("none", 0),
+        ("void", 0),
+        ("GPU-6f2d1a,GPU-77aa", 2),
+        ("MIG-1", 1),
+        ("0,-1,2", 1),
+        (" 0 , 1 ", 2),
+    ],
+)
 def test_visible_device_values_are_counted_like_cuda(value, count):
     assert count_visible(value, "CUDA_VISIBLE_DEVICES") == count
 
@@ -78,8 +100,9 @@ def test_hb_run_starts_one_rank_on_a_cpu_only_machine(tmp_path):
 def test_hb_run_starts_one_rank_per_visible_gpu(tmp_path):
     ranks = _hb_run(tmp_path, [], _env(NVIDIA_VISIBLE_DEVICES="0,1"))
     assert sorted((r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"]) for r in ranks) == [
-        ("0", "0", "2"), ("1", "1", "2"),
-    ]  # fmt: skip
+        ("0", "0", "2"),
+        ("1", "1", "2"),
+    ]
 
 
 def test_nproc_per_node_wins_over_the_visible_gpus(tmp_path):
@@ -91,10 +114,23 @@ def test_nn_worker_launcher_counts_visible_gpus_without_nproc_per_node(tmp_path)
     script = tmp_path / "record.py"
     script.write_text(RECORD)
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--master-port",
-         str(free_port()), "--", str(tmp_path)],
-        cwd=REPO, env=_env(CUDA_VISIBLE_DEVICES="0,1"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "nn-worker",
+            str(script),
+            "--master-port",
+            str(free_port()),
+            "--",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=_env(CUDA_VISIBLE_DEVICES="0,1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(r["RANK"] for r in _ranks(tmp_path)) == ["0", "1"]
 
@@ -102,13 +138,21 @@ def test_nn_worker_launcher_counts_visible_gpus_without_nproc_per_node(tmp_path)
 def test_hb_run_refuses_bad_input_with_exit_code_2(tmp_path):
     bad_gpus = subprocess.run(
         [sys.executable, "-m", "persia.hb.run", "python", "x.py"],
-        cwd=REPO, env=_env(CUDA_VISIBLE_DEVICES="first"), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env=_env(CUDA_VISIBLE_DEVICES="first"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad_gpus.returncode == 2 and "CUDA_VISIBLE_DEVICES" in bad_gpus.stderr
     no_command = subprocess.run(
         [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "1", "no-such-program-here"],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (
         no_command.returncode == 2
         and "no-such-program-here: command not found" in no_command.stderr
@@ -117,8 +161,22 @@ def test_hb_run_refuses_bad_input_with_exit_code_2(tmp_path):
 
 def test_hb_run_returns_the_failing_rank_exit_code(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "persia.hb.run", "--nproc-per-node", "1", "--master-port",
-         str(free_port()), sys.executable, "-c", "raise SystemExit(7)"],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.hb.run",
+            "--nproc-per-node",
+            "1",
+            "--master-port",
+            str(free_port()),
+            sys.executable,
+            "-c",
+            "raise SystemExit(7)",
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 7, proc.stderr[-2000:]

@@ -95,8 +95,14 @@ def test_sharded_gradients_are_averaged_over_ranks_by_default_and_summed_on_requ
     port = str(free_port())
     with job_services(env, tmp_path / "svc", embedding_config=CONFIG):
         before = {name: _rows(ids) for name, ids in IDS.items()}
-        base = {**os.environ, **env, "PYTHONPATH": str(REPO), "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+        base = {
+            **os.environ,
+            **env,
+            "PYTHONPATH": str(REPO),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), str(LR), json.dumps(W), jobs],
@@ -105,7 +111,7 @@ def test_sharded_gradients_are_averaged_over_ranks_by_default_and_summed_on_requ
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
             for r in (0, 1)
         ]
         try:

@@ -162,7 +162,13 @@ def test_slot_mismatches_are_refused_with_what_to_fix(ps):
         nameless = nn.Embedding(10, 4)
         maxed = nn.EmbeddingBag(10, 4, mode="max")
         ok = nn.EmbeddingBag(10, 4, mode="sum")
-    user_wrong_dim.slot, usr.slot, scaled.slot, raw.slot, ok.slot = "user", "usr", "scaled", "raw", "user"  # fmt: skip
+    user_wrong_dim.slot, usr.slot, scaled.slot, raw.slot, ok.slot = (
+        "user",
+        "usr",
+        "scaled",
+        "raw",
+        "user",
+    )
     ids = torch.tensor([[1, 2]])
     with pytest.raises(InvalidInputError, match=r"slots_config.user.dim: expected 8"):
         user_wrong_dim(ids)

@@ -63,10 +63,12 @@ def _test_auc(model: torch.nn.Module) -> float:
     dense, cats, education, label = adult_tensors("test")
     model.eval()
     with torch.no_grad():
-        scores = torch.cat([
-            model(dense[s : s + 4096], cats[s : s + 4096], education[s : s + 4096])
-            for s in range(0, len(label), 4096)
-        ])  # fmt: skip
+        scores = torch.cat(
+            [
+                model(dense[s : s + 4096], cats[s : s + 4096], education[s : s + 4096])
+                for s in range(0, len(label), 4096)
+            ]
+        )
     return roc_auc(label.numpy(), scores.numpy())
 
 

@@ -301,17 +301,23 @@ def test_bad_body_settings_end_the_service_with_one_line_and_exit_2():
     from tests.service_procs import REPO
 
     cases = [
-        (["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(4 * MiB)], {},
-         "under the per-request cap"),
+        (
+            ["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(4 * MiB)],
+            {},
+            "under the per-request cap",
+        ),
         ([], {"PYRSIA_BODY_TIMEOUT_S": "soon"}, "PYRSIA_BODY_TIMEOUT_S"),
         ([], {"PYRSIA_MAX_INFLIGHT_REQUEST_BYTES": "-5"}, "PYRSIA_MAX_INFLIGHT_REQUEST_BYTES"),
-    ]  # fmt: skip
+    ]
     for args, env, expected in cases:
         proc = subprocess.run(
             [sys.executable, "-m", "pyrsia.services.embedding_ps", *args],
-            cwd=REPO, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True,
+            cwd=REPO,
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], (args, env, lines)
 
@@ -319,8 +325,14 @@ def test_bad_body_settings_end_the_service_with_one_line_and_exit_2():
 async def test_flags_set_the_bound_and_the_body_timeout(services, monkeypatch):
     monkeypatch.delenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", raising=False)
     monkeypatch.delenv("PYRSIA_BODY_TIMEOUT_S", raising=False)
-    flags = ["--max-request-bytes", str(8 * MiB), "--max-inflight-request-bytes", str(24 * MiB),
-             "--body-timeout-s", "1"]  # fmt: skip
+    flags = [
+        "--max-request-bytes",
+        str(8 * MiB),
+        "--max-inflight-request-bytes",
+        str(24 * MiB),
+        "--body-timeout-s",
+        "1",
+    ]
     ps = services(
         "pyrsia.services.embedding_ps",
         ["--port", "0", *flags],

@@ -33,9 +33,11 @@ def start_ps(services, monkeypatch):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         return services(
-            "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
+            "pyrsia.services.embedding_ps",
+            ["--port", "0"],
+            role=ROLE_EMBEDDING_PS,
             wait_ready=False,
-        )  # fmt: skip
+        )
 
     return start
 
@@ -196,8 +198,11 @@ def test_at_the_bound_with_every_connection_busy_a_new_one_gets_503(start_ps):
 def test_a_bad_connection_flag_is_refused_naming_it(flag, value):
     proc = subprocess.run(
         [sys.executable, "-m", "pyrsia.services.embedding_ps", "--port", "0", flag, value],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert f"{flag} must be positive" in proc.stderr
 

@@ -32,9 +32,13 @@ def _second(
     module_args: list[str], env: dict[str, str], timeout_s: float = 90
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", *module_args], cwd=REPO, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
+        [sys.executable, "-m", *module_args],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def _assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -60,8 +64,12 @@ def _record_pid(env: dict[str, str], role: str, index: int) -> int:
 def test_second_ps_with_a_live_job_id_is_refused_naming_the_holder(services, job_env):
     first = services(PS, ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)
     started = time.monotonic()
-    line = _assert_refused(_second([PS, "--port", "0"], job_env), f"pid {first.proc.pid}",
-                           f"{ROLE_EMBEDDING_PS}/0", "since ")  # fmt: skip
+    line = _assert_refused(
+        _second([PS, "--port", "0"], job_env),
+        f"pid {first.proc.pid}",
+        f"{ROLE_EMBEDDING_PS}/0",
+        "since ",
+    )
     assert time.monotonic() - started < 30, "a live holder on this host is known at once"
     time.sleep(2)  # two heartbeats: the first job's record was never overwritten
     assert _record_pid(job_env, ROLE_EMBEDDING_PS, 0) == first.proc.pid, line
@@ -91,8 +99,13 @@ def test_clean_stop_frees_the_id_even_for_another_shape(services, job_env):
     first = services(PS, ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)
     assert first.stop() == 0
     for i in range(2):
-        services(PS, ["--port", "0", "--replica-index", str(i), "--replica-size", "2"],
-                 role=ROLE_EMBEDDING_PS, replica_index=i, wait_ready=False)  # fmt: skip
+        services(
+            PS,
+            ["--port", "0", "--replica-index", str(i), "--replica-size", "2"],
+            role=ROLE_EMBEDDING_PS,
+            replica_index=i,
+            wait_ready=False,
+        )
 
 
 WAIT_SCRIPT = """
@@ -127,14 +140,27 @@ def test_second_launcher_with_a_live_job_id_is_refused(launcher, job_env, tmp_pa
                 str(tmp_path),
                 name,
             ]
-        return ["persia.launcher", launcher, str(script), "--master-port", str(free_port()),
-                "--", str(tmp_path), name]  # fmt: skip
+        return [
+            "persia.launcher",
+            launcher,
+            str(script),
+            "--master-port",
+            str(free_port()),
+            "--",
+            str(tmp_path),
+            name,
+        ]
 
     env = {**os.environ, **job_env}
     log = tmp_path / "first.log"
     with open(log, "wb") as out:
-        first = subprocess.Popen([sys.executable, "-m", *command("first")], cwd=REPO, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        first = subprocess.Popen(
+            [sys.executable, "-m", *command("first")],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_for(tmp_path / "started-first", first, log)
         second = _second(command("second"), job_env)

@@ -113,13 +113,20 @@ def test_objects_have_kubernetes_schema_essentials():
     # gives them DNS names); StatefulSets name an existing headless Service
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     for service in services.values():
-        matched = [t for _, t in templates
-                   if service["spec"]["selector"].items() <= t["metadata"]["labels"].items()]  # fmt: skip
+        matched = [
+            t
+            for _, t in templates
+            if service["spec"]["selector"].items() <= t["metadata"]["labels"].items()
+        ]
         assert matched, service["metadata"]["name"]
         for port in service["spec"]["ports"]:
             assert 0 < port["port"] < 65536
-            exposed = {p["containerPort"] for t in matched for c in t["spec"]["containers"]
-                       for p in c.get("ports", [])}  # fmt: skip
+            exposed = {
+                p["containerPort"]
+                for t in matched
+                for c in t["spec"]["containers"]
+                for p in c.get("ports", [])
+            }
             assert service["spec"].get("clusterIP") == "None" or port["targetPort"] in exposed
     for doc in docs:
         if doc["kind"] == "StatefulSet":
@@ -139,8 +146,10 @@ def test_roles_replicas_ports_and_commands():
     assert ("Deployment", "adult-income-metrics-gateway") in docs  # enableMetrics defaults true
     assert ps["spec"]["replicas"] == 2 and worker["spec"]["replicas"] == 1
     assert nn["spec"]["completions"] == 2 and loader["spec"]["completions"] == 1
-    containers = {name: d["spec"]["template"]["spec"]["containers"][0]
-                  for name, d in (("ps", ps), ("worker", worker), ("nn", nn), ("loader", loader))}  # fmt: skip
+    containers = {
+        name: d["spec"]["template"]["spec"]["containers"][0]
+        for name, d in (("ps", ps), ("worker", worker), ("nn", nn), ("loader", loader))
+    }
     assert containers["ps"]["ports"][0]["containerPort"] == 8888  # PERSIA's PS port
     # a TCP probe: /health needs the job's token once PERSIA_AUTH_TOKEN is set
     assert containers["ps"]["readinessProbe"]["tcpSocket"] == {"port": 8888}
@@ -173,15 +182,21 @@ def test_roles_replicas_ports_and_commands():
 
 def test_persias_older_role_names_and_image_override():
     text = JOB.read_text()
-    for old, new in (("embeddingServer", "embeddingParameterServer"),
-                     ("middlewareServer", "embeddingWorker"), ("trainer", "nnWorker"),
-                     ("trainerPyEntryPath", "nnWorkerPyEntryPath")):  # fmt: skip
+    for old, new in (
+        ("embeddingServer", "embeddingParameterServer"),
+        ("middlewareServer", "embeddingWorker"),
+        ("trainer", "nnWorker"),
+        ("trainerPyEntryPath", "nnWorkerPyEntryPath"),
+    ):
         text = text.replace(f"  {new}:", f"  {old}:")
     docs = manifests(text, image="registry.local/pyrsia:1")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds.count("StatefulSet") == 2 and kinds.count("Job") == 2
-    images = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
-              for d in docs if d["kind"] in ("StatefulSet", "Job")}  # fmt: skip
+    images = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+        for d in docs
+        if d["kind"] in ("StatefulSet", "Job")
+    }
     assert images["adult-income-embedding-ps"] == "registry.local/pyrsia:1"
     assert images["adult-income-nn-worker"] == "pyrsia-cuda:latest"  # its own image wins
 
@@ -191,8 +206,11 @@ def test_existing_auth_secret_is_referenced_not_generated():
     assert not any(d["kind"] == "Secret" for d in docs)
     for _, template in pod_templates(docs):
         for container in template["spec"]["containers"]:
-            refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
-                    if "secretKeyRef" in e.get("valueFrom", {})]  # fmt: skip
+            refs = [
+                e["valueFrom"]["secretKeyRef"]["name"]
+                for e in container.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {})
+            ]
             assert refs in ([], ["team-token"])
     # two runs generate different tokens
     first, second = (generate(JOB.read_text())[0] for _ in range(2))
@@ -211,8 +229,10 @@ def test_metrics_off_means_no_gateway():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (("replicas: 2\n    resources", "replicas: 0\n    resources"),
-         "spec.embeddingParameterServer.replicas: expected a positive integer, got 0"),
+        (
+            ("replicas: 2\n    resources", "replicas: 0\n    resources"),
+            "spec.embeddingParameterServer.replicas: expected a positive integer, got 0",
+        ),
         (("name: adult-income\n", "name: Adult_Income\n"), "metadata.name: expected a DNS label"),
         (("  logLevel: debug", "  logLevel: loud"), "spec.logLevel: expected trace or debug"),
         (("  logLevel: debug", "  logLevel: debug\n  gpuCount: 3"), "spec.gpuCount: unknown key"),
@@ -220,7 +240,7 @@ def test_metrics_off_means_no_gateway():
         (('value: "2"', "value: 2"), "spec.env[1].value: expected a string"),
         (("kind: PersiaJob", "kind: Job"), "no PersiaJob document"),
     ],
-)  # fmt: skip
+)
 def test_bad_job_files_name_the_key(edit, message):
     text = JOB.read_text()
     assert edit[0] in text
@@ -233,9 +253,21 @@ def test_bad_job_files_name_the_key(edit, message):
 def test_cli_writes_the_file_and_fails_in_one_line(tmp_path):
     out = tmp_path / "manifests.yml"
     ok = subprocess.run(
-        [sys.executable, "-m", "persia.k8s_utils", "gencrd", "--job", str(JOB), "--output", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.k8s_utils",
+            "gencrd",
+            "--job",
+            str(JOB),
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert len(list(yaml.safe_load_all(out.read_text()))) == 12
     assert "skipped a NatsCluster document" in ok.stderr
@@ -245,7 +277,10 @@ def test_cli_writes_the_file_and_fails_in_one_line(tmp_path):
     )
     failed = subprocess.run(
         [sys.executable, "-m", "persia.k8s_utils", "manifests", "--job", str(bad)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert failed.returncode == 2 and failed.stdout == ""
     assert failed.stderr.strip().count("\n") == 0 and "replicas" in failed.stderr

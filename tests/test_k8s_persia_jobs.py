@@ -81,27 +81,47 @@ def test_persia_env_and_spec_level_paths_give_the_same_job():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (("PERSIA_GLOBAL_CONFIG: /home", "PERSIA_GLOBAL_CONFIGS: /home"),
-         "spec.persiaEnv.PERSIA_GLOBAL_CONFIGS: unknown key (known: PERSIA_GLOBAL_CONFIG,"),
-        (("    PERSIA_GLOBAL_CONFIG: /home/ctr/config/global_config.yml\n", ""),
-         "spec.persiaEnv.PERSIA_GLOBAL_CONFIG: expected a non-empty string, got None"),
-        (("PERSIA_EMBEDDING_CONFIG: /home/ctr/config/embedding_config.yml",
-          "PERSIA_EMBEDDING_CONFIG: 3"),
-         "spec.persiaEnv.PERSIA_EMBEDDING_CONFIG: expected a non-empty string, got 3"),
-        (("    PERSIA_NN_WORKER_ENTRY: /home/ctr/train.py\n", ""),
-         "spec.persiaEnv.PERSIA_NN_WORKER_ENTRY: expected the train.py path"),
-        (("  persiaEnv:\n", "  globalConfigPath: /x.yml\n  persiaEnv:\n"),
-         "spec.globalConfigPath: given with spec.persiaEnv"),
-        (("    nprocPerNode: 2", "    nprocPerNode: \"2\""),
-         "spec.nnWorker.nprocPerNode: expected a positive integer, got '2'"),
-        (("  dataloader:\n    replicas: 1", "  dataloader:\n    replicas: one"),
-         "spec.dataloader.replicas: expected a positive integer, got 'one'"),
-        (("      - name: ENABLE_CUDA\n", "      - name: ENABLE_CUDA\n        valu: x\n"),
-         "spec.nnWorker.env[1].valu: unknown key (known: name, value, valueFrom)"),
-        (("    nprocPerNode: 2", "    nprocPerNode: 2\n    gpus: 2"),
-         "spec.nnWorker.gpus: unknown key"),
+        (
+            ("PERSIA_GLOBAL_CONFIG: /home", "PERSIA_GLOBAL_CONFIGS: /home"),
+            "spec.persiaEnv.PERSIA_GLOBAL_CONFIGS: unknown key (known: PERSIA_GLOBAL_CONFIG,",
+        ),
+        (
+            ("    PERSIA_GLOBAL_CONFIG: /home/ctr/config/global_config.yml\n", ""),
+            "spec.persiaEnv.PERSIA_GLOBAL_CONFIG: expected a non-empty string, got None",
+        ),
+        (
+            (
+                "PERSIA_EMBEDDING_CONFIG: /home/ctr/config/embedding_config.yml",
+                "PERSIA_EMBEDDING_CONFIG: 3",
+            ),
+            "spec.persiaEnv.PERSIA_EMBEDDING_CONFIG: expected a non-empty string, got 3",
+        ),
+        (
+            ("    PERSIA_NN_WORKER_ENTRY: /home/ctr/train.py\n", ""),
+            "spec.persiaEnv.PERSIA_NN_WORKER_ENTRY: expected the train.py path",
+        ),
+        (
+            ("  persiaEnv:\n", "  globalConfigPath: /x.yml\n  persiaEnv:\n"),
+            "spec.globalConfigPath: given with spec.persiaEnv",
+        ),
+        (
+            ("    nprocPerNode: 2", '    nprocPerNode: "2"'),
+            "spec.nnWorker.nprocPerNode: expected a positive integer, got '2'",
+        ),
+        (
+            ("  dataloader:\n    replicas: 1", "  dataloader:\n    replicas: one"),
+            "spec.dataloader.replicas: expected a positive integer, got 'one'",
+        ),
+        (
+            ("      - name: ENABLE_CUDA\n", "      - name: ENABLE_CUDA\n        valu: x\n"),
+            "spec.nnWorker.env[1].valu: unknown key (known: name, value, valueFrom)",
+        ),
+        (
+            ("    nprocPerNode: 2", "    nprocPerNode: 2\n    gpus: 2"),
+            "spec.nnWorker.gpus: unknown key",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_current_format_jobs_name_the_key(edit, message):
     text = CURRENT.read_text()
     assert edit[0] in text
@@ -121,7 +141,7 @@ def test_bad_current_format_jobs_name_the_key(edit, message):
         (("spec", "enableMetrics"), "yes", "spec.enableMetrics: expected true or false"),
         (("spec", "embeddingWorker"), 2, "spec.embeddingWorker: expected a mapping, got 2"),
     ],
-)  # fmt: skip
+)
 def test_wrong_types_in_the_current_format_name_the_key(path, value, message):
     documents = list(yaml.safe_load_all(CURRENT.read_text()))
     node = documents[0]
@@ -137,8 +157,12 @@ def test_wrong_types_in_the_current_format_name_the_key(path, value, message):
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "persia.k8s_utils", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60, input=stdin,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+    )
 
 
 def test_gencrd_takes_the_job_file_as_argument_for_a_kubectl_pipe():
@@ -160,13 +184,24 @@ def test_gencrd_without_a_job_says_no_crd_is_needed():
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (("operator",), ["persia-k8s-utils gencrd job.yml | kubectl apply -f -",
-                         "kubectl delete all,secret -l persia-job=<job name>"]),
-        (("server", "--port", "8080"), ["persia-k8s-utils gencrd job.yml | kubectl apply -f -",
-                                        "kubectl get pods -l persia-job=<job name>",
-                                        "/apply", "/listpods"]),
+        (
+            ("operator",),
+            [
+                "persia-k8s-utils gencrd job.yml | kubectl apply -f -",
+                "kubectl delete all,secret -l persia-job=<job name>",
+            ],
+        ),
+        (
+            ("server", "--port", "8080"),
+            [
+                "persia-k8s-utils gencrd job.yml | kubectl apply -f -",
+                "kubectl get pods -l persia-job=<job name>",
+                "/apply",
+                "/listpods",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_operator_and_server_exit_2_with_the_commands_to_use(argv, says):
     done = _cli(*argv)
     assert done.returncode == 2 and done.stdout == ""

@@ -38,10 +38,17 @@ def _run(root: Path, module: str) -> int:
         [sys.executable, "-c", f"from pkg.{module} import kernel; print(kernel())"],
         # No .pyc: Python's own cache would keep an edit made within the second it was
         # written (same size, same whole-second mtime) from being seen, numba or not.
-        env={"PYTHONPATH": f"{root}:{REPO}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+        env={
+            "PYTHONPATH": f"{root}:{REPO}",
+            "PATH": "/usr/bin:/bin",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
         cwd=root,
-        capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return int(out.stdout.split()[-1])
 
 

@@ -26,11 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 ADULT = REPO / "examples" / "adult_income"
 LAUNCHER = [sys.executable, "-m", "persia.launcher", "run"]
 ADULT_ARGS = [
-    "--nn-worker", str(ADULT / "train.py"),
-    "--data-loader", str(ADULT / "data_loader.py"),
-    "--embedding-config", str(ADULT / "config" / "embedding_config.yml"),
-    "--global-config", str(ADULT / "config" / "global_config.yml"),
-]  # fmt: skip
+    "--nn-worker",
+    str(ADULT / "train.py"),
+    "--data-loader",
+    str(ADULT / "data_loader.py"),
+    "--embedding-config",
+    str(ADULT / "config" / "embedding_config.yml"),
+    "--global-config",
+    str(ADULT / "config" / "global_config.yml"),
+]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -41,8 +45,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def adult_data():
-    subprocess.run([sys.executable, str(ADULT / "data_prep.py")], check=True, cwd=REPO,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ADULT / "data_prep.py")], check=True, cwd=REPO, capture_output=True
+    )
 
 
 def _descendants(pid: int) -> set[int]:
@@ -90,8 +95,14 @@ def test_adult_through_run_on_a_terminal(tmp_path):
     """Exit 0, the final AUC line prefixed with its process, the live progress line drawn
     (steps, samples/s, loss), and nothing left running: Redis's port is closed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*LAUNCHER, *ADULT_ARGS], cwd=tmp_path, env=_env(),
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LAUNCHER, *ADULT_ARGS],
+        cwd=tmp_path,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+    )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + 300
@@ -140,7 +151,7 @@ def test_two_runs_at_once_on_one_machine(tmp_path):
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=400)[0] for p in procs]
@@ -157,8 +168,14 @@ def test_two_runs_at_once_on_one_machine(tmp_path):
 def test_a_signal_stops_every_process(tmp_path, sig):
     """SIGTERM or Ctrl-C's SIGINT while the job starts: every child and grandchild exits, run
     exits 128 + the signal's number."""
-    proc = subprocess.Popen([*LAUNCHER, *ADULT_ARGS], cwd=tmp_path, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LAUNCHER, *ADULT_ARGS],
+        cwd=tmp_path,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -180,33 +197,47 @@ def test_a_failing_child_stops_the_job_with_its_code(tmp_path):
     loader.write_text("import sys\nprint('no data here', flush=True)\nsys.exit(3)\n")
     args = list(ADULT_ARGS)
     args[args.index("--data-loader") + 1] = str(loader)
-    proc = subprocess.run([*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [*LAUNCHER, *args],
+        cwd=tmp_path,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stdout[-3000:]
     assert re.search(r"data_loader\s+\| no data here", proc.stdout)
-    assert re.search(r"run\s+\| data_loader exited with code 3 before the NN worker finished",
-                     proc.stdout)  # fmt: skip
+    assert re.search(
+        r"run\s+\| data_loader exited with code 3 before the NN worker finished", proc.stdout
+    )
     assert _port_closed(_redis_port(proc.stdout))
 
 
 def test_a_missing_file_is_one_line_before_anything_starts(tmp_path):
     args = list(ADULT_ARGS)
     args[args.index("--nn-worker") + 1] = str(tmp_path / "trian.py")
-    proc = subprocess.run([*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True,
-                          capture_output=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=60
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'trian.py'}: no such file (set by --nn-worker)"]  # fmt: skip
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'trian.py'}: no such file (set by --nn-worker)"
+    ]
 
 
 def test_a_misspelt_config_key_is_one_line_before_anything_starts(tmp_path):
     config = tmp_path / "global_config.yml"
-    config.write_text("common_config:\n  checkpointing_config:\n    checkpoint_dir: /tmp/c\n"
-                      "    checkpoint_every_n_step: 100\n")  # fmt: skip
+    config.write_text(
+        "common_config:\n  checkpointing_config:\n    checkpoint_dir: /tmp/c\n"
+        "    checkpoint_every_n_step: 100\n"
+    )
     args = list(ADULT_ARGS)
     args[args.index("--global-config") + 1] = str(config)
-    proc = subprocess.run([*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True,
-                          capture_output=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [*LAUNCHER, *args], cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.strip().splitlines()
     assert 'checkpoint_every_n_step: unknown key (did you mean "checkpoint_every_n_steps"?)' in line

@@ -30,18 +30,25 @@ from tests.service_procs import REPO
 
 async def _status(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "persia.launcher", "status", *args, cwd=REPO,
-        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "status",
+        *args,
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode(), err.decode()
 
 
 def _enter_a_train_ctx() -> None:
     model = SmallModel()
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False):  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model, mixed_precision=False
+    ):
         pass
 
 
@@ -51,24 +58,31 @@ def _row(text: str, name: str) -> str:
     return lines[0]
 
 
-async def test_status_lists_every_process_with_its_health(services, job_env, registry_settings,
-                                                          tmp_path):  # fmt: skip
+async def test_status_lists_every_process_with_its_health(
+    services, job_env, registry_settings, tmp_path
+):
     (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
-                  wait_ready=False)  # fmt: skip
-    services("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config",
-             str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
+    services(
+        "pyrsia.services.embedding_worker",
+        ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
+        role=ROLE_EMBEDDING_WORKER,
+    )
     stats = RankStats(loss_every=1)
     stats.step_done(42, 128, torch.tensor(0.3125), 1.0, True)
-    ingress = Ingress(BatchQueue(4, rank=0, world_size=2), registry_settings=registry_settings,
-                      stats=stats)  # fmt: skip
+    ingress = Ingress(
+        BatchQueue(4, rank=0, world_size=2), registry_settings=registry_settings, stats=stats
+    )
     await ingress.start()
     registry = Registry(registry_settings)
     dead = f"127.0.0.1:{free_port()}"
     try:
         # an NN rank 1 registered at an address where nothing listens; a data loader's slot
-        await registry.register(ServiceRecord(role=ROLE_NN_WORKER, replica_index=1,
-                                              replica_size=2, address=dead, pid=1))  # fmt: skip
+        await registry.register(
+            ServiceRecord(role=ROLE_NN_WORKER, replica_index=1, replica_size=2, address=dead, pid=1)
+        )
         await registry.lease.claim(ROLE_DATA_LOADER, 0, 1)
         # through a pipe, no --width: the table's own width, each row on one line
         code, out, err = await _status(job_env, "--no-color", "--interval", "0.2")
@@ -106,8 +120,9 @@ async def test_status_says_when_the_registry_cannot_be_read(job_env):
     assert code == 2 and "cannot reach Redis" in err, (out, err)
 
 
-async def _read_until(stream: asyncio.StreamReader, text: str, timeout_s: float,
-                      seen: bytearray) -> None:  # fmt: skip
+async def _read_until(
+    stream: asyncio.StreamReader, text: str, timeout_s: float, seen: bytearray
+) -> None:
     """Read ``stream`` into ``seen`` until ``text`` appears (a frame was drawn)."""
 
     async def read() -> None:
@@ -122,10 +137,21 @@ async def _read_until(stream: asyncio.StreamReader, text: str, timeout_s: float,
 
 async def _watch_proc(job_env: dict, interval: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "persia.launcher", "status", "--watch", "--no-color",
-        "--width", "200", "--interval", interval, cwd=REPO, env={**os.environ, **job_env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "status",
+        "--watch",
+        "--no-color",
+        "--width",
+        "200",
+        "--interval",
+        interval,
+        cwd=REPO,
+        env={**os.environ, **job_env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
@@ -133,8 +159,9 @@ async def test_watch_redraws_until_ctrl_c(job_env, registry_settings):
     with exit 0 and the last frame printed."""
     stats = RankStats(loss_every=1)
     stats.step_done(1, 10, torch.tensor(0.5), 1.0, True)
-    ingress = Ingress(BatchQueue(4, rank=0, world_size=1), registry_settings=registry_settings,
-                      stats=stats)  # fmt: skip
+    ingress = Ingress(
+        BatchQueue(4, rank=0, world_size=1), registry_settings=registry_settings, stats=stats
+    )
     await ingress.start()
     seen = bytearray()
     try:
@@ -161,8 +188,11 @@ async def test_ctrl_c_during_a_scrape_ends_the_watch(job_env, registry_settings)
     )
     port = silent.sockets[0].getsockname()[1]
     registry = Registry(registry_settings)
-    await registry.register(ServiceRecord(role=ROLE_EMBEDDING_PS, replica_index=0,
-                                          replica_size=1, address=f"127.0.0.1:{port}"))  # fmt: skip
+    await registry.register(
+        ServiceRecord(
+            role=ROLE_EMBEDDING_PS, replica_index=0, replica_size=1, address=f"127.0.0.1:{port}"
+        )
+    )
     seen = bytearray()
     try:
         proc = await _watch_proc(job_env, "0.1")
@@ -187,16 +217,27 @@ async def test_status_sends_the_job_token(services, job_env, monkeypatch):
     services(
         "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
     )
-    code, out, err = await _status({**job_env, "PERSIA_AUTH_TOKEN": token}, "--no-color",
-                                   "--width", "250", "--interval", "0.2")  # fmt: skip
+    code, out, err = await _status(
+        {**job_env, "PERSIA_AUTH_TOKEN": token}, "--no-color", "--width", "250", "--interval", "0.2"
+    )
     row = _row(out, f"{ROLE_EMBEDDING_PS}/0")
     assert "not ready (not configured" in row and "entries 0" in row, (out, err)
     env = {k: v for k, v in os.environ.items() if k != "PERSIA_AUTH_TOKEN"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "persia.launcher", "status", "--no-color", "--width", "250",
-        "--interval", "0.2", cwd=REPO, env={**env, **job_env}, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "status",
+        "--no-color",
+        "--width",
+        "250",
+        "--interval",
+        "0.2",
+        cwd=REPO,
+        env={**env, **job_env},
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out_b, _ = await asyncio.wait_for(proc.communicate(), 60)
     row = _row(out_b.decode(), f"{ROLE_EMBEDDING_PS}/0")
     assert proc.returncode == 1 and "refused (401: set PERSIA_AUTH_TOKEN" in row, row

@@ -15,8 +15,12 @@ def run_script(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     base = {"PATH": "", "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=cwd,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_file_logger_level_and_name_are_honoured(tmp_path):

@@ -18,8 +18,13 @@ def _recipe(*target: str) -> list[list[str]]:
     """The commands ``make -n`` would run (nothing runs), each split like a shell would."""
     # --no-print-directory: under `make test` the child make would print "make[1]: Leaving
     # directory ..." lines (MAKELEVEL is inherited), which are not commands
-    out = subprocess.run(["make", "--no-print-directory", "-n", *target], cwd=REPO, text=True,
-                         capture_output=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", *target],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
     return [
         shlex.split(line)
         for line in out.replace("\\\n", " ").splitlines()

@@ -110,12 +110,21 @@ def test_services_push_to_the_gateway_and_still_serve_metrics(redis_server, tmp_
             "PERSIA_METRICS_GATEWAY_ADDR": gateway.address,
             "PERSIA_GLOBAL_CONFIG": str(tmp_path / "global.yml"),
         }
-        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--port", "0"], env,
-                               role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=tmp_path)  # fmt: skip
+        ps = ServiceProc.start(
+            "pyrsia.services.embedding_ps",
+            ["--port", "0"],
+            env,
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+            log_dir=tmp_path,
+        )
         worker = ServiceProc.start(
-            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
-            env, role=ROLE_EMBEDDING_WORKER, log_dir=tmp_path,
-        )  # fmt: skip
+            "pyrsia.services.embedding_worker",
+            ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
+            env,
+            role=ROLE_EMBEDDING_WORKER,
+            log_dir=tmp_path,
+        )
         try:
             ps_path = f"/metrics/job/{job}/replica_index/0/role/{ROLE_EMBEDDING_PS}"
             ew_path = f"/metrics/job/{job}/replica_index/0/role/{ROLE_EMBEDDING_WORKER}"
@@ -170,8 +179,11 @@ def test_unreachable_gateway_warns_once_and_recovers(caplog):
     registry = prom.CollectorRegistry()
     prom.Counter("pyrsia_test_total", "a counter", registry=registry).inc(3)
     port = free_port()  # nothing listens here yet
-    pusher = MetricsPusher(registry, MetricsPushSettings(f"http://127.0.0.1:{port}", "j", 1.0),
-                           {"role": "r", "replica_index": "0"})  # fmt: skip
+    pusher = MetricsPusher(
+        registry,
+        MetricsPushSettings(f"http://127.0.0.1:{port}", "j", 1.0),
+        {"role": "r", "replica_index": "0"},
+    )
     caplog.set_level(logging.INFO, logger="pyrsia.shared.metrics_push")
     assert pusher.push_now() is False and pusher.push_now() is False
     assert caplog.text.count("metrics push to") == 1
@@ -198,8 +210,14 @@ def test_sigterm_exits_in_time_while_the_gateway_hangs(redis_server, tmp_path):
             "PERSIA_METRICS_GATEWAY_ADDR": f"127.0.0.1:{silent.getsockname()[1]}",
             "PERSIA_GLOBAL_CONFIG": str(tmp_path / "global.yml"),
         }
-        ps = ServiceProc.start("pyrsia.services.embedding_ps", ["--port", "0"], env,
-                               role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=tmp_path)  # fmt: skip
+        ps = ServiceProc.start(
+            "pyrsia.services.embedding_ps",
+            ["--port", "0"],
+            env,
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+            log_dir=tmp_path,
+        )
         try:
             time.sleep(1.5)  # a periodic push is hanging on the gateway now
         finally:

@@ -55,8 +55,14 @@ with TrainCtx(Adagrad(lr=0.05), torch.optim.SGD(model.parameters(), lr=0.5), mod
 
 @pytest.mark.timeout(300)
 def test_nn_worker_job_listens_on_loopback_only(redis_server, tmp_path):
-    unset = ("PERSIA_AUTH_TOKEN", "PERSIA_INSECURE", "PERSIA_BIND_HOST", "GLOO_SOCKET_IFNAME",
-             "PERSIA_ADVERTISE_HOST", "MASTER_ADDR")  # fmt: skip
+    unset = (
+        "PERSIA_AUTH_TOKEN",
+        "PERSIA_INSECURE",
+        "PERSIA_BIND_HOST",
+        "GLOO_SOCKET_IFNAME",
+        "PERSIA_ADVERTISE_HOST",
+        "MASTER_ADDR",
+    )
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(PERSIA_REDIS_URL=redis_server.url, PERSIA_JOB_ID=f"bind-{uuid.uuid4().hex[:8]}")
     script = tmp_path / "train.py"
@@ -68,11 +74,25 @@ def test_nn_worker_job_listens_on_loopback_only(redis_server, tmp_path):
         open(tmp_path / "nn.log", "wb") as log_file,
     ):
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "2",
-             "--master-port", str(master_port), "--", str(tmp_path), str(ddp_port)],
-            cwd=repo, env={**env, "PYTHONPATH": str(repo)},
-            stdout=log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "nn-worker",
+                str(script),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(master_port),
+                "--",
+                str(tmp_path),
+                str(ddp_port),
+            ],
+            cwd=repo,
+            env={**env, "PYTHONPATH": str(repo)},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 180
             while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):

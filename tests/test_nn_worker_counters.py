@@ -41,6 +41,10 @@ def test_cumulative_series_are_counters_with_their_values():
 
 def test_levels_stay_gauges():
     types, _ = _exposition()
-    for name in ("pyrsia_nn_worker_steps", "pyrsia_nn_worker_samples_per_second",
-                 "pyrsia_nn_worker_loss", "pyrsia_nn_worker_gradients_in_flight"):  # fmt: skip
+    for name in (
+        "pyrsia_nn_worker_steps",
+        "pyrsia_nn_worker_samples_per_second",
+        "pyrsia_nn_worker_loss",
+        "pyrsia_nn_worker_gradients_in_flight",
+    ):
         assert types[name] == "gauge", name

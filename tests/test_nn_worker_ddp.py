@@ -48,10 +48,26 @@ def test_two_gloo_ranks_keep_identical_dense_parameters(redis_server, tmp_path):
     repo = Path(__file__).resolve().parents[1]
     with job_services(env, tmp_path / "svc"):
         proc = subprocess.run(
-            [sys.executable, "-m", "persia.launcher", "nn-worker", str(script), "--nproc-per-node", "2",
-             "--master-port", str(free_port()), "--", str(tmp_path), str(free_port())],
-            cwd=repo, env={**os.environ, **env, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "nn-worker",
+                str(script),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "--",
+                str(tmp_path),
+                str(free_port()),
+            ],
+            cwd=repo,
+            env={**os.environ, **env, "PYTHONPATH": str(repo)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)

@@ -151,8 +151,11 @@ async def _feed(n_batches: int) -> None:
                 f"{worker.url}/batch",
                 {"loader": 0, "batch_id": k, "batch": batch.id_part().to_wire()},
             )
-            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
-                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+            await client.call(
+                f"{rank0.url}/ingress",
+                {"loader": 0, "batch_id": k, "worker": 0, "dense": batch.dense_part().to_wire()},
+                until=1e12,
+            )
         await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": n_batches})
     finally:
         await client.close()

@@ -57,9 +57,14 @@ def test_tensorboard_curves_of_a_real_job(job, tmp_path):
     model = SmallModel()
     batches = [make_batch([10 * k + 1, 10 * k + 2, 10 * k + 3], seed=k) for k in range(STEPS)]
     losses = []
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False, tensorboard_dir=tmp_path / "tb",
-                  log_every_n_steps=1) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        tensorboard_dir=tmp_path / "tb",
+        log_every_n_steps=1,
+    ) as ctx:
         for batch in DataLoader(ListDataset(batches), embedding_staleness=2):
             output, labels = ctx.forward(batch)
             loss = torch.nn.functional.binary_cross_entropy(output, labels[0])
@@ -71,8 +76,13 @@ def test_tensorboard_curves_of_a_real_job(job, tmp_path):
     scalars = _scalars(run)
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, STEPS + 1))
     assert [v for _, v in scalars["train/loss"]] == pytest.approx(losses, rel=1e-6)
-    rates = ("train/samples_per_second", "train/lookup_wait_ms", "train/dense_step_ms",
-             "train/backward_ms", "train/skipped_embedding_updates")  # fmt: skip
+    rates = (
+        "train/samples_per_second",
+        "train/lookup_wait_ms",
+        "train/dense_step_ms",
+        "train/backward_ms",
+        "train/skipped_embedding_updates",
+    )
     for tag in rates:  # once a second at the last step, and at the end: the last at STEPS
         steps = [s for s, _ in scalars[tag]]
         assert steps and steps == sorted(set(steps)) and steps[-1] == STEPS, (tag, steps)
@@ -93,8 +103,13 @@ def test_tensorboard_loss_every_n_steps_from_the_environment(job, tmp_path):
     batches = [make_batch([7 * k + 1, 7 * k + 2], seed=k) for k in range(STEPS)]
     losses = []
     with environ(PERSIA_TENSORBOARD_DIR=str(tmp_path / "env_tb")):
-        with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                      mixed_precision=False, log_every_n_steps=3) as ctx:  # fmt: skip
+        with TrainCtx(
+            SGD(lr=0.1),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model=model,
+            mixed_precision=False,
+            log_every_n_steps=3,
+        ) as ctx:
             for batch in DataLoader(ListDataset(batches)):
                 output, labels = ctx.forward(batch)
                 loss = torch.nn.functional.binary_cross_entropy(output, labels[0])
@@ -128,22 +143,37 @@ def test_a_directory_that_cannot_be_made_stops_the_context_at_enter(job, tmp_pat
     """The error names the argument; nothing is left half-entered: a TrainCtx enters next."""
     (tmp_path / "a_file").write_text("")
     model = SmallModel()
-    ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                   mixed_precision=False, tensorboard_dir=tmp_path / "a_file" / "tb")  # fmt: skip
+    ctx = TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        tensorboard_dir=tmp_path / "a_file" / "tb",
+    )
     with pytest.raises(ConfigError, match="tensorboard_dir"):
         ctx.__enter__()
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False, tensorboard_dir=tmp_path / "tb") as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        tensorboard_dir=tmp_path / "tb",
+    ) as ctx:
         assert ctx._report.tensorboard is not None
 
 
 def test_without_a_directory_no_curves_and_bad_arguments_refused(job, tmp_path):
     model = SmallModel()
     with pytest.raises(ValueError, match="log_every_n_steps"):
-        TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                 log_every_n_steps=0)  # fmt: skip
-    ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                   mixed_precision=False)  # fmt: skip
+        TrainCtx(
+            SGD(lr=0.1),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model=model,
+            log_every_n_steps=0,
+        )
+    ctx = TrainCtx(
+        SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model, mixed_precision=False
+    )
     with pytest.raises(ValueError, match="tag"):
         ctx.log_scalar("", 1.0)
     for bad in ("high", True, torch.ones(2), None):
@@ -184,10 +214,18 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
     errors: list[BaseException] = []
     feeder = threading.Thread(target=lambda: _run(_feed_rank0(batches), errors))
     with recording_gateway() as gateway:
-        with environ(**env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", PERSIA_TENSORBOARD_DIR=None,
-                     PERSIA_METRICS_GATEWAY_ADDR=gateway.address,
-                     PERSIA_GLOBAL_CONFIG=str(tmp_path / "global.yml")), \
-                job_services(env, tmp_path / "svc"):  # fmt: skip
+        with (
+            environ(
+                **env,
+                RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_RANK="0",
+                PERSIA_TENSORBOARD_DIR=None,
+                PERSIA_METRICS_GATEWAY_ADDR=gateway.address,
+                PERSIA_GLOBAL_CONFIG=str(tmp_path / "global.yml"),
+            ),
+            job_services(env, tmp_path / "svc"),
+        ):
             from persia import env as persia_env
 
             persia_env.reload_env()
@@ -220,10 +258,15 @@ async def _feed_rank0(batches) -> None:
         worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
         rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
         for k, batch in enumerate(batches):
-            await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": k,
-                                                      "batch": batch.id_part().to_wire()})  # fmt: skip
-            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": k, "worker": 0,
-                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+            await client.call(
+                f"{worker.url}/batch",
+                {"loader": 0, "batch_id": k, "batch": batch.id_part().to_wire()},
+            )
+            await client.call(
+                f"{rank0.url}/ingress",
+                {"loader": 0, "batch_id": k, "worker": 0, "dense": batch.dense_part().to_wire()},
+                until=1e12,
+            )
         await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": STEPS})
     finally:
         await client.close()
@@ -245,8 +288,13 @@ def _train_and_scrape_at_the_last_step(feeder: threading.Thread):
     model = SmallModel()
     losses = []
     scraped = None
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        log_every_n_steps=1,
+    ) as ctx:
         feeder.start()
         loader = DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000)
         for batch in loader:

@@ -15,16 +15,30 @@ import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PICKLE_MODULES = frozenset({"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "shelve",
-                            "marshal", "joblib", "copyreg"})  # fmt: skip
+PICKLE_MODULES = frozenset(
+    {
+        "pickle",
+        "cPickle",
+        "_pickle",
+        "dill",
+        "cloudpickle",
+        "shelve",
+        "marshal",
+        "joblib",
+        "copyreg",
+    }
+)
 PICKLE_ATTRS = frozenset({"read_pickle", "to_pickle", "loads", "load"})
 
 
 def _python_files() -> list[Path]:
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [REPO / p for p in out if (REPO / p).is_file()]
 
 
@@ -91,9 +105,17 @@ def test_the_scanner_catches_what_it_looks_for():
         "from torch import load\n"
     )
     got = findings(bad, "bad.py")
-    for expected in ("import pickle", "import dill", "from cloudpickle", "pickle.loads",
-                     "bad.py:6: torch.load", "bad.py:7: torch.load", "allow_pickle", "to_pickle",
-                     "bad.py:11: torch's load"):  # fmt: skip
+    for expected in (
+        "import pickle",
+        "import dill",
+        "from cloudpickle",
+        "pickle.loads",
+        "bad.py:6: torch.load",
+        "bad.py:7: torch.load",
+        "allow_pickle",
+        "to_pickle",
+        "bad.py:11: torch's load",
+    ):
         assert any(expected in f for f in got), (expected, got)
     ok = "import torch\ntorch.load('f', map_location='cpu', weights_only=True)\n# import pickle\n"
     assert findings(ok, "ok.py") == []

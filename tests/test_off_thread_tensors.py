@@ -50,9 +50,11 @@ class FunctionSource:
 def _batch(batch_id: int = 7) -> PersiaTrainingBatch:
     rng = np.random.default_rng(batch_id)
     dense = DensePart(
-        4, (DenseArray(None, rng.random((4, 3), dtype=np.float32)),),
-        (DenseArray(None, np.ones((4, 1), np.float32)),), None,
-    )  # fmt: skip
+        4,
+        (DenseArray(None, rng.random((4, 3), dtype=np.float32)),),
+        (DenseArray(None, np.ones((4, 1), np.float32)),),
+        None,
+    )
     embeddings = [(f"s{i}", rng.random((4, 2), dtype=np.float32)) for i in range(3)]
     for _, array in embeddings:
         array.flags.writeable = False  # as the wire decodes them
@@ -120,9 +122,12 @@ def _prefetcher(runtime: Runtime, lookup) -> Prefetcher:
         return next(items, None)
 
     return Prefetcher(
-        runtime, FunctionSource(fetch_next, lookup), num_workers=2, buffer_size=2,
+        runtime,
+        FunctionSource(fetch_next, lookup),
+        num_workers=2,
+        buffer_size=2,
         staleness=None,
-    ).start()  # fmt: skip
+    ).start()
 
 
 def test_a_failed_lookup_is_raised_once_at_its_batch(runtime):

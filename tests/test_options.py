@@ -60,14 +60,20 @@ def test_one_cutoff_decides_what_is_close():
 @pytest.mark.parametrize(
     ("attempt", "message"),
     [
-        (lambda: Config({"pipeline.num_micro_batch": 0}, environ={}),
-         'EPL config "pipeline.num_micro_batch": expected a positive integer, got 0'),
-        (lambda: setattr(Options({}), "grad_nbuckets", 0),
-         "hb.context.options.grad_nbuckets: expected a positive integer, got 0"),
-        (lambda: parse_global_config({"embedding_worker_config": {"forward_buffer_size": 0}}),
-         "<dict>: embedding_worker_config.forward_buffer_size: expected a positive integer, got 0"),
+        (
+            lambda: Config({"pipeline.num_micro_batch": 0}, environ={}),
+            'EPL config "pipeline.num_micro_batch": expected a positive integer, got 0',
+        ),
+        (
+            lambda: setattr(Options({}), "grad_nbuckets", 0),
+            "hb.context.options.grad_nbuckets: expected a positive integer, got 0",
+        ),
+        (
+            lambda: parse_global_config({"embedding_worker_config": {"forward_buffer_size": 0}}),
+            "<dict>: embedding_worker_config.forward_buffer_size: expected a positive integer, got 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_wrong_value_is_one_class_worded_one_way(attempt, message):
     with pytest.raises(OptionError) as info:
         attempt()

@@ -54,9 +54,12 @@ def _persia_checkpoint(directory: Path, state_of) -> dict[int, tuple[np.ndarray,
             n_slots = len(signs) + 4
             slots = np.random.default_rng(100 + k).permutation(n_slots)[: len(signs)]
             files[(replica, shard)] = emb_file_bytes(
-                signs[order], [inners[i] for i in order], [dims[i] for i in order],
-                slots=slots, n_slots=n_slots,
-            )  # fmt: skip
+                signs[order],
+                [inners[i] for i in order],
+                [dims[i] for i in order],
+                slots=slots,
+                n_slots=n_slots,
+            )
     write_checkpoint(directory, files)
     return known
 
@@ -95,7 +98,9 @@ async def test_converted_checkpoint_loads_into_a_real_ps_with_every_value(servic
     known = _persia_checkpoint(tmp_path / "persia", lambda dim: dim)  # Adagrad: a (dim)
     manifest = convert(tmp_path / "persia", tmp_path / "pyrsia", optimizer_from_dict(ADAGRAD))
     assert manifest["entries"] == 180 and sorted(manifest["dims"]) == ["16", "8"]
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
     client = HttpClient(retries=0)
     try:
         await client.call(f"{ps.url}/register_optimizer", {"optimizer": ADAGRAD})
@@ -115,16 +120,28 @@ async def test_converted_checkpoint_loads_into_a_real_ps_with_every_value(servic
     ("optimizer", "persia_state", "check_state"),
     [
         (SGDSpec(lr=0.1), lambda d: 0, lambda rows, inner, d: rows.shape[1] == d),
-        (SGDSpec(lr=0.1, momentum=0.9), lambda d: 0,
-         lambda rows, inner, d: rows.shape[1] == 2 * d and not rows[:, d:].any()),
-        (AdagradSpec(vectorwise_shared=True), lambda d: 1,
-         lambda rows, inner, d: np.array_equal(rows[:, d:], inner[:, d:])),
-        (AdamSpec(), lambda d: 2 * d,
-         lambda rows, inner, d: np.array_equal(rows[:, d : 3 * d], inner[:, d:])
-         and (rows[:, 3 * d] == 7).all()),
+        (
+            SGDSpec(lr=0.1, momentum=0.9),
+            lambda d: 0,
+            lambda rows, inner, d: rows.shape[1] == 2 * d and not rows[:, d:].any(),
+        ),
+        (
+            AdagradSpec(vectorwise_shared=True),
+            lambda d: 1,
+            lambda rows, inner, d: np.array_equal(rows[:, d:], inner[:, d:]),
+        ),
+        (
+            AdamSpec(),
+            lambda d: 2 * d,
+            lambda rows, inner, d: (
+                np.array_equal(rows[:, d : 3 * d], inner[:, d:]) and (rows[:, 3 * d] == 7).all()
+            ),
+        ),
     ],
-)  # fmt: skip
-def test_each_optimizers_state_lands_where_pyrsia_keeps_it(tmp_path, optimizer, persia_state, check_state):  # fmt: skip
+)
+def test_each_optimizers_state_lands_where_pyrsia_keeps_it(
+    tmp_path, optimizer, persia_state, check_state
+):
     known = _persia_checkpoint(tmp_path / "persia", persia_state)
     convert(tmp_path / "persia", tmp_path / "pyrsia", optimizer, adam_step=7, workers=2)
     store = EmbeddingStore(1000, num_shards=4)
@@ -159,10 +176,13 @@ def test_wrong_optimizer_is_refused_naming_what_the_file_holds(tmp_path):
         (lambda d: (d / "s1" / "replica_1_shard_2.emb").unlink(), "replica_1_shard_<i>.emb"),
         (lambda d: _truncate(d / "s0" / "replica_0_shard_1.emb", 10), "past the end of the file"),
         (lambda d: _append(d / "s0" / "replica_0_shard_1.emb", b"\0"), "bytes after the last node"),
-        (lambda d: _poke(d / "s0" / "replica_0_shard_0.emb", 0, 99), "as many live entries as its count (99)"),
+        (
+            lambda d: _poke(d / "s0" / "replica_0_shard_0.emb", 0, 99),
+            "as many live entries as its count (99)",
+        ),
         (lambda d: _poke(d / "s0" / "replica_0_shard_0.emb", 8, 0), "linked list"),
     ],
-)  # fmt: skip
+)
 def test_damaged_or_incomplete_checkpoints_are_refused_naming_the_file(tmp_path, damage, message):
     _persia_checkpoint(tmp_path / "persia", lambda dim: dim)
     damage(tmp_path / "persia")
@@ -187,15 +207,33 @@ def _poke(path: Path, offset: int, value: int) -> None:
 
 def test_the_launcher_command_converts_and_fails_in_one_line(tmp_path):
     _persia_checkpoint(tmp_path / "persia", lambda dim: dim)
-    argv = [sys.executable, "-m", "persia.launcher", "convert-checkpoint", "--persia-dir",
-            str(tmp_path / "persia"), "--output", str(tmp_path / "pyrsia")]  # fmt: skip
-    ok = subprocess.run([*argv, "--optimizer", '{"type": "adagrad", "lr": 0.01}'], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "persia.launcher",
+        "convert-checkpoint",
+        "--persia-dir",
+        str(tmp_path / "persia"),
+        "--output",
+        str(tmp_path / "pyrsia"),
+    ]
+    ok = subprocess.run(
+        [*argv, "--optimizer", '{"type": "adagrad", "lr": 0.01}'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "wrote 180 entries (dim 8, dim 16)" in ok.stdout
     assert (tmp_path / "pyrsia" / "replica_0.manifest.json").is_file()
-    bad = subprocess.run([*argv, "--optimizer", '{"type": "adam"}'], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [*argv, "--optimizer", '{"type": "adam"}'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "--optimizer" in bad.stderr and "Adagrad" in bad.stderr
 

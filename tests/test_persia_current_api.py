@@ -44,6 +44,10 @@ def test_persia_version_is_a_module_with_the_version():
     assert persia.version is version
     out = subprocess.run(
         [sys.executable, "-c", "import persia; print(persia.version.__version__)"],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == persia.__version__

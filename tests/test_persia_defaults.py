@@ -82,9 +82,12 @@ def run_ddp(tmp_path: Path, options: str) -> subprocess.CompletedProcess:
     code = textwrap.dedent(DDP_SCRIPT).replace("**OPTIONS", options)
     return subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "sync")],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
 
 
 def test_ddp_finds_unused_parameters_by_default_as_persia(tmp_path):
@@ -107,9 +110,14 @@ def test_ddp_find_unused_parameters_false_is_honoured(tmp_path):
 # --- Bagua -----------------------------------------------------------------------------------
 def test_bagua_options_reach_bagua_environment_and_algorithm():
     option = BaguaDistributedOption(
-        "async", master_port=29000, default_bucket_size=1024, autotune_level=1,
-        is_output_autotune_log=True, sync_interval_ms=50, warmup_steps=3,
-    )  # fmt: skip
+        "async",
+        master_port=29000,
+        default_bucket_size=1024,
+        autotune_level=1,
+        is_output_autotune_log=True,
+        sync_interval_ms=50,
+        warmup_steps=3,
+    )
     assert option.options == {"sync_interval_ms": 50, "warmup_steps": 3}
     variables = option.bagua_environment("10.1.2.3")
     assert variables["MASTER_ADDR"] == "10.1.2.3" and variables["MASTER_PORT"] == "29000"
@@ -155,8 +163,12 @@ def test_service_started_with_nats_only_exits_with_that_line(tmp_path):
     env.update(PERSIA_NATS_URL="nats://nats:4222", PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, "-m", "pyrsia.services.embedding_ps", "--port", "0"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "PERSIA_REDIS_URL" in errors[0], proc.stderr

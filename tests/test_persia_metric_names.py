@@ -20,12 +20,19 @@ from persia.embedding.optim import SGD
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
 BOARD = (
-    "staleness", "num_pending_batches", "batch_unique_indices_rate", "index_miss_ratio",
-    "index_miss_count", "gradient_id_miss_count", "lookup_hashmap_time_cost_sec",
-    "lookup_preprocess_time_cost_sec", "lookup_rpc_time_cost_sec",
-    "update_gradient_time_cost_sec", "lookup_postprocess_time_cost_sec",
+    "staleness",
+    "num_pending_batches",
+    "batch_unique_indices_rate",
+    "index_miss_ratio",
+    "index_miss_count",
+    "gradient_id_miss_count",
+    "lookup_hashmap_time_cost_sec",
+    "lookup_preprocess_time_cost_sec",
+    "lookup_rpc_time_cost_sec",
+    "update_gradient_time_cost_sec",
+    "lookup_postprocess_time_cost_sec",
     "lookup_total_time_cost_sec",
-)  # fmt: skip
+)
 """Every metric PERSIA's board queries (its panels' ``expr``, each ``<name>{}``)."""
 SAMPLE = re.compile(r"^([a-z_]+)\{([^}]*)\} (\S+)$")
 
@@ -57,8 +64,12 @@ def test_a_jobs_services_serve_every_name_persias_board_queries(redis_server, tm
     with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
         with job_services(env, tmp_path / "svc") as (ps, worker):
             model = SmallModel()
-            with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                          mixed_precision=False) as ctx:  # fmt: skip
+            with TrainCtx(
+                SGD(lr=0.1),
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
+                mixed_precision=False,
+            ) as ctx:
                 for batch in DataLoader(_Batches(batches), embedding_staleness=1):
                     output, labels = ctx.forward(batch)
                     ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
@@ -72,8 +83,12 @@ def test_a_jobs_services_serve_every_name_persias_board_queries(redis_server, tm
     value = {name: served[name][0][1] for name in BOARD}
     assert value["index_miss_count"] >= 8  # every id was new on its first lookup
     assert 0 < value["index_miss_ratio"] <= 1
-    for name in ("lookup_hashmap_time_cost_sec", "lookup_rpc_time_cost_sec",
-                 "lookup_total_time_cost_sec", "update_gradient_time_cost_sec"):  # fmt: skip
+    for name in (
+        "lookup_hashmap_time_cost_sec",
+        "lookup_rpc_time_cost_sec",
+        "lookup_total_time_cost_sec",
+        "update_gradient_time_cost_sec",
+    ):
         assert value[name] > 0, name
     assert value["lookup_total_time_cost_sec"] >= value["lookup_rpc_time_cost_sec"]
     assert value["staleness"] == 0 and value["num_pending_batches"] == 0  # all applied

@@ -60,7 +60,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "jit_dense_filename",
         "blocking",
         "with_jit_model",
-    ],  # fmt: skip
+    ],
     ("persia.ctx", "EmbeddingCtx.load_checkpoint"): [
         "src_dir",
         "map_location",
@@ -98,7 +98,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "distributed_option",
         "*args",
         "**kwargs",
-    ],  # fmt: skip
+    ],
     ("persia.ctx", "TrainCtx.wait_servers_ready"): [],
     ("persia.ctx", "TrainCtx.backward"): ["loss", "embedding_gradient_check_frequency"],
     ("persia.ctx", "TrainCtx.dump_checkpoint"): [
@@ -108,14 +108,14 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "opt_filename",
         "blocking",
         "with_jit_model",
-    ],  # fmt: skip
+    ],
     ("persia.ctx", "TrainCtx.load_checkpoint"): [
         "src_dir",
         "map_location",
         "dense_model_filename",
         "opt_filename",
         "blocking",
-    ],  # fmt: skip
+    ],
     ("persia.ctx", "cnt_ctx"): [],
     ("persia.ctx", "eval_ctx"): ["*args", "**kwargs"],
     ("persia.ctx", "InferCtx"): ["embedding_worker_address_list", "*args", "**kwargs"],
@@ -134,7 +134,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "num_workers",
         "reproducible",
         "embedding_staleness",
-    ],  # fmt: skip
+    ],
     # persia.distributed
     ("persia.distributed", "DistributedBaseOption"): ["master_port", "master_addr"],
     ("persia.distributed", "DistributedBaseOption.convert2distributed_model"): _CONVERT,
@@ -173,7 +173,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "batch_size",
         "requires_grad",
         "meta",
-    ],  # fmt: skip
+    ],
     ("persia.embedding.data", "PersiaBatch.data"): None,
     ("persia.embedding.data", "PersiaBatch.to_bytes"): [],
     # persia.embedding.optim
@@ -188,7 +188,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "g_square_momentum",
         "eps",
         "vectorwise_shared",
-    ],  # fmt: skip
+    ],
     # persia.env
     ("persia.env", "PERSIA_LAUNCHER_VERBOSE"): None,
     ("persia.env", "PERSIA_SKIP_CHECK_DATA"): None,
@@ -216,7 +216,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "embedding_worker_port",
         "embedding_parameter_server_port",
         "nats_server_port",
-    ],  # fmt: skip
+    ],
     ("persia.helper", "ensure_persia_service"): ["*args", "**kwargs"],
     # persia.logger
     ("persia.logger", "levelFilter"): ["level"],
@@ -235,7 +235,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "err_redirect_filepath",
         "enable_err_redirect",
         "err_redirect_level",
-    ],  # fmt: skip
+    ],
     ("persia.logger", "get_logger"): ["name"],
     ("persia.logger", "set_default_logger"): ["name", "**kwargs"],
     # PERSIA: get_default_logger(name=None, **kwargs), the kwargs being setLogger's options
@@ -247,7 +247,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "err_redirect_filepath",
         "enable_err_redirect",
         "err_redirect_level",
-    ],  # fmt: skip
+    ],
     # persia.prelude (PERSIA: names of its Rust core)
     ("persia.prelude", "register_submodule"): ["module", "root_module_path"],
     ("persia.prelude", "PersiaCommonContext"): [
@@ -264,7 +264,7 @@ PERSIA: dict[tuple[str, str], list[str] | None] = {
         "admit_probability",
         "enable_weight_bound",
         "weight_bound",
-    ],  # fmt: skip
+    ],
     ("persia.prelude", "PersiaCommonContext.get_embedding_size"): [],
     ("persia.prelude", "PersiaCommonContext.clear_embeddings"): [],
     ("persia.prelude", "PersiaCommonContext.get_embedding_worker_addr_list"): [],

@@ -71,14 +71,21 @@ def _run(just_in_time: bool, staleness: int = 8) -> tuple[list[int], list[int]]:
         started[0] += 1
         await asyncio.sleep(LOOKUP_S)
         return PersiaTrainingBatch(
-            dense=DensePart(1, (), (), None), embeddings=[("s", np.zeros((1, 4), np.float32))],
-            requires_grad=True, worker=0, batch_id=i,
-        )  # fmt: skip
+            dense=DensePart(1, (), (), None),
+            embeddings=[("s", np.zeros((1, 4), np.float32))],
+            requires_grad=True,
+            worker=0,
+            batch_id=i,
+        )
 
     prefetcher = Prefetcher(
-        runtime, FunctionSource(fetch_next, lookup), num_workers=10, buffer_size=10,
-        staleness=staleness, just_in_time=just_in_time,
-    ).start()  # fmt: skip
+        runtime,
+        FunctionSource(fetch_next, lookup),
+        num_workers=10,
+        buffer_size=10,
+        staleness=staleness,
+        just_in_time=just_in_time,
+    ).start()
     order = []
     try:
         while (batch := prefetcher.next(10.0)) is not None:

@@ -93,11 +93,23 @@ def test_a_piped_process_shows_its_bar_while_it_runs(job_env, tmp_path):
         "            time.sleep(0.05)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "persia.launcher", "data-loader", "--replica-index", "0",
-         "--replica-size", "1", "--exit-when-done", str(script)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "data-loader",
+            "--replica-index",
+            "0",
+            "--replica-size",
+            "1",
+            "--exit-when-done",
+            str(script),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         env={**os.environ, **job_env},
-    )  # fmt: skip
+    )
     seen: list[str] = []
     buffer = b""
     try:

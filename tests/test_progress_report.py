@@ -28,10 +28,24 @@ def _run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *flags, "-p", "tests.progress_report", "-p", "no:cacheprovider",
-         "test_a.py", "test_b.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *flags,
+            "-p",
+            "tests.progress_report",
+            "-p",
+            "no:cacheprovider",
+            "test_a.py",
+            "test_b.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.timeout(60)

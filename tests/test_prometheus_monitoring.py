@@ -36,9 +36,13 @@ DASHBOARD = MONITORING / "grafana" / "dashboards" / "pyrsia.json"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
 PROCESS_METRICS = {  # prometheus_client's ProcessCollector, on every server (pyrsia/shared/http_server.py)
-    "process_resident_memory_bytes", "process_virtual_memory_bytes", "process_cpu_seconds_total",
-    "process_start_time_seconds", "process_open_fds", "process_max_fds",
-}  # fmt: skip
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "process_max_fds",
+}
 NN_RANK_METRICS_PREFIX = "pyrsia_nn_worker_"
 
 
@@ -80,9 +84,14 @@ def test_dashboard_expressions_use_only_metrics_the_code_defines():
     defined = defined_metric_names()
     exprs = dashboard_expressions()
     titles = {title for title, _ in exprs}
-    for wanted in ("Samples/s per NN-worker rank", "Training loss", "PS entries",
-                   "Staleness: gradients in flight", "Request bytes held",
-                   "Process memory (resident)"):  # fmt: skip
+    for wanted in (
+        "Samples/s per NN-worker rank",
+        "Training loss",
+        "PS entries",
+        "Staleness: gradients in flight",
+        "Request bytes held",
+        "Process memory (resident)",
+    ):
         assert wanted in titles, titles
     for title, expr in exprs:
         selectors = SELECTOR.findall(expr)
@@ -94,9 +103,12 @@ def test_dashboard_expressions_use_only_metrics_the_code_defines():
             assert name in defined, f"{title}: {name} is not a metric the code defines"
             assert 'job=~"$job"' in matchers, f"{title}: {name} not filtered by $job"
     ranks = {n for _, e in exprs for n, _ in SELECTOR.findall(e) if n.startswith("pyrsia_nn_")}
-    assert ranks >= {"pyrsia_nn_worker_samples_per_second", "pyrsia_nn_worker_loss",
-                     "pyrsia_nn_worker_step_phase_seconds_total",
-                     "pyrsia_nn_worker_gradients_in_flight"}, ranks  # fmt: skip
+    assert ranks >= {
+        "pyrsia_nn_worker_samples_per_second",
+        "pyrsia_nn_worker_loss",
+        "pyrsia_nn_worker_step_phase_seconds_total",
+        "pyrsia_nn_worker_gradients_in_flight",
+    }, ranks
 
 
 def test_grafana_and_prometheus_files_fit_together():
@@ -136,8 +148,11 @@ def test_grafana_and_prometheus_files_fit_together():
     assert argv[0] == "prometheus-targets" and args.watch
     assert Path(args.output).parent.as_posix() == writer_dir and args.output.endswith(".json")
     if shutil.which("promtool"):
-        check = subprocess.run(["promtool", "check", "config", "--syntax-only",
-                                str(PROMETHEUS_YML)], capture_output=True, text=True)  # fmt: skip
+        check = subprocess.run(
+            ["promtool", "check", "config", "--syntax-only", str(PROMETHEUS_YML)],
+            capture_output=True,
+            text=True,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -151,8 +166,10 @@ class Prometheus:
     def __init__(self, workdir: Path, targets_dir: Path):
         binary = shutil.which("prometheus")
         if binary is None:
-            pytest.skip("no prometheus binary: install Debian's package (apt-get install "
-                        "prometheus; .ci/run does)")  # fmt: skip
+            pytest.skip(
+                "no prometheus binary: install Debian's package (apt-get install "
+                "prometheus; .ci/run does)"
+            )
         config = yaml.safe_load(PROMETHEUS_YML.read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["scrape_configs"][0]["scrape_timeout"] = "1s"
@@ -163,18 +180,24 @@ class Prometheus:
         self.log = workdir / "prometheus.log"
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self._log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
 
     def wait_ready(self, timeout_s: float = 20) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.skip(f"prometheus exited {self.proc.returncode} at start: "
-                            f"{self.log.read_text()[-800:]}")  # fmt: skip
+                pytest.skip(
+                    f"prometheus exited {self.proc.returncode} at start: "
+                    f"{self.log.read_text()[-800:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
                     if resp.status == 200:
@@ -219,9 +242,17 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
     stop_feeding = threading.Event()
     errors: list[BaseException] = []
     prometheus = None
-    with environ(**env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", PERSIA_TENSORBOARD_DIR=None,
-                 PERSIA_METRICS_GATEWAY_ADDR=None), \
-            job_services(env, tmp_path / "svc"):  # fmt: skip
+    with (
+        environ(
+            **env,
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            PERSIA_TENSORBOARD_DIR=None,
+            PERSIA_METRICS_GATEWAY_ADDR=None,
+        ),
+        job_services(env, tmp_path / "svc"),
+    ):
         persia_env.reload_env()
         trainer = threading.Thread(target=_catching(_train_from_the_stream, errors))
         feeder = threading.Thread(
@@ -245,10 +276,15 @@ def test_a_real_prometheus_scrapes_a_job_and_every_panel_has_data(redis_server, 
             persia_env.reload_env()
     assert not errors, errors
     assert not missing, f"panels without data after 40 s: {missing}"
-    assert sorted((r["metric"]["role"], r["metric"]["replica_index"], r["value"][1])
-                  for r in up) == sorted([(ROLE_EMBEDDING_PS, "0", "1"),
-                                          (ROLE_EMBEDDING_WORKER, "0", "1"),
-                                          (ROLE_NN_WORKER, "0", "1")])  # fmt: skip
+    assert sorted(
+        (r["metric"]["role"], r["metric"]["replica_index"], r["value"][1]) for r in up
+    ) == sorted(
+        [
+            (ROLE_EMBEDDING_PS, "0", "1"),
+            (ROLE_EMBEDDING_WORKER, "0", "1"),
+            (ROLE_NN_WORKER, "0", "1"),
+        ]
+    )
 
 
 def _write_targets(env: dict[str, str], targets) -> None:
@@ -275,10 +311,15 @@ async def _feed_the_job(env: dict[str, str], stop_feeding: threading.Event) -> N
         rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
         while not stop_feeding.is_set() and sent < 2000:
             batch = make_batch([3 * sent + 1, 3 * sent + 2, 3 * sent + 3], seed=sent)
-            await client.call(f"{worker.url}/batch", {"loader": 0, "batch_id": sent,
-                                                      "batch": batch.id_part().to_wire()})  # fmt: skip
-            await client.call(f"{rank0.url}/ingress", {"loader": 0, "batch_id": sent, "worker": 0,
-                                                       "dense": batch.dense_part().to_wire()}, until=1e12)  # fmt: skip
+            await client.call(
+                f"{worker.url}/batch",
+                {"loader": 0, "batch_id": sent, "batch": batch.id_part().to_wire()},
+            )
+            await client.call(
+                f"{rank0.url}/ingress",
+                {"loader": 0, "batch_id": sent, "worker": 0, "dense": batch.dense_part().to_wire()},
+                until=1e12,
+            )
             sent += 1
             await asyncio.sleep(0.05)
         await client.call(f"{rank0.url}/done", {"loader": 0, "loader_count": 1, "sent": sent})
@@ -295,8 +336,13 @@ def _train_from_the_stream() -> None:
     from tests.nn_helpers import SmallModel
 
     model = SmallModel()
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False, log_every_n_steps=1) as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        log_every_n_steps=1,
+    ) as ctx:
         for batch in DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000):
             output, labels = ctx.forward(batch)
             ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))

@@ -24,15 +24,20 @@ async def test_targets_of_a_real_registry(services, job_env, registry_settings, 
     """A PS and an embedding worker (processes) and an NN rank's record: one file_sd group
     each, labelled job, role, replica_index; stdout and --output give the same JSON."""
     (tmp_path / "emb.yml").write_text("slots_config:\n  a:\n    dim: 4\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS,
-                  wait_ready=False)  # fmt: skip
-    ew = services("pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config",
-                  str(tmp_path / "emb.yml")], role=ROLE_EMBEDDING_WORKER)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
+    ew = services(
+        "pyrsia.services.embedding_worker",
+        ["--port", "0", "--embedding-config", str(tmp_path / "emb.yml")],
+        role=ROLE_EMBEDDING_WORKER,
+    )
     registry = Registry(registry_settings)
     rank = f"127.0.0.1:{free_port()}"
     try:
-        await registry.register(ServiceRecord(role=ROLE_NN_WORKER, replica_index=1,
-                                              replica_size=2, address=rank, pid=1))  # fmt: skip
+        await registry.register(
+            ServiceRecord(role=ROLE_NN_WORKER, replica_index=1, replica_size=2, address=rank, pid=1)
+        )
         out = await asyncio.to_thread(run_prometheus_targets, job_env)
         written = await asyncio.to_thread(
             run_prometheus_targets, job_env, "--output", str(tmp_path / "sd" / "pyrsia.json")
@@ -45,24 +50,41 @@ async def test_targets_of_a_real_registry(services, job_env, registry_settings, 
     assert json.loads((tmp_path / "sd" / "pyrsia.json").read_text()) == groups
     job = job_env["PERSIA_JOB_ID"]
     assert groups == [
-        {"targets": [ps.address], "labels": {"job": job, "role": ROLE_EMBEDDING_PS,
-                                             "replica_index": "0"}},
-        {"targets": [ew.address], "labels": {"job": job, "role": ROLE_EMBEDDING_WORKER,
-                                             "replica_index": "0"}},
+        {
+            "targets": [ps.address],
+            "labels": {"job": job, "role": ROLE_EMBEDDING_PS, "replica_index": "0"},
+        },
+        {
+            "targets": [ew.address],
+            "labels": {"job": job, "role": ROLE_EMBEDDING_WORKER, "replica_index": "0"},
+        },
         {"targets": [rank], "labels": {"job": job, "role": ROLE_NN_WORKER, "replica_index": "1"}},
-    ]  # fmt: skip
+    ]
 
 
-async def test_watch_rewrites_the_file_atomically_and_stops_on_sigterm(job_env, registry_settings,
-                                                                      tmp_path):  # fmt: skip
+async def test_watch_rewrites_the_file_atomically_and_stops_on_sigterm(
+    job_env, registry_settings, tmp_path
+):
     """--watch follows the registry (a replica that registers, one that leaves), never leaves
     a temporary file behind, and SIGTERM ends it with exit 0."""
     out = tmp_path / "targets" / "pyrsia.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "persia.launcher", "prometheus-targets", "--watch",
-         "--interval", "0.2", "--output", str(out)],
-        cwd=REPO, env={**os.environ, **job_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "persia.launcher",
+            "prometheus-targets",
+            "--watch",
+            "--interval",
+            "0.2",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        env={**os.environ, **job_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
     async def file_becomes(expected: list, timeout_s: float = 20) -> None:
         deadline = time.monotonic() + timeout_s
@@ -79,10 +101,10 @@ async def test_watch_rewrites_the_file_atomically_and_stops_on_sigterm(job_env, 
     try:
         await file_becomes([])
         address = f"127.0.0.1:{free_port()}"
-        await registry.register(ServiceRecord(role=ROLE_EMBEDDING_PS, replica_index=0,
-                                              replica_size=1, address=address))  # fmt: skip
-        labels = {"job": job_env["PERSIA_JOB_ID"], "role": ROLE_EMBEDDING_PS,
-                  "replica_index": "0"}  # fmt: skip
+        await registry.register(
+            ServiceRecord(role=ROLE_EMBEDDING_PS, replica_index=0, replica_size=1, address=address)
+        )
+        labels = {"job": job_env["PERSIA_JOB_ID"], "role": ROLE_EMBEDDING_PS, "replica_index": "0"}
         await file_becomes([{"targets": [address], "labels": labels}])
         await registry.deregister()
         await file_becomes([])

@@ -26,7 +26,9 @@ async def client():
     await c.close()
 
 
-def test_the_default_roots_are_the_working_directory_and_the_jobs_checkpoint_dir(tmp_path, monkeypatch):  # fmt: skip
+def test_the_default_roots_are_the_working_directory_and_the_jobs_checkpoint_dir(
+    tmp_path, monkeypatch
+):
     monkeypatch.delenv(ENV_CHECKPOINT_ROOT, raising=False)
     monkeypatch.chdir(tmp_path)
     cwd = Path(os.path.realpath(tmp_path))
@@ -54,14 +56,22 @@ def test_a_path_outside_every_root_is_refused_naming_the_path_and_the_roots(tmp_
     assert confine("/etc/cron.d", (Path("/"),)) == "/etc/cron.d"
 
 
-async def test_a_ps_with_default_settings_writes_only_under_its_working_directory(services, client, tmp_path, monkeypatch):  # fmt: skip
+async def test_a_ps_with_default_settings_writes_only_under_its_working_directory(
+    services, client, tmp_path, monkeypatch
+):
     monkeypatch.delenv(ENV_CHECKPOINT_ROOT, raising=False)
     work = tmp_path / "work"
     work.mkdir()
     periodic = tmp_path / "periodic"
     config = tmp_path / "global.yml"
     config.write_text(f"common_config:\n  checkpointing_config:\n    checkpoint_dir: {periodic}\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS, wait_ready=False, cwd=work)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--global-config", str(config)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+        cwd=work,
+    )
     await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})
     await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "sgd", "lr": 0.5}})
     await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 4, "ids": IDS}]})

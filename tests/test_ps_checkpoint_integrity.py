@@ -149,7 +149,9 @@ def test_a_checkpoint_without_checksums_still_loads_and_says_so_once(tmp_path, c
     assert len(reader) == 0
 
 
-async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_had(services, tmp_path):  # fmt: skip
+async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_had(
+    services, tmp_path
+):
     from pyrsia.shared.constants import ROLE_EMBEDDING_PS
     from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 
@@ -157,12 +159,19 @@ async def test_a_real_ps_refuses_a_damaged_checkpoint_and_keeps_serving_what_it_
     root.mkdir()
     _checkpoint(root / "ckpt")
     _flip_middle(_last_part_file(root / "ckpt", "rows"))
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--checkpoint-root", str(root)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+    )
     client = HttpClient(retries=0)
     try:
         hyper = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
         await client.call(f"{ps.url}/configure", {"hyperparams": hyper})
-        await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}})  # fmt: skip
+        await client.call(
+            f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}}
+        )
         ids = np.arange(10_000, 12_000, dtype=np.uint64)
         await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 8, "ids": ids}]})
         before = await client.call(f"{ps.url}/checksum")
@@ -188,7 +197,9 @@ def test_an_incremental_packet_with_flipped_bytes_is_skipped_and_changes_nothing
     writer.notify(train, ids)
     packet = writer.flush(train)
     manifest = json.loads((packet / "manifest.json").read_text())
-    assert manifest["dims"]["8"]["rows_crc32"] == zlib.crc32((packet / "dim8.rows.npy").read_bytes())  # fmt: skip
+    assert manifest["dims"]["8"]["rows_crc32"] == zlib.crc32(
+        (packet / "dim8.rows.npy").read_bytes()
+    )
     _flip_middle(packet / "dim8.rows.npy")
     serving = _store(np.arange(50_000, 50_100, dtype=np.uint64), seed=3)
     before = store_checksum(serving)

@@ -39,8 +39,15 @@ async def _filled(ps, client) -> dict:
     return await client.call(f"{ps.url}/checksum")
 
 
-async def test_paths_outside_the_root_are_refused_and_nothing_changes(services, client, root, tmp_path):  # fmt: skip
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+async def test_paths_outside_the_root_are_refused_and_nothing_changes(
+    services, client, root, tmp_path
+):
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--checkpoint-root", str(root)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+    )
     before = await _filled(ps, client)
     await client.call(f"{ps.url}/dump", {"dir": str(root / "ckpt")})  # inside: fine
     outside = tmp_path / "outside"
@@ -62,14 +69,20 @@ async def test_paths_outside_the_root_are_refused_and_nothing_changes(services, 
     # a refused load left the store as it was; a load from inside the root still works
     assert await client.call(f"{ps.url}/checksum") == before
     await client.call(f"{ps.url}/clear", {})
-    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "link" / "root" / "ckpt")}))["entries"] == len(IDS)  # fmt: skip
+    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "link" / "root" / "ckpt")}))[
+        "entries"
+    ] == len(IDS)
     assert await client.call(f"{ps.url}/checksum") == before
     assert ps.health()[0] == 200  # the service keeps running
 
 
-async def test_the_root_comes_from_the_environment_too(services, client, root, tmp_path, monkeypatch):  # fmt: skip
+async def test_the_root_comes_from_the_environment_too(
+    services, client, root, tmp_path, monkeypatch
+):
     monkeypatch.setenv(ENV_CHECKPOINT_ROOT, str(root))
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps", ["--port", "0"], role=ROLE_EMBEDDING_PS, wait_ready=False
+    )
     before = await _filled(ps, client)
     with pytest.raises(RemoteBadRequestError, match="checkpoint root"):
         await client.call(f"{ps.url}/dump", {"dir": str(tmp_path / "elsewhere")})
@@ -80,9 +93,20 @@ async def test_the_root_comes_from_the_environment_too(services, client, root, t
 def test_a_root_that_is_not_a_directory_stops_the_ps(tmp_path, job_env):
     env = dict(os.environ, **{ENV_CHECKPOINT_ROOT: ""})
     proc = subprocess.run(
-        [sys.executable, "-m", "pyrsia.services.embedding_ps", "--port", "0", "--checkpoint-root", str(tmp_path / "missing")],  # fmt: skip
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pyrsia.services.embedding_ps",
+            "--port",
+            "0",
+            "--checkpoint-root",
+            str(tmp_path / "missing"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "--checkpoint-root" in proc.stderr and "not an existing directory" in proc.stderr
 
@@ -90,7 +114,11 @@ def test_a_root_that_is_not_a_directory_stops_the_ps(tmp_path, job_env):
 async def test_an_infer_ps_refuses_update_with_409_and_says_why(services, client, tmp_path):
     config = tmp_path / "infer.yml"
     config.write_text("common_config:\n  job_type: Infer\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config)], role=ROLE_EMBEDDING_PS)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--global-config", str(config)],
+        role=ROLE_EMBEDDING_PS,
+    )
     lookup = {"train": False, "groups": [{"dim": 4, "ids": IDS}]}
     before = await client.call(f"{ps.url}/checksum")
     body = {"groups": [{"dim": 4, "ids": IDS, "grads": np.ones((len(IDS), 4), np.float32)}]}

@@ -53,7 +53,7 @@ def test_one_and_four_workers_write_identical_files_np_save_would_write(tmp_path
         assert m1[key] == m4[key]
     assert {
         d: {k: v for k, v in i.items() if k in ("entries", "width")} for d, i in m1["dims"].items()
-    } == {  # fmt: skip
+    } == {
         d: {k: v for k, v in i.items() if k in ("entries", "width")} for d, i in m4["dims"].items()
     }
     # the bytes are exactly what np.save writes for the concatenated export

@@ -89,7 +89,10 @@ def test_files_a_killed_dump_left_are_removed_before_the_next_one_writes(tmp_pat
     store = _store(n=500)
     store.dump(tmp_path, 0, 1)
     kept = _listing(tmp_path)
-    stray = [tmp_path / "replica_0.0123abcd.dim16.rows.npy", tmp_path / ".replica_0.manifest.json.tmp-1a2b3c4d"]  # fmt: skip
+    stray = [
+        tmp_path / "replica_0.0123abcd.dim16.rows.npy",
+        tmp_path / ".replica_0.manifest.json.tmp-1a2b3c4d",
+    ]
     for path in stray:
         path.write_bytes(b"x" * 1000)
     other = tmp_path / "replica_1.0123abcd.dim16.rows.npy"  # another replica's: not ours to judge
@@ -119,8 +122,10 @@ def small_disk(tmp_path):
     disk.mkdir()
     proc = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
     try:
@@ -134,19 +139,28 @@ def _free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-async def test_a_real_ps_whose_disk_fills_answers_503_and_dumps_again_once_space_exists(services, small_disk):  # fmt: skip
+async def test_a_real_ps_whose_disk_fills_answers_503_and_dumps_again_once_space_exists(
+    services, small_disk
+):
     ckpt = small_disk / "ckpt"
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--checkpoint-root", str(small_disk)], role=ROLE_EMBEDDING_PS, wait_ready=False)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--checkpoint-root", str(small_disk)],
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+    )
     client = HttpClient(retries=0)
     try:
         await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})
-        await client.call(f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.1}})  # fmt: skip
+        await client.call(
+            f"{ps.url}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.1}}
+        )
         ids = np.arange(1, 8001, dtype=np.uint64)
         await client.call(f"{ps.url}/lookup", {"train": True, "groups": [{"dim": 16, "ids": ids}]})
         first = (await client.call(f"{ps.url}/dump", {"dir": str(ckpt)}))["manifest"]
         need = sum(first["dims"]["16"][k] for k in ("ids_bytes", "rows_bytes"))  # ~0.33 MB
         grads = np.ones((ids.shape[0], 16), np.float32)
-        await client.call(f"{ps.url}/update", {"groups": [{"dim": 16, "ids": ids, "grads": grads}]})  # fmt: skip
+        await client.call(f"{ps.url}/update", {"groups": [{"dim": 16, "ids": ids, "grads": grads}]})
         # leave less room than the next dump's files need
         filler = small_disk / "filler"
         filler.write_bytes(b"\0" * (_free(small_disk) - need + (64 << 10)))

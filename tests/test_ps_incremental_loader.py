@@ -96,7 +96,9 @@ def test_packet_without_done_before_a_finished_one_is_skipped_as_torn(tmp_path, 
     loader = IncrementalLoader(infer, tmp_path / "inc", 0, 1)
     with caplog.at_level(logging.WARNING, logger="pyrsia.services.embedding_ps.incremental"):
         assert loader.scan() == 1
-    assert any("skipped as torn" in r.getMessage() and torn.name in r.getMessage() for r in caplog.records)  # fmt: skip
+    assert any(
+        "skipped as torn" in r.getMessage() and torn.name in r.getMessage() for r in caplog.records
+    )
     assert loader.stats.packets_skipped_torn == 1
     assert len(infer) == 10 and (_rows(infer, IDS[:10]) == 0).all()  # the torn ids never arrived
     (torn / "done").write_text("")  # finishing it late does not apply it out of order
@@ -135,7 +137,9 @@ def test_packets_older_than_the_loaded_checkpoint_are_skipped(tmp_path):
     _step(train, writer, IDS[20:30], 2)
     infer = EmbeddingStore(10_000)
     infer.load(tmp_path / "ckpt", 0, 1)
-    loader = IncrementalLoader(infer, tmp_path / "inc", 0, 1, since_unix_ms=manifest["started_unix_ms"])  # fmt: skip
+    loader = IncrementalLoader(
+        infer, tmp_path / "inc", 0, 1, since_unix_ms=manifest["started_unix_ms"]
+    )
     assert loader.scan() == 1
     assert loader.stats.packets_skipped_old == 1
     np.testing.assert_array_equal(_rows(infer, IDS), _rows(train, IDS))

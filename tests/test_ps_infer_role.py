@@ -35,7 +35,11 @@ def infer_ps(services, tmp_path):
     trained.dump(root / "ckpt", 0, 1)
     config = tmp_path / "infer.yml"
     config.write_text("common_config:\n  job_type: Infer\n")
-    ps = services("pyrsia.services.embedding_ps", ["--port", "0", "--global-config", str(config), "--checkpoint-root", str(root)], role=ROLE_EMBEDDING_PS)  # fmt: skip
+    ps = services(
+        "pyrsia.services.embedding_ps",
+        ["--port", "0", "--global-config", str(config), "--checkpoint-root", str(root)],
+        role=ROLE_EMBEDDING_PS,
+    )
     return ps, root
 
 
@@ -45,17 +49,17 @@ REFUSED = [
     (
         "/lookup",
         {"train": True, "groups": [{"dim": 8, "ids": np.arange(1000, 1100, dtype=np.uint64)}]},
-    ),  # fmt: skip
+    ),
     (
         "/update",
         {"groups": [{"dim": 8, "ids": IDS, "grads": np.ones((len(IDS), 8), np.float32)}]},
-    ),  # fmt: skip
+    ),
 ]
 
 
 async def test_an_infer_ps_refuses_every_route_that_changes_what_it_serves(infer_ps, client):
     ps, root = infer_ps
-    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "ckpt")}))["entries"] == len(IDS)  # fmt: skip
+    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "ckpt")}))["entries"] == len(IDS)
     served = await client.call(f"{ps.url}/checksum")
     assert served["entries"] == len(IDS)
     for route, body in REFUSED:
@@ -70,7 +74,7 @@ async def test_an_infer_ps_refuses_every_route_that_changes_what_it_serves(infer
     assert got.shape == (len(IDS), 8) and np.all(got != 0)
     await client.call(f"{ps.url}/configure", {"hyperparams": HYPER})
     await client.call(f"{ps.url}/dump", {"dir": str(root / "copy")})
-    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "copy")}))["entries"] == len(IDS)  # fmt: skip
+    assert (await client.call(f"{ps.url}/load", {"dir": str(root / "copy")}))["entries"] == len(IDS)
     assert await client.call(f"{ps.url}/checksum") == served
     assert (await client.call(f"{ps.url}/stats"))["updates_applied"] == 0
     assert ps.health()[0] == 200

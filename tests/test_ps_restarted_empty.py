@@ -45,8 +45,11 @@ def restart_ps(services, flags, index: int, size: int):
 async def train_step(client, url: str, batch_id: int):
     """One /batch + train /lookup + /gradients through the worker (the user slot's gradients)."""
     batch = make_batch(seed=batch_id)
-    await client.call(f"{url}/batch", {"loader": 0, "batch_id": batch_id,
-                                       "batch": batch.id_part().to_wire()}, timeout_s=60)  # fmt: skip
+    await client.call(
+        f"{url}/batch",
+        {"loader": 0, "batch_id": batch_id, "batch": batch.id_part().to_wire()},
+        timeout_s=60,
+    )
     out = await client.call(f"{url}/lookup", {"batch_id": batch_id, "train": True}, timeout_s=60)
     user = next(e["data"] for e in out["embeddings"] if e["name"] == "user")
     grads = [{"name": "user", "data": np.full_like(user, 0.01)}]

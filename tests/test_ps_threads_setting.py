@@ -69,9 +69,7 @@ def test_the_service_refuses_a_bad_value_at_start():
 @pytest.mark.parametrize(
     ("cores", "threads"), [(1, 1), (2, 1), (3, 1), (4, 4), (16, 16), (200, MAX_THREADS)]
 )
-def test_a_small_node_defaults_to_one_thread_a_big_one_to_every_core(
-    monkeypatch, cores, threads
-):
+def test_a_small_node_defaults_to_one_thread_a_big_one_to_every_core(monkeypatch, cores, threads):
     monkeypatch.setattr(parallel, "usable_cores", lambda: cores)
     assert parallel.default_threads() == threads
     assert parallel.resolve_threads(None) == threads

@@ -50,13 +50,20 @@ def test_two_lockstep_ranks_are_not_one_process_at_the_doubled_batch(tiny):
 
 @pytest.mark.parametrize(
     "flags, named",
-    [(["--configs", "pyrsia_3ranks"], "--configs"), (["--seeds", "1,1"], "--seeds"),
-     (["--datasets", "mnist"], "--datasets"), (["--criteo-rows", "0"], "--criteo-rows")],
-)  # fmt: skip
+    [
+        (["--configs", "pyrsia_3ranks"], "--configs"),
+        (["--seeds", "1,1"], "--seeds"),
+        (["--datasets", "mnist"], "--datasets"),
+        (["--criteo-rows", "0"], "--criteo-rows"),
+    ],
+)
 def test_a_bad_flag_exits_2_naming_it(flags, named):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "rank_quality.py"), *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert named in proc.stderr

@@ -99,18 +99,26 @@ def _steady_out(ranks: int | None) -> int:
             seen.append(out[0])
             await asyncio.sleep(LOOKUP_S)
             return PersiaTrainingBatch(
-                dense=DensePart(1, (), (), None), embeddings=[("s", np.zeros((1, 4), np.float32))],
-                requires_grad=True, worker=0, batch_id=i,
-            )  # fmt: skip
+                dense=DensePart(1, (), (), None),
+                embeddings=[("s", np.zeros((1, 4), np.float32))],
+                requires_grad=True,
+                worker=0,
+                batch_id=i,
+            )
 
         def close(self, runtime) -> None:
             pass
 
     extra = {} if ranks is None else {"ranks": ranks}
     prefetcher = Prefetcher(
-        runtime, Source(), num_workers=10, buffer_size=10, staleness=8, just_in_time=True,
+        runtime,
+        Source(),
+        num_workers=10,
+        buffer_size=10,
+        staleness=8,
+        just_in_time=True,
         **extra,
-    ).start()  # fmt: skip
+    ).start()
     try:
         while (batch := prefetcher.next(10.0)) is not None:
             time.sleep(STEP_S)  # forward + backward + gradients applied
@@ -137,10 +145,22 @@ def test_two_ranks_stay_within_0_005_auc_of_one_process(tmp_path):
     out = tmp_path / "rank_quality.json"
     for datasets, seeds in (("criteo", "0,1"), ("census", "0")):
         subprocess.run(
-            [sys.executable, "benchmarks/rank_quality.py", "--datasets", datasets, "--seeds", seeds,
-             "--configs", "baseline,pyrsia_2ranks", "--json", str(out)],
-            cwd=REPO_ROOT, check=True, timeout=1400,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "benchmarks/rank_quality.py",
+                "--datasets",
+                datasets,
+                "--seeds",
+                seeds,
+                "--configs",
+                "baseline,pyrsia_2ranks",
+                "--json",
+                str(out),
+            ],
+            cwd=REPO_ROOT,
+            check=True,
+            timeout=1400,
+        )
         result = json.loads(out.read_text())["results"][datasets]
         base = {r["seed"]: r["auc"] for r in result["runs"]["baseline"]}
         gaps = [r["auc"] - base[r["seed"]] for r in result["runs"]["pyrsia_2ranks"]]

@@ -58,9 +58,18 @@ def _alive(pid: int) -> bool:
 def supervisor():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port), "--restart-on-failure"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pyrsia.shared.redis_local",
+            "--port",
+            str(port),
+            "--restart-on-failure",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _wait(lambda: _pong(port))
     yield proc, port
     if proc.poll() is None:
@@ -105,10 +114,23 @@ def _run_and_stop(port: int, **env: str) -> tuple[int, str]:
     """Start ``redis_local`` on ``port`` (stdout and stderr on one pipe), wait for PONG,
     SIGTERM it; its exit code and everything it printed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port), "--restart-on-failure"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**{k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "PERSIA_VERBOSE")}, **env},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pyrsia.shared.redis_local",
+            "--port",
+            str(port),
+            "--restart-on-failure",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "PERSIA_VERBOSE")},
+            **env,
+        },
+    )
     try:
         _wait(lambda: _pong(port))
         proc.send_signal(signal.SIGTERM)
@@ -141,8 +163,11 @@ def test_quiet_redis_still_says_why_it_could_not_start():
         taken.listen()
         proc = subprocess.run(
             [sys.executable, "-m", "pyrsia.shared.redis_local", "--port", str(port)],
-            cwd=REPO, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert proc.returncode == 1
     assert "Address already in use" in proc.stdout, proc.stdout + proc.stderr
     assert "Redis is starting" not in proc.stdout

@@ -50,9 +50,13 @@ print(json.dumps({"before": before, "with_runtime": with_runtime, "after": after
 )
 def test_loop_thread_ops_are_serial_and_open_no_second_team():
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["rows"] == 400_000

@@ -94,8 +94,12 @@ def _env(redis_url: str, **extra: str) -> dict[str, str]:
 def _run_to_exit(module: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.fixture
@@ -139,10 +143,22 @@ def test_worker_health_logs_and_exit_hide_the_secrets(locked_redis, emb_config, 
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pyrsia.services.embedding_worker", "--embedding-config",
-             str(emb_config), "--port", str(port), "--ps-wait-timeout", "1"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pyrsia.services.embedding_worker",
+                "--embedding-config",
+                str(emb_config),
+                "--port",
+                str(port),
+                "--ps-wait-timeout",
+                "1",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     bodies: list[str] = []
     try:
         deadline = time.monotonic() + 90
@@ -199,8 +215,9 @@ def test_data_loader_error_and_launcher_warning_hide_the_password(locked_redis, 
     script.write_text("from persia.ctx import DataCtx\nwith DataCtx() as ctx:\n    pass\n")
     url = f"redis://:{WRONG_PASSWORD}@127.0.0.1:{locked_redis.port}/0"
     extra = {"LOG_LEVEL": "debug"} if verbose else {}
-    proc = _run_to_exit("persia.launcher", ["data-loader", "--exit-when-done", str(script)],
-                        _env(url, **extra))  # fmt: skip
+    proc = _run_to_exit(
+        "persia.launcher", ["data-loader", "--exit-when-done", str(script)], _env(url, **extra)
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and REDACTED in out, out[-3000:]
     assert ("Traceback" in out) == verbose, out[-3000:]

@@ -45,18 +45,30 @@ def model_dir(tmp_path_factory):
     store.lookup(np.arange(1, 9, dtype=np.uint64), 4, train=True)
     store.dump(root / "ckpt", 0, 1)
     g = np.random.default_rng(0)
-    examples = ([g.normal(size=(3, 2)).astype(np.float32)], [g.normal(size=(3, 4)).astype(np.float32),
-                g.normal(size=(3, 2, 4)).astype(np.float32)])  # fmt: skip
+    examples = (
+        [g.normal(size=(3, 2)).astype(np.float32)],
+        [g.normal(size=(3, 4)).astype(np.float32), g.normal(size=(3, 2, 4)).astype(np.float32)],
+    )
     import torch
 
     examples = tuple([torch.from_numpy(a) for a in part] for part in examples)
-    return export_model(root / "model", SmallModel(), example_inputs=examples,
-                        embedding_config=root / "embedding_config.yml", embedding_checkpoint_dir=root / "ckpt")  # fmt: skip
+    return export_model(
+        root / "model",
+        SmallModel(),
+        example_inputs=examples,
+        embedding_config=root / "embedding_config.yml",
+        embedding_checkpoint_dir=root / "ckpt",
+    )
 
 
 def test_serve_is_a_launcher_command():
-    out = subprocess.run([sys.executable, "-m", "persia.launcher", "--help"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "persia.launcher", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "serve" in out.stdout
 
 
@@ -72,7 +84,10 @@ def test_embedding_config_that_differs_from_the_models(run, model_dir, tmp_path)
     assert out.returncode == 2 and "not the embedding config" in out.stderr
 
 
-@pytest.mark.parametrize("flag, value", [("--max-batch-size", "0"), ("--threads", "0"), ("--port", "70000"), ("--wait-timeout", "0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--max-batch-size", "0"), ("--threads", "0"), ("--port", "70000"), ("--wait-timeout", "0")],
+)
 def test_bad_numbers(run, model_dir, flag, value):
     out = run("serve", "--model", str(model_dir), flag, value)
     assert out.returncode == 2 and flag in out.stderr
@@ -147,7 +162,16 @@ def test_serve_binds_non_loopback_with_a_token_or_insecure(run, model_dir, no_to
         no_token.setenv("PERSIA_AUTH_TOKEN", "t" * 32)
     other = tmp_path / "emb.yml"
     other.write_text(EMBEDDING_CONFIG.replace("dim: 4", "dim: 5"))
-    out = run("serve", "--model", str(model_dir), "--host", "0.0.0.0", "--embedding-config", str(other), *flags)  # fmt: skip
+    out = run(
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "0.0.0.0",
+        "--embedding-config",
+        str(other),
+        *flags,
+    )
     assert out.returncode == 2 and "not the embedding config" in out.stderr, out.stderr
 
 

@@ -51,11 +51,21 @@ def stack(redis_server, tmp_path_factory):
         return procs[-1]
 
     try:
-        with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None, EMBEDDING_WORKER_SERVICE=None):  # fmt: skip
+        with environ(
+            **env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None, EMBEDDING_WORKER_SERVICE=None
+        ):
             model, probe, want, export = train_and_export(root, start, env)
             infer_ps, serve = start_serving_stack(root, start, env, export, inc)
-            yield {"root": root, "model": model, "probe": probe, "want": want, "export": export,
-                   "serve": serve, "infer_ps": infer_ps, "inc": inc}  # fmt: skip
+            yield {
+                "root": root,
+                "model": model,
+                "probe": probe,
+                "want": want,
+                "export": export,
+                "serve": serve,
+                "infer_ps": infer_ps,
+                "inc": inc,
+            }
     finally:
         codes = {f"{p.role}/{p.replica_index}": p.stop() for p in reversed(procs)}
         assert all(c == 0 for c in codes.values()), codes
@@ -87,7 +97,10 @@ def _request(batch, *, as_json: bool):
             "non_id": {"non_id_0": dense.tolist()},
             "ids": {"a": a.ids.tolist(), "r": per_sample},
         }
-    return {"non_id": {"non_id_0": dense}, "ids": {"a": a.ids, "r": {"ids": r.ids, "offsets": r.offsets}}}  # fmt: skip
+    return {
+        "non_id": {"non_id_0": dense},
+        "ids": {"a": a.ids, "r": {"ids": r.ids, "offsets": r.offsets}},
+    }
 
 
 def test_served_predictions_equal_the_training_jobs_eval_predictions(stack):
@@ -130,8 +143,12 @@ def test_bad_input_is_a_400_naming_the_field(stack, edit, field):
     body = _request(stack["probe"], as_json=True)
     edit(body)
     data = json.dumps(body, allow_nan=True)
-    req = urllib.request.Request(f"{stack['serve'].url}/predict", data=data.encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+    req = urllib.request.Request(
+        f"{stack['serve'].url}/predict",
+        data=data.encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     with err.value:
@@ -144,8 +161,12 @@ def test_bad_input_is_a_400_naming_the_field(stack, edit, field):
 
 
 def test_bad_msgpack_body_is_a_400(stack):
-    req = urllib.request.Request(f"{stack['serve'].url}/predict", data=b"\xc1\x00garbage",
-                                 headers={"Content-Type": "application/msgpack"}, method="POST")  # fmt: skip
+    req = urllib.request.Request(
+        f"{stack['serve'].url}/predict",
+        data=b"\xc1\x00garbage",
+        headers={"Content-Type": "application/msgpack"},
+        method="POST",
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     with err.value:
@@ -207,11 +228,21 @@ def test_serve_with_named_embedding_workers(stack):
     port = free_port()
     other = ServiceProc.start(
         "persia.launcher",
-        ["serve", "--model", str(stack["export"]), "--port", str(port),
-         "--embedding-worker", health["embedding_workers"][0].removeprefix("http://")],
-        {**stack["serve"].env}, role="serve", replica_index=1, address=f"127.0.0.1:{port}",
+        [
+            "serve",
+            "--model",
+            str(stack["export"]),
+            "--port",
+            str(port),
+            "--embedding-worker",
+            health["embedding_workers"][0].removeprefix("http://"),
+        ],
+        {**stack["serve"].env},
+        role="serve",
+        replica_index=1,
+        address=f"127.0.0.1:{port}",
         log_dir=stack["root"],
-    )  # fmt: skip
+    )
     try:
         status, answer = _post(f"{other.url}/predict", _request(stack["probe"], as_json=False))
         assert status == 200
@@ -230,17 +261,37 @@ def test_serve_refuses_workers_with_another_embedding_config(stack):
     worker_port, port = free_port(), free_port()
     worker = ServiceProc.start(
         "pyrsia.services.embedding_worker",
-        ["--embedding-config", str(other_cfg), "--global-config", str(root / "infer.yml"),
-         "--port", str(worker_port)],
-        env, role="other_worker", address=f"127.0.0.1:{worker_port}", log_dir=root,
-    )  # fmt: skip
+        [
+            "--embedding-config",
+            str(other_cfg),
+            "--global-config",
+            str(root / "infer.yml"),
+            "--port",
+            str(worker_port),
+        ],
+        env,
+        role="other_worker",
+        address=f"127.0.0.1:{worker_port}",
+        log_dir=root,
+    )
     serve = ServiceProc.start(
         "persia.launcher",
-        ["serve", "--model", str(stack["export"]), "--port", str(port),
-         "--embedding-worker", f"127.0.0.1:{worker_port}"],
-        env, role="serve", replica_index=2, address=f"127.0.0.1:{port}", wait_ready=False,
+        [
+            "serve",
+            "--model",
+            str(stack["export"]),
+            "--port",
+            str(port),
+            "--embedding-worker",
+            f"127.0.0.1:{worker_port}",
+        ],
+        env,
+        role="serve",
+        replica_index=2,
+        address=f"127.0.0.1:{port}",
+        wait_ready=False,
         log_dir=root,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -19,8 +19,9 @@ SERVICES = {
 
 
 def _help(*args: str) -> str:
-    done = subprocess.run([sys.executable, *args, "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *args, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

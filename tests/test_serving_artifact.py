@@ -72,8 +72,13 @@ def files(tmp_path):
 
 def _export(tmp_path, files, **kw):
     emb_cfg, glob_cfg, ckpt, _ = files
-    args = dict(example_inputs=_inputs(5), embedding_config=emb_cfg, global_config=glob_cfg,
-                embedding_checkpoint_dir=ckpt, non_id_names=["dense", "bucket"])  # fmt: skip
+    args = dict(
+        example_inputs=_inputs(5),
+        embedding_config=emb_cfg,
+        global_config=glob_cfg,
+        embedding_checkpoint_dir=ckpt,
+        non_id_names=["dense", "bucket"],
+    )
     args.update(kw)
     return export_model(tmp_path / "model", Net(), **args)
 
@@ -150,9 +155,18 @@ def test_existing_directory_is_kept_unless_overwrite(tmp_path, files):
 def test_failed_export_leaves_nothing(tmp_path, files):
     emb_cfg, glob_cfg, _, _ = files
     with pytest.raises(InvalidInputError, match="embedding_checkpoint_dir"):
-        export_model(tmp_path / "model", Net(), example_inputs=_inputs(5), embedding_config=emb_cfg,
-                     embedding_checkpoint_dir=tmp_path / "nope")  # fmt: skip
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "embedding_config.yml", "global_config.yml"]  # fmt: skip
+        export_model(
+            tmp_path / "model",
+            Net(),
+            example_inputs=_inputs(5),
+            embedding_config=emb_cfg,
+            embedding_checkpoint_dir=tmp_path / "nope",
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt",
+        "embedding_config.yml",
+        "global_config.yml",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -162,11 +176,11 @@ def test_failed_export_leaves_nothing(tmp_path, files):
         (
             {"example_inputs": ([torch.zeros(1, 2)], [torch.zeros(1, 4), torch.zeros(1, 2, 4)])},
             "example_inputs",
-        ),  # fmt: skip
+        ),
         (
             {"example_inputs": ([torch.zeros(3, 2)], [torch.zeros(3, 5), torch.zeros(3, 2, 4)])},
             r"example_inputs\[1\]\[0\]",
-        ),  # fmt: skip
+        ),
         ({"id_slots": ["user"]}, "id_slots"),
         ({"non_id_names": ["only_one"]}, "non_id_names"),
         ({"embedding_checkpoint_dir": None}, "exactly one of"),
@@ -203,13 +217,13 @@ def _edit_signature(path, edit):
         (
             lambda s: s["embedding_inputs"][0].update(shape=[None, 5]),
             r"embedding_inputs\[0\].shape",
-        ),  # fmt: skip
+        ),
         (lambda s: s.update(outputs=[]), "outputs"),
         (lambda s: s["embedding"].update(replica_count=3), "embedding.replica_count"),
         (
             lambda s: s["embedding_schema"]["slots_config"]["user"].update(dim="x"),
             "embedding_schema",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_load_refuses_a_bad_signature_naming_the_field(tmp_path, files, edit, field):
@@ -269,8 +283,12 @@ def test_export_from_a_live_training_context(redis_server, tmp_path):
     ids = list(range(1, 41))
     with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
         with job_services(env, tmp_path / "svc", ps_replicas=2):
-            with TrainCtx(Adagrad(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1),
-                          model=model, mixed_precision=False) as ctx:  # fmt: skip
+            with TrainCtx(
+                Adagrad(lr=0.1),
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
+                mixed_precision=False,
+            ) as ctx:
                 for step in range(3):
                     batch = ctx.get_embedding_from_data(make_batch(ids, seed=step))
                     output, labels = ctx.forward(batch)
@@ -280,8 +298,13 @@ def test_export_from_a_live_training_context(redis_server, tmp_path):
                     looked_up = ectx.get_embedding_from_data(probe)
                     want, _ = ectx.forward(looked_up)
                 non_id, emb, _ = ectx.prepare_features(looked_up)
-                path = export_model(tmp_path / "model", model, example_inputs=(non_id, emb),
-                                    embedding_config=config, ctx=ctx)  # fmt: skip
+                path = export_model(
+                    tmp_path / "model",
+                    model,
+                    example_inputs=(non_id, emb),
+                    embedding_config=config,
+                    ctx=ctx,
+                )
                 sizes = ctx.get_embedding_size()
     loaded = load_model(path)
     assert loaded.signature.embedding_replica_count == 2

@@ -82,8 +82,13 @@ def test_the_per_dim_path_prepares_the_same_groups_and_plans(replicas):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     for a, b in zip(fast.slots, slow.slots, strict=True):  # made from the groups when read
         assert (a.name, a.dim, a.summation, a.sample_fixed_size, a.batch_size, a.rounds) == (
-            b.name, b.dim, b.summation, b.sample_fixed_size, b.batch_size, b.rounds,
-        )  # fmt: skip
+            b.name,
+            b.dim,
+            b.summation,
+            b.sample_fixed_size,
+            b.batch_size,
+            b.rounds,
+        )
         for field in ("offsets", "inverse", "scale"):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     assert fast.slots[0].offsets is single_id_offsets(30)

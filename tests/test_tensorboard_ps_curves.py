@@ -68,8 +68,13 @@ def test_ps_curves_of_a_real_job(job, tmp_path):
     batches = [make_batch(ids, seed=k) for k, ids in enumerate(id_lists)]
     slot_a = {i for ids in id_lists for i in ids}
     slot_r = {j for ids in id_lists for i in ids for j in (i, i + 1)}
-    with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                  mixed_precision=False, tensorboard_dir=tmp_path / "tb") as ctx:  # fmt: skip
+    with TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        tensorboard_dir=tmp_path / "tb",
+    ) as ctx:
         for batch in DataLoader(SlowDataset(batches, pause_s=0.3), embedding_staleness=1):
             output, labels = ctx.forward(batch)
             ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))

@@ -38,8 +38,9 @@ def _train(steps: int, add_hooks) -> TrainCtx:
     with eval_ctx() as ctx:
         ctx.clear_embeddings()
     model = SmallModel()
-    ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                   mixed_precision=False)  # fmt: skip
+    ctx = TrainCtx(
+        SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model, mixed_precision=False
+    )
     add_hooks(ctx)
     batches = [make_batch([10 * i + 1, 10 * i + 2, 10 * i + 3], seed=i) for i in range(steps)]
     with ctx:
@@ -138,8 +139,13 @@ def test_epl_replaces_the_steps_precision_through_the_public_attribute():
 
     model = SmallModel()
     config = Config({"amp.level": "O1", "amp.loss_scale": 128})
-    ctx = TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model,
-                   mixed_precision=False, epl_config=config)  # fmt: skip
+    ctx = TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+        epl_config=config,
+    )
     assert type(ctx.training_step.precision).__name__ == "EplPrecision"
     assert ctx.grad_scaler is ctx.training_step.precision.scaler
     assert float(ctx.grad_scaler.get_scale()) == 128.0

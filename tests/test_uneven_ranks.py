@@ -76,19 +76,46 @@ def run_job(tmp_path: Path, redis_url: str, cap: int) -> list[dict]:
     (tmp_path / "loader.py").write_text(LOADER_SCRIPT)
     run_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     rank_log, loader_log = tmp_path / "ranks.log", tmp_path / "loader.log"
-    with job_services(env, tmp_path / "svc"), open(rank_log, "w") as rank_out, \
-            open(loader_log, "w") as loader_out:  # fmt: skip
+    with (
+        job_services(env, tmp_path / "svc"),
+        open(rank_log, "w") as rank_out,
+        open(loader_log, "w") as loader_out,
+    ):
         ranks = subprocess.Popen(
-            [sys.executable, "-m", "persia.launcher", "nn-worker", str(tmp_path / "train.py"),
-             "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
-             str(tmp_path), str(free_port()), str(cap)],
-            cwd=REPO, env=run_env, stdout=rank_out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "nn-worker",
+                str(tmp_path / "train.py"),
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "--",
+                str(tmp_path),
+                str(free_port()),
+                str(cap),
+            ],
+            cwd=REPO,
+            env=run_env,
+            stdout=rank_out,
+            stderr=subprocess.STDOUT,
+        )
         loader = subprocess.Popen(
-            [sys.executable, "-m", "persia.launcher", "data-loader", "--exit-when-done",
-             str(tmp_path / "loader.py")],
-            cwd=REPO, env=run_env, stdout=loader_out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "persia.launcher",
+                "data-loader",
+                "--exit-when-done",
+                str(tmp_path / "loader.py"),
+            ],
+            cwd=REPO,
+            env=run_env,
+            stdout=loader_out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             ranks.wait(timeout=180)
             loader.wait(timeout=60)

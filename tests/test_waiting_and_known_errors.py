@@ -46,8 +46,14 @@ def test_nn_worker_without_services_says_what_it_waits_for_then_one_line(redis):
         PERSIA_EMBEDDING_CONFIG=str(ADULT / "config" / "embedding_config.yml"),
         MASTER_PORT=str(free_port()),
     )
-    proc = subprocess.Popen([*LAUNCHER, "nn-worker", str(ADULT / "train.py")], env=env,
-                            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LAUNCHER, "nn-worker", str(ADULT / "train.py")],
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     lines: list[tuple[float, str]] = []
     with proc.stdout:
         for line in proc.stdout:
@@ -56,8 +62,11 @@ def test_nn_worker_without_services_says_what_it_waits_for_then_one_line(redis):
     out = "\n".join(text for _, text in lines)
     waits = [(t, text) for t, text in lines if "waiting for embedding_worker" in text]
     assert waits, out
-    assert re.search(r"\[nn_worker/0\] pyrsia\.shared\.registry: waiting for embedding_worker: none "
-                     r"registered yet, [5-9] s", waits[0][1]), out  # fmt: skip
+    assert re.search(
+        r"\[nn_worker/0\] pyrsia\.shared\.registry: waiting for embedding_worker: none "
+        r"registered yet, [5-9] s",
+        waits[0][1],
+    ), out
     assert len(waits) >= 2 and waits[1][0] - waits[0][0] < 7, out  # every ~5 s, not once
     errors = [text for _, text in lines if text.startswith("error:")]
     assert code == 2, out
@@ -74,8 +83,11 @@ def _run_loader(tmp_path: Path, *flags: str, **env: str) -> subprocess.Completed
     return subprocess.run(
         [*LAUNCHER, "data-loader", "--exit-when-done", *flags, str(script)],
         env=_env(PERSIA_JOB_ID=f"wrong-{uuid.uuid4().hex[:8]}", **env),
-        cwd=tmp_path, text=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.timeout(150)

@@ -56,7 +56,10 @@ def test_update_totals_add_and_round_trip():
     a, b = UpdateTotals(3, 1, 0), UpdateTotals(2, 0, 5)
     assert a + b == UpdateTotals(5, 1, 5)
     assert UpdateTotals.from_wire(_wire((a + b).to_wire())) == UpdateTotals(5, 1, 5)
-    for bad in ({"applied": 1, "skipped_unknown": 0}, {"applied": -1, "skipped_unknown": 0, "skipped_nonfinite": 0}):  # fmt: skip
+    for bad in (
+        {"applied": 1, "skipped_unknown": 0},
+        {"applied": -1, "skipped_unknown": 0, "skipped_nonfinite": 0},
+    ):
         with pytest.raises(ProtocolError, match="PS /update"):
             UpdateTotals.from_wire(bad)
 
@@ -99,7 +102,7 @@ def _request(batch=2):
         "ids": {
             "a": np.arange(batch, dtype=np.uint64),
             "b": {"ids": [5, 6, 7], "offsets": [0, 1, 3][: batch + 1]},
-        },  # fmt: skip
+        },
     }
 
 
@@ -140,7 +143,11 @@ def test_a_bad_predict_request_names_the_field(edit, field):
 
 def test_predict_request_refuses_a_batch_over_the_cap():
     with pytest.raises(InvalidInputError, match="1 to 8 samples") as err:
-        PredictRequest.from_wire(_request(batch=9) | {"ids": {"a": np.arange(9, dtype=np.uint64), "b": np.arange(9, dtype=np.uint64)}}, INPUTS)  # fmt: skip
+        PredictRequest.from_wire(
+            _request(batch=9)
+            | {"ids": {"a": np.arange(9, dtype=np.uint64), "b": np.arange(9, dtype=np.uint64)}},
+            INPUTS,
+        )
     assert err.value.field == "non_id.dense"
 
 

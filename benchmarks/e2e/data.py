@@ -53,11 +53,15 @@ def _criteo(rows: int, seed: int) -> dict[str, np.ndarray]:
         cat[:, j] = inverse.astype(np.uint64) + np.uint64(1)
         cards[j] = len(uniq) + 1
     return {
-        "train_cat_ids": cat[:rows], "test_cat_ids": cat[rows:],
-        "train_dense": data.dense[:rows], "test_dense": data.dense[rows:],
-        "train_label": data.label[:rows], "test_label": data.label[rows:],
-        "cardinalities": cards, "slot_names": np.array(data.cat_columns),
-    }  # fmt: skip
+        "train_cat_ids": cat[:rows],
+        "test_cat_ids": cat[rows:],
+        "train_dense": data.dense[:rows],
+        "test_dense": data.dense[rows:],
+        "train_label": data.label[:rows],
+        "test_label": data.label[rows:],
+        "cardinalities": cards,
+        "slot_names": np.array(data.cat_columns),
+    }
 
 
 def _census() -> dict[str, np.ndarray]:
@@ -75,9 +79,14 @@ def _census() -> dict[str, np.ndarray]:
 
 
 def prepare(
-    dataset: str, path: str | os.PathLike[str], *, criteo_rows: int = 1_000_000, seed: int = 0,
-    max_train_rows: int | None = None, max_test_rows: int | None = None,
-) -> Path:  # fmt: skip
+    dataset: str,
+    path: str | os.PathLike[str],
+    *,
+    criteo_rows: int = 1_000_000,
+    seed: int = 0,
+    max_train_rows: int | None = None,
+    max_test_rows: int | None = None,
+) -> Path:
     """Write the arrays of ``dataset`` (optionally truncated, for smoke runs) to ``path``."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset: expected one of {DATASETS}, got {dataset!r}")

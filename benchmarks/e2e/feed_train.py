@@ -128,17 +128,31 @@ def main() -> None:
         )
         it = iter(loader)
         batch = next(it, None)
-        win = feed_loop(ctx, it, batch, dense=dense, dense_s=dense_s, grad=grad, loss_fn=loss_fn,
-                        max_steps=max_steps, marks=marks, device_id=device_id)  # fmt: skip
+        win = feed_loop(
+            ctx,
+            it,
+            batch,
+            dense=dense,
+            dense_s=dense_s,
+            grad=grad,
+            loss_fn=loss_fn,
+            max_steps=max_steps,
+            marks=marks,
+            device_id=device_id,
+        )
         threads_window_s = threads_window(threads_cpu(), win.threads_before)
         phases = loop_phases(win, ctx.step_clock.snapshot())
     result = {
-        "dense": dense, "dense_ms": dense_s * 1e3 if dense == "sleep" else None,
-        **window_figures(win), "phases": phases, "threads_cpu_s": threads_window_s,
-        "threads": torch.get_num_threads(), "staleness": staleness,
+        "dense": dense,
+        "dense_ms": dense_s * 1e3 if dense == "sleep" else None,
+        **window_figures(win),
+        "phases": phases,
+        "threads_cpu_s": threads_window_s,
+        "threads": torch.get_num_threads(),
+        "staleness": staleness,
         "marks": {str(k): v for k, v in marks.items()},
         "device": torch.cuda.get_device_name(device_id) if device_id is not None else "cpu",
-    }  # fmt: skip
+    }
     with open(os.environ["E2E_RESULT"], "w") as fh:
         json.dump(result, fh)
     print(
@@ -166,11 +180,15 @@ def window_figures(win: FeedWindow) -> dict[str, Any]:
     timed_steps = win.steps - 1
     timed_samples = win.samples - win.first_samples
     return {
-        "samples": win.samples, "steps": win.steps, "timed_steps": timed_steps,
-        "timed_samples": timed_samples, "train_seconds": win.train_seconds,
+        "samples": win.samples,
+        "steps": win.steps,
+        "timed_steps": timed_steps,
+        "timed_samples": timed_samples,
+        "train_seconds": win.train_seconds,
         "samples_per_s": timed_samples / win.train_seconds if timed_steps else 0.0,
-        "t_first": win.t_first, "t_end": win.t_end,
-    }  # fmt: skip
+        "t_first": win.t_first,
+        "t_end": win.t_end,
+    }
 
 
 def dense_model(dense: str, data: dict, device_id: int | None) -> torch.nn.Module:
@@ -185,9 +203,19 @@ def dense_model(dense: str, data: dict, device_id: int | None) -> torch.nn.Modul
     return model
 
 
-def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: float,
-              grad: float, loss_fn: torch.nn.Module, max_steps: int | None,
-              marks: dict[int, dict | None], device_id: int | None) -> FeedWindow:  # fmt: skip
+def feed_loop(
+    ctx: TrainCtx,
+    it: Iterator,
+    batch: Any,
+    *,
+    dense: str,
+    dense_s: float,
+    grad: float,
+    loss_fn: torch.nn.Module,
+    max_steps: int | None,
+    marks: dict[int, dict | None],
+    device_id: int | None,
+) -> FeedWindow:
     """The training loop from ``batch`` on, then the final flush (and, on CUDA, the device's
     sync): timed from the end of the first step; fills ``marks`` as its steps come."""
     clock = StepClock()
@@ -218,14 +246,30 @@ def feed_loop(ctx: TrainCtx, it: Iterator, batch: Any, *, dense: str, dense_s: f
     flush(ctx, clock, device_id if dense == "cuda" else None)
     train_seconds = time.perf_counter() - t0
     t_end = time.time()
-    return FeedWindow(steps, samples, first_samples, t_first, t_end, train_seconds, clock,
-                      whole, ctx_before, threads_before)  # fmt: skip
+    return FeedWindow(
+        steps,
+        samples,
+        first_samples,
+        t_first,
+        t_end,
+        train_seconds,
+        clock,
+        whole,
+        ctx_before,
+        threads_before,
+    )
 
 
 def one_step(
-    ctx: TrainCtx, batch: Any, clock: StepClock, *, dense: str, dense_s: float, grad: float,
+    ctx: TrainCtx,
+    batch: Any,
+    clock: StepClock,
+    *,
+    dense: str,
+    dense_s: float,
+    grad: float,
     loss_fn: torch.nn.Module,
-) -> None:  # fmt: skip
+) -> None:
     """One training step of ``batch``: features, the dense step (or its sleep), backward."""
     non_id, embeddings, labels = ctx.prepare_features(batch)
     clock.lap("features")

@@ -46,22 +46,30 @@ def peer_pairs(
     """Every Pyrsia run against ``peer``'s run of the same round: ``ratio`` is Pyrsia's
     samples/s over the peer's, ``auc_gap`` Pyrsia's test AUC minus the peer's."""
     return [
-        {"side": side, "peer": peer, "threads": pr["threads"],
-         "ratio": pr["samples_per_s"] / tr["samples_per_s"], "auc_gap": pr["auc"] - tr["auc"],
-         "pyrsia_samples_per_s": pr["samples_per_s"], "peer_samples_per_s": tr["samples_per_s"]}
+        {
+            "side": side,
+            "peer": peer,
+            "threads": pr["threads"],
+            "ratio": pr["samples_per_s"] / tr["samples_per_s"],
+            "auc_gap": pr["auc"] - tr["auc"],
+            "pyrsia_samples_per_s": pr["samples_per_s"],
+            "peer_samples_per_s": tr["samples_per_s"],
+        }
         for side in pyrsia_sides
         for pr, tr in zip(runs[side], runs[peer], strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def peer_medians(pairs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per Pyrsia side, the median ``ratio`` and ``auc_gap`` of its pairs with the peer."""
     sides = dict.fromkeys(q["side"] for q in pairs)
     return {
-        side: {k: statistics.median(q[k] for q in pairs if q["side"] == side)
-               for k in ("ratio", "auc_gap")}
+        side: {
+            k: statistics.median(q[k] for q in pairs if q["side"] == side)
+            for k in ("ratio", "auc_gap")
+        }
         for side in sides
-    }  # fmt: skip
+    }
 
 
 def format_peer_pairs(pairs: Sequence[dict[str, Any]], side: str) -> str:

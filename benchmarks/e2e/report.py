@@ -22,18 +22,44 @@ def print_report(results: list[dict[str, Any]]) -> None:
     _print_runs(results)
     print()
     print_table(
-        [{"data": r["dataset"], "side": side, "pyrsia": fmt_rate(p["samples_per_s"]),
-          "baseline": fmt_rate(r["baseline"]["samples_per_s"]), "ratio": f"{r['ratios'][side]:.3f}",
-          "pairs": str(sum(q["side"] == side for q in r["pairs"])),
-          "median_ratio": f"{r['medians'][side]['ratio']:.3f}",
-          "median_gap": f"{r['medians'][side]['auc_gap']:+.4f}",
-          "auc_pyrsia": f"{p['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
-          "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
-          "startup_s": f"{p['startup_s']:.1f}", "eval_s": f"{p['eval_seconds']:.1f}"}
-         for r in results for side, p in r["pyrsia_sides"].items()],
-        [(k, k) for k in ("data", "side", "pyrsia", "baseline", "ratio", "auc_pyrsia", "auc_baseline",
-                          "auc_gap", "pairs", "median_ratio", "median_gap", "startup_s", "eval_s")],
-    )  # fmt: skip
+        [
+            {
+                "data": r["dataset"],
+                "side": side,
+                "pyrsia": fmt_rate(p["samples_per_s"]),
+                "baseline": fmt_rate(r["baseline"]["samples_per_s"]),
+                "ratio": f"{r['ratios'][side]:.3f}",
+                "pairs": str(sum(q["side"] == side for q in r["pairs"])),
+                "median_ratio": f"{r['medians'][side]['ratio']:.3f}",
+                "median_gap": f"{r['medians'][side]['auc_gap']:+.4f}",
+                "auc_pyrsia": f"{p['auc']:.4f}",
+                "auc_baseline": f"{r['baseline']['auc']:.4f}",
+                "auc_gap": f"{p['auc'] - r['baseline']['auc']:+.4f}",
+                "startup_s": f"{p['startup_s']:.1f}",
+                "eval_s": f"{p['eval_seconds']:.1f}",
+            }
+            for r in results
+            for side, p in r["pyrsia_sides"].items()
+        ],
+        [
+            (k, k)
+            for k in (
+                "data",
+                "side",
+                "pyrsia",
+                "baseline",
+                "ratio",
+                "auc_pyrsia",
+                "auc_baseline",
+                "auc_gap",
+                "pairs",
+                "median_ratio",
+                "median_gap",
+                "startup_s",
+                "eval_s",
+            )
+        ],
+    )
     _print_peers(results)
     for r in results:
         load = r.get("load_average")
@@ -52,13 +78,20 @@ def _print_runs(results: list[dict[str, Any]]) -> None:
         for side in r["runs"]:
             for run in r["runs"][side]:
                 best = r.get("pyrsia_sides", {}).get(side) or r.get(side)
-                rows.append({
-                    "data": r["dataset"], "side": side, "ranks": run.get("nn_workers", ""),
-                    "threads": run["threads"], "steps": run["steps"],
-                    "train_s": f"{run['train_seconds']:.2f}", "samples/s": fmt_rate(run["samples_per_s"]),
-                    "auc": f"{run['auc']:.4f}", "cpu_ms/batch": f"{1e3 * run['cpu_s'] / max(run['timed_steps'], 1):.0f}",
-                    "best": "*" if run is best else "",
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "data": r["dataset"],
+                        "side": side,
+                        "ranks": run.get("nn_workers", ""),
+                        "threads": run["threads"],
+                        "steps": run["steps"],
+                        "train_s": f"{run['train_seconds']:.2f}",
+                        "samples/s": fmt_rate(run["samples_per_s"]),
+                        "auc": f"{run['auc']:.4f}",
+                        "cpu_ms/batch": f"{1e3 * run['cpu_s'] / max(run['timed_steps'], 1):.0f}",
+                        "best": "*" if run is best else "",
+                    }
+                )
     print()
     print_table(
         rows,
@@ -83,18 +116,37 @@ def _print_runs(results: list[dict[str, Any]]) -> None:
 def _print_peers(results: list[dict[str, Any]]) -> None:
     """The TorchRec peer against the baseline, for the data sets where it ran."""
     peers = [
-        {"data": r["dataset"], "torchrec": fmt_rate(r["torchrec"]["samples_per_s"]),
-         "baseline": fmt_rate(r["baseline"]["samples_per_s"]),
-         "ratio": f"{r['torchrec']['samples_per_s'] / r['baseline']['samples_per_s']:.3f}",
-         "auc_torchrec": f"{r['torchrec']['auc']:.4f}", "auc_baseline": f"{r['baseline']['auc']:.4f}",
-         "auc_gap": f"{r['torchrec']['auc'] - r['baseline']['auc']:+.4f}",
-         "pairs": ", ".join(f"{q['threads']}t {q['ratio']:.2f}" for q in r["torchrec_pairs"])}
-        for r in results if "torchrec" in r
-    ]  # fmt: skip
+        {
+            "data": r["dataset"],
+            "torchrec": fmt_rate(r["torchrec"]["samples_per_s"]),
+            "baseline": fmt_rate(r["baseline"]["samples_per_s"]),
+            "ratio": f"{r['torchrec']['samples_per_s'] / r['baseline']['samples_per_s']:.3f}",
+            "auc_torchrec": f"{r['torchrec']['auc']:.4f}",
+            "auc_baseline": f"{r['baseline']['auc']:.4f}",
+            "auc_gap": f"{r['torchrec']['auc'] - r['baseline']['auc']:+.4f}",
+            "pairs": ", ".join(f"{q['threads']}t {q['ratio']:.2f}" for q in r["torchrec_pairs"]),
+        }
+        for r in results
+        if "torchrec" in r
+    ]
     if peers:
         print("\nTorchRec peer (fused CPU embeddings, single process) against the baseline:")
-        print_table(peers, [(k, k) for k in ("data", "torchrec", "baseline", "ratio",
-                                             "auc_torchrec", "auc_baseline", "auc_gap", "pairs")])  # fmt: skip
+        print_table(
+            peers,
+            [
+                (k, k)
+                for k in (
+                    "data",
+                    "torchrec",
+                    "baseline",
+                    "ratio",
+                    "auc_torchrec",
+                    "auc_baseline",
+                    "auc_gap",
+                    "pairs",
+                )
+            ],
+        )
 
 
 def _print_side(r: dict[str, Any], side: str, p: dict[str, Any]) -> None:
@@ -268,20 +320,31 @@ def print_step_split(name: str, pyrsia: dict[str, Any], baseline: dict[str, Any]
         return [phases[key]] if key is not None and key in phases else []
 
     rows = [
-        {"phase": label, **cells("nn", pick(pyrsia["phases"], pk), ps),
-         **cells("base", pick(base_phases, bk), bs)}
+        {
+            "phase": label,
+            **cells("nn", pick(pyrsia["phases"], pk), ps),
+            **cells("base", pick(base_phases, bk), bs),
+        }
         for label, pk, bk in _SPLIT_ROWS
-    ]  # fmt: skip
-    rows.append({
-        "phase": "step without wait",
-        **cells("nn", [v for k, v in pyrsia["phases"].items() if k not in ("wait", "flush")], ps),
-        **cells("base", list(base_phases.values()), bs),
-    })  # fmt: skip
+    ]
+    rows.append(
+        {
+            "phase": "step without wait",
+            **cells(
+                "nn", [v for k, v in pyrsia["phases"].items() if k not in ("wait", "flush")], ps
+            ),
+            **cells("base", list(base_phases.values()), bs),
+        }
+    )
     print(f"\n[{name}] training thread, ms per step, same run:")
     columns = [("phase", "phase")]
     for prefix, side in (("nn", "NN worker"), ("base", "baseline")):
-        columns += [(f"{prefix}_wall", f"{side} wall"), (f"{prefix}_cpu", "CPU"),
-                    (f"{prefix}_runq", "run queue"), (f"{prefix}_blocked", "blocked")]  # fmt: skip
+        columns += [
+            (f"{prefix}_wall", f"{side} wall"),
+            (f"{prefix}_cpu", "CPU"),
+            (f"{prefix}_runq", "run queue"),
+            (f"{prefix}_blocked", "blocked"),
+        ]
     print_table(rows, columns)
 
 
@@ -296,5 +359,10 @@ def save_chart(results: list[dict[str, Any]], json_path: Path) -> Path | None:
         ]
         aucs = ", ".join(f"{run['auc']:.4f}" for run in runs if run)
         series[f"{side} (AUC {aucs})"] = [run["samples_per_s"] if run else None for run in runs]
-    return save_bar_chart(json_path, [r["dataset"] for r in results], series,
-                          title="End to end: Pyrsia against one PyTorch process", ylabel="samples/s")  # fmt: skip
+    return save_bar_chart(
+        json_path,
+        [r["dataset"] for r in results],
+        series,
+        title="End to end: Pyrsia against one PyTorch process",
+        ylabel="samples/s",
+    )

@@ -39,8 +39,7 @@ def task_sched(pid: int, tid: str) -> dict[str, float] | None:
                     ivcsw = int(line.split()[1])
     except (FileNotFoundError, ProcessLookupError, ValueError):
         return None
-    return {"cpu_s": int(cpu_ns) / 1e9, "runq_s": int(wait_ns) / 1e9, "vcsw": vcsw,
-            "ivcsw": ivcsw}  # fmt: skip
+    return {"cpu_s": int(cpu_ns) / 1e9, "runq_s": int(wait_ns) / 1e9, "vcsw": vcsw, "ivcsw": ivcsw}
 
 
 def tree_sched(

@@ -117,9 +117,15 @@ def main() -> None:
         t_end = time.time()
         phases = window_phases(win, ctx.step_clock.snapshot())
         rank, world_size = get_rank() or 0, get_world_size() or 1
-        own = {"samples": win.samples, "timed_samples": win.samples - win.first_samples,
-               "steps": len(win.losses), "train_seconds": train_seconds, "phases": phases,
-               "threads_cpu_s": win.threads_window, "page_faults": win.page_faults}  # fmt: skip
+        own = {
+            "samples": win.samples,
+            "timed_samples": win.samples - win.first_samples,
+            "steps": len(win.losses),
+            "train_seconds": train_seconds,
+            "phases": phases,
+            "threads_cpu_s": win.threads_window,
+            "page_faults": win.page_faults,
+        }
         totals = job_totals(own, world_size)  # a collective: while the process group exists
         auc = evaluate(model, data)
         eval_seconds = time.time() - t_end
@@ -128,11 +134,21 @@ def main() -> None:
         with open(f"{os.environ['E2E_RESULT']}.rank{rank}", "w") as fh:
             json.dump(own, fh)
     if rank == 0:
-        write_result(win, totals, world_size, {
-            "auc": auc, "eval_seconds": eval_seconds, "phases": phases, "loader_options": options,
-            "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
-            "t_main": t_main, "t_ready": t_ready, "t_end": t_end,
-        })  # fmt: skip
+        write_result(
+            win,
+            totals,
+            world_size,
+            {
+                "auc": auc,
+                "eval_seconds": eval_seconds,
+                "phases": phases,
+                "loader_options": options,
+                "dense_fused_adam": bool(ctx_args["dense_optimizer"].defaults.get("fused")),
+                "t_main": t_main,
+                "t_ready": t_ready,
+                "t_end": t_end,
+            },
+        )
 
 
 def write_result(win: Window, totals: dict[str, Any], world_size: int, extra: dict) -> None:
@@ -140,20 +156,32 @@ def write_result(win: Window, totals: dict[str, Any], world_size: int, extra: di
     losses, and ``extra`` (AUC, phases, options, times); then its one-line summary."""
     wait_ms = np.array(win.waits or [0.0]) * 1e3
     result = {
-        "samples": totals["samples"], "steps": totals["steps"], "train_seconds": totals["train_seconds"],
-        "timed_samples": totals["timed_samples"], "timed_steps": totals["steps"] - world_size,
+        "samples": totals["samples"],
+        "steps": totals["steps"],
+        "train_seconds": totals["train_seconds"],
+        "timed_samples": totals["timed_samples"],
+        "timed_steps": totals["steps"] - world_size,
         "rank_timed_steps": len(win.losses) - 1,  # rank 0's: phases and threads_cpu_s are its
         "samples_per_s": totals["timed_samples"] / totals["train_seconds"],
         "nn_workers": world_size,
-        "wait_ms": {q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))}, "threads_cpu_s": win.threads_window,
-        "page_faults": win.page_faults, "threads": torch.get_num_threads(),
-        "dense_lr": DENSE_LR * dense_lr_scale(), "t_first": win.t_first,
-        "first_losses": win.losses[:3], "last_losses": win.losses[-3:], **extra,
-    }  # fmt: skip
+        "wait_ms": {
+            q: float(np.percentile(wait_ms, p)) for q, p in (("p50", 50), ("p90", 90), ("max", 100))
+        },
+        "threads_cpu_s": win.threads_window,
+        "page_faults": win.page_faults,
+        "threads": torch.get_num_threads(),
+        "dense_lr": DENSE_LR * dense_lr_scale(),
+        "t_first": win.t_first,
+        "first_losses": win.losses[:3],
+        "last_losses": win.losses[-3:],
+        **extra,
+    }
     with open(os.environ["E2E_RESULT"], "w") as fh:
         json.dump(result, fh)
-    print(f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
-          f"{totals['train_seconds']:.2f}s, test AUC {extra['auc']:.4f}")  # fmt: skip
+    print(
+        f"e2e train: {totals['samples']} samples on {world_size} rank(s) in "
+        f"{totals['train_seconds']:.2f}s, test AUC {extra['auc']:.4f}"
+    )
 
 
 def loader_options() -> dict[str, Any]:
@@ -207,8 +235,9 @@ def start_profiler() -> Any:
     return profiler
 
 
-def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module,
-               max_steps: int | None) -> Window:  # fmt: skip
+def timed_loop(
+    ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module, max_steps: int | None
+) -> Window:
     """The training loop from ``batch`` on, then the final flush: the window is timed from
     the end of the first step to the last gradients applied (see the module's docstring)."""
     clock = StepClock()  # this loop's own phases: wait, forward, flush
@@ -249,8 +278,20 @@ def timed_loop(ctx: TrainCtx, it: Iterator, batch: Any, loss_fn: torch.nn.Module
     t5 = time.perf_counter()
     threads_window_s = threads_window(threads_cpu(), threads_before)
     page_faults = minor_faults() - faults_before
-    return Window(losses, samples, first_samples, t0, t_first, t5, clock, whole, ctx_before,
-                  waits, threads_window_s, page_faults)  # fmt: skip
+    return Window(
+        losses,
+        samples,
+        first_samples,
+        t0,
+        t_first,
+        t5,
+        clock,
+        whole,
+        ctx_before,
+        waits,
+        threads_window_s,
+        page_faults,
+    )
 
 
 def loop_phases(win: Window, ctx_now: dict) -> dict:
@@ -272,8 +313,16 @@ def loop_phases(win: Window, ctx_now: dict) -> dict:
 def window_phases(win: Window, ctx_now: dict) -> dict:
     """``loop_phases`` in the report's order."""
     phases = loop_phases(win, ctx_now)
-    order = ("wait", "features", "forward", "autograd", "gradient_send", "dense_step",
-             "other", "flush")  # fmt: skip
+    order = (
+        "wait",
+        "features",
+        "forward",
+        "autograd",
+        "gradient_send",
+        "dense_step",
+        "other",
+        "flush",
+    )
     return {k: phases[k] for k in order if k in phases}
 
 
@@ -305,8 +354,12 @@ def job_totals(own: dict, world_size: int) -> dict:
     seconds = torch.tensor([own["train_seconds"]], dtype=torch.float64)
     torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
     samples, timed, steps = (int(v) for v in counts.tolist())
-    return {"samples": samples, "timed_samples": timed, "steps": steps,
-            "train_seconds": float(seconds.item())}  # fmt: skip
+    return {
+        "samples": samples,
+        "timed_samples": timed,
+        "steps": steps,
+        "train_seconds": float(seconds.item()),
+    }
 
 
 if __name__ == "__main__":

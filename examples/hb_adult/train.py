@@ -107,16 +107,22 @@ def main() -> int:
         batches = hb.data.make_initializable_iterator(train_set, batch_size=BATCH_SIZE, seed=7)
         batches.initialize(epoch)
         history += hb.train.train_and_evaluate(
-            step, batches, eval_fn=eval_fn, eval_every_n_iter=env_int("EVAL_EVERY", 200),
+            step,
+            batches,
+            eval_fn=eval_fn,
+            eval_every_n_iter=env_int("EVAL_EVERY", 200),
             max_steps=max_steps,
-        )  # fmt: skip
+        )
     export_dir = os.environ.get("EXPORT_DIR")
     if export_dir and hb.context.is_chief:
         dense, cat_ids, education, _ = test_set[:64]
         path = hb.train.export(
-            export_dir, model=model, example_inputs=(dense, cat_ids, education),
-            non_id_names=["dense"], overwrite=True,
-        )  # fmt: skip
+            export_dir,
+            model=model,
+            example_inputs=(dense, cat_ids, education),
+            non_id_names=["dense"],
+            overwrite=True,
+        )
         print(f"exported the serving artifact to {path}")
     if hb.context.is_chief:
         final = history[-1][1]

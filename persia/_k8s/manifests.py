@@ -33,8 +33,15 @@ GATEWAY_IMAGE = "prom/pushgateway:v1.9.0"
 REDIS_PORT = 6379
 GATEWAY_PORT = 9091
 NN_MASTER_PORT = 29500
-LOG_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
-              "warning": "WARNING", "error": "ERROR", "critical": "CRITICAL"}  # fmt: skip
+LOG_LEVELS = {
+    "trace": "DEBUG",
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "critical": "CRITICAL",
+}
 """PERSIA's (Rust) log level names -> Python's."""
 JOB_LABEL = "persia-job"
 ROLE_LABEL = "persia-role"
@@ -100,8 +107,14 @@ def _common_env(job: PersiaJobSpec, secret: str) -> list[dict[str, Any]]:
     return env
 
 
-def _container(job: PersiaJobSpec, role: RoleSpec, name: str, args: list[str],
-               extra_env: list[dict], secret: str) -> dict[str, Any]:  # fmt: skip
+def _container(
+    job: PersiaJobSpec,
+    role: RoleSpec,
+    name: str,
+    args: list[str],
+    extra_env: list[dict],
+    secret: str,
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": name,
         "image": role.image or DEFAULT_IMAGE,
@@ -129,17 +142,27 @@ def _ordinal_env() -> list[dict[str, Any]]:
     return [
         {
             "name": "REPLICA_INDEX",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+            },
         }
-    ]  # fmt: skip
+    ]
 
 
-def _server(job: PersiaJobSpec, key: str, role_name: str, command: str, port: int,
-            secret: str) -> list[dict]:  # fmt: skip
+def _server(
+    job: PersiaJobSpec, key: str, role_name: str, command: str, port: int, secret: str
+) -> list[dict]:
     role = job.roles[key]
     name = f"{job.name}-{role_name}"
-    args = [command, "--replica-index", "$(REPLICA_INDEX)", "--replica-size",
-            str(role.replicas), "--port", str(port)]  # fmt: skip
+    args = [
+        command,
+        "--replica-index",
+        "$(REPLICA_INDEX)",
+        "--replica-size",
+        str(role.replicas),
+        "--port",
+        str(port),
+    ]
     container = _container(job, role, role_name, args, _ordinal_env(), secret)
     container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     # a TCP probe: /health answers 401 without the job's token (PERSIA_AUTH_TOKEN)
@@ -159,8 +182,14 @@ def _server(job: PersiaJobSpec, key: str, role_name: str, command: str, port: in
     return [_service(job, name, role_name, port, headless=True), stateful_set]
 
 
-def _indexed_job(job: PersiaJobSpec, role_name: str, role: RoleSpec, args: list[str],
-                 secret: str, **pod_spec: Any) -> dict:  # fmt: skip
+def _indexed_job(
+    job: PersiaJobSpec,
+    role_name: str,
+    role: RoleSpec,
+    args: list[str],
+    secret: str,
+    **pod_spec: Any,
+) -> dict:
     index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     env = [{"name": "REPLICA_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index}}}]
     container = _container(job, role, role_name, args, env, secret)
@@ -173,27 +202,45 @@ def _indexed_job(job: PersiaJobSpec, role_name: str, role: RoleSpec, args: list[
             "completions": role.replicas,
             "parallelism": role.replicas,
             "backoffLimit": 0 if job.restart_policy == "Never" else 3,
-            "template": _pod_template(job, role_name, container, restartPolicy=job.restart_policy, **pod_spec),
+            "template": _pod_template(
+                job, role_name, container, restartPolicy=job.restart_policy, **pod_spec
+            ),
         },
-    }  # fmt: skip
+    }
 
 
 def _nn_worker(job: PersiaJobSpec, secret: str) -> list[dict]:
     role = job.roles["nnWorker"]
     name = f"{job.name}-nn-worker"
     master = f"{name}-0.{name}.{job.namespace}.svc.cluster.local"
-    args = ["nn-worker", "$(PERSIA_NN_WORKER_ENTRY)", "--nproc-per-node", str(role.nproc_per_node),
-            "--nnodes", str(role.replicas), "--node-rank", "$(REPLICA_INDEX)",
-            "--master-addr", master if role.replicas > 1 else "127.0.0.1",
-            "--master-port", str(NN_MASTER_PORT)]  # fmt: skip
+    args = [
+        "nn-worker",
+        "$(PERSIA_NN_WORKER_ENTRY)",
+        "--nproc-per-node",
+        str(role.nproc_per_node),
+        "--nnodes",
+        str(role.replicas),
+        "--node-rank",
+        "$(REPLICA_INDEX)",
+        "--master-addr",
+        master if role.replicas > 1 else "127.0.0.1",
+        "--master-port",
+        str(NN_MASTER_PORT),
+    ]
     manifest = _indexed_job(job, "nn-worker", role, args, secret, subdomain=name)
     return [_service(job, name, "nn-worker", NN_MASTER_PORT, headless=True), manifest]
 
 
 def _data_loader(job: PersiaJobSpec, secret: str) -> list[dict]:
     role = job.roles["dataloader"]
-    args = ["data-loader", "$(PERSIA_DATALOADER_ENTRY)", "--replica-index", "$(REPLICA_INDEX)",
-            "--replica-size", str(role.replicas)]  # fmt: skip
+    args = [
+        "data-loader",
+        "$(PERSIA_DATALOADER_ENTRY)",
+        "--replica-index",
+        "$(REPLICA_INDEX)",
+        "--replica-size",
+        str(role.replicas),
+    ]
     return [_indexed_job(job, "data-loader", role, args, secret)]
 
 
@@ -213,9 +260,12 @@ def _single(job: PersiaJobSpec, role_name: str, image: str, port: int, args: lis
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": _labels(job, role_name)},
-            "template": {"metadata": {"labels": _labels(job, role_name)}, "spec": {"containers": [container]}},
+            "template": {
+                "metadata": {"labels": _labels(job, role_name)},
+                "spec": {"containers": [container]},
+            },
         },
-    }  # fmt: skip
+    }
     return [_service(job, name, role_name, port, headless=False), deployment]
 
 
@@ -230,21 +280,33 @@ def build_manifests(
     """
     if auth_secret is None and not auth_token:
         raise InvalidInputError(
-            "auth_token", "auth_token (a new Secret) or auth_secret",
+            "auth_token",
+            "auth_token (a new Secret) or auth_secret",
             message="build_manifests: pass auth_token (a new Secret) or auth_secret",
-        )  # fmt: skip
+        )
     secret = auth_secret or auth_secret_name(job)
     objects = [] if auth_secret else [_auth_secret(job, auth_token or "")]
-    objects += _single(job, "redis", REDIS_IMAGE, REDIS_PORT,
-                       ["--save", "", "--appendonly", "no"])  # fmt: skip
+    objects += _single(job, "redis", REDIS_IMAGE, REDIS_PORT, ["--save", "", "--appendonly", "no"])
     if job.enable_metrics:
         objects += _single(job, "metrics-gateway", GATEWAY_IMAGE, GATEWAY_PORT, [])
     if "embeddingParameterServer" in job.roles:
-        objects += _server(job, "embeddingParameterServer", "embedding-ps",
-                           "embedding-parameter-server", DEFAULT_PS_PORT, secret)  # fmt: skip
+        objects += _server(
+            job,
+            "embeddingParameterServer",
+            "embedding-ps",
+            "embedding-parameter-server",
+            DEFAULT_PS_PORT,
+            secret,
+        )
     if "embeddingWorker" in job.roles:
-        objects += _server(job, "embeddingWorker", "embedding-worker",
-                           "embedding-worker", DEFAULT_EMBEDDING_WORKER_PORT, secret)  # fmt: skip
+        objects += _server(
+            job,
+            "embeddingWorker",
+            "embedding-worker",
+            "embedding-worker",
+            DEFAULT_EMBEDDING_WORKER_PORT,
+            secret,
+        )
     if "nnWorker" in job.roles:
         objects += _nn_worker(job, secret)
     if "dataloader" in job.roles:

@@ -42,10 +42,19 @@ PERSIA_ENV = {  # spec.persiaEnv key -> the older spec-level key
     "PERSIA_DATALOADER_ENTRY": "dataLoaderPyEntryPath",
 }
 SPEC_FIELDS = (
-    "persiaEnv", "globalConfigPath", "embeddingConfigPath", "nnWorkerPyEntryPath",
+    "persiaEnv",
+    "globalConfigPath",
+    "embeddingConfigPath",
+    "nnWorkerPyEntryPath",
     "dataLoaderPyEntryPath",
-    "enableMetrics", "volumes", "env", "logLevel", "restartPolicy", "imagePullPolicy", *ROLE_KEYS,
-)  # fmt: skip
+    "enableMetrics",
+    "volumes",
+    "env",
+    "logLevel",
+    "restartPolicy",
+    "imagePullPolicy",
+    *ROLE_KEYS,
+)
 LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "critical")
 NATS_VARIABLES = ("PERSIA_NATS_IP", "PERSIA_NATS_URL")
 
@@ -153,8 +162,10 @@ def _env_list(reader: _Reader, key: str, dropped: list[str]) -> tuple[dict[str, 
             raise reader.fail(f"{key}[{i}].name", "an environment variable name", item["name"])
         unknown = sorted(set(item) - {"name", "value", "valueFrom"})
         if unknown:
-            raise ConfigError(f"{reader.source}: {reader.where(f'{key}[{i}].{unknown[0]}')}: "
-                              "unknown key (known: name, value, valueFrom)")  # fmt: skip
+            raise ConfigError(
+                f"{reader.source}: {reader.where(f'{key}[{i}].{unknown[0]}')}: "
+                "unknown key (known: name, value, valueFrom)"
+            )
         if ("value" in item) == ("valueFrom" in item):
             raise reader.fail(f"{key}[{i}]", "exactly one of value / valueFrom", item)
         if "value" in item and not isinstance(item["value"], str):

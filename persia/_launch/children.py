@@ -45,11 +45,17 @@ class Job:
 
     def start(self, name: str, argv: list[str]) -> Child:
         proc = subprocess.Popen(
-            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
-        reader = threading.Thread(target=pump_lines, args=(name, proc.stdout, self.out),
-                                  name=f"run-{name}", daemon=True)  # fmt: skip
+            argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        reader = threading.Thread(
+            target=pump_lines, args=(name, proc.stdout, self.out), name=f"run-{name}", daemon=True
+        )
         reader.start()
         child = Child(name, proc, reader)
         self.children.append(child)
@@ -70,7 +76,9 @@ class Job:
             try:
                 c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.out.line("run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed")  # fmt: skip
+                self.out.line(
+                    "run", f"{c.name} still running {timeout_s:.0f}s after SIGTERM: killed"
+                )
                 c.proc.kill()
                 c.proc.wait()
             c.reader.join(timeout=LOG_READER_JOIN_S)  # its last lines out before ours
@@ -99,8 +107,17 @@ def start_redis(job: Job) -> str:
     binds it); its URL."""
     for _ in range(3):
         port = free_port()
-        child = job.start("redis", [sys.executable, "-m", "pyrsia.shared.redis_local", "--port",
-                                    str(port), "--restart-on-failure"])  # fmt: skip
+        child = job.start(
+            "redis",
+            [
+                sys.executable,
+                "-m",
+                "pyrsia.shared.redis_local",
+                "--port",
+                str(port),
+                "--restart-on-failure",
+            ],
+        )
         if wait_port(port, child.proc, REDIS_START_TIMEOUT_S):
             return f"redis://127.0.0.1:{port}/0"
         job.stop(("redis",), 2.0)

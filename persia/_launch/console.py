@@ -22,8 +22,14 @@ __all__ = ["NAMES", "Output", "Progress", "progress_text", "pump_lines"]
 
 NAMES = ("redis", "embedding_parameter_server", "embedding_worker", "nn_worker", "data_loader")
 _WIDTH = max(map(len, NAMES))
-_COLORS = {"redis": 31, "embedding_parameter_server": 32, "embedding_worker": 33,
-           "nn_worker": 36, "data_loader": 35, "run": 1}  # fmt: skip
+_COLORS = {
+    "redis": 31,
+    "embedding_parameter_server": 32,
+    "embedding_worker": 33,
+    "nn_worker": 36,
+    "data_loader": 35,
+    "run": 1,
+}
 
 
 class Output:

@@ -55,10 +55,12 @@ async def target_groups(registry: Registry) -> list[dict]:
     groups = []
     for role in SERVER_ROLES:
         for index, rec in sorted((await registry.discover(role)).items()):
-            groups.append({
-                "targets": [rec.address],
-                "labels": {"job": job, "role": rec.role, "replica_index": str(index)},
-            })  # fmt: skip
+            groups.append(
+                {
+                    "targets": [rec.address],
+                    "labels": {"job": job, "role": rec.role, "replica_index": str(index)},
+                }
+            )
     return groups
 
 
@@ -125,13 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         "ranks) as Prometheus file_sd targets, labelled job, role, replica_index "
         "(PERSIA_REDIS_URL, PERSIA_JOB_ID).",
     )
-    parser.add_argument("--output", default="-",
-                        help="the file_sd JSON file to write ('-': stdout, once)")  # fmt: skip
-    parser.add_argument("--watch", action="store_true",
-                        help="keep the file current: reread the registry every --interval "
-                        "seconds and replace the file atomically when the targets change")  # fmt: skip
-    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S,
-                        help="seconds between registry reads with --watch")  # fmt: skip
+    parser.add_argument(
+        "--output", default="-", help="the file_sd JSON file to write ('-': stdout, once)"
+    )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="keep the file current: reread the registry every --interval "
+        "seconds and replace the file atomically when the targets change",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between registry reads with --watch",
+    )
     return parser
 
 

@@ -77,21 +77,43 @@ def build_parser() -> argparse.ArgumentParser:
         "set), one embedding PS, one embedding worker, the NN worker and the data loader, on "
         "free ports; stops them all when the NN worker exits and exits with its code.",
     )
-    p.add_argument("--nn-worker", default=None, metavar="TRAIN_PY",
-                   help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})")  # fmt: skip
-    p.add_argument("--data-loader", default=None, metavar="DATA_LOADER_PY",
-                   help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})")  # fmt: skip
+    p.add_argument(
+        "--nn-worker",
+        default=None,
+        metavar="TRAIN_PY",
+        help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})",
+    )
+    p.add_argument(
+        "--data-loader",
+        default=None,
+        metavar="DATA_LOADER_PY",
+        help=f"the data loader script (default: ${ENV_DATALOADER_ENTRY})",
+    )
     add_config_flags(p)
-    p.add_argument("--embedded", action="store_true", default=None,
-                   help=f"one process: the embedding PS and worker engines and the data loader run inside the NN worker's process (no Redis, no servers; one rank); also ${ENV_EMBEDDED}=1")  # fmt: skip
-    p.add_argument("--nproc-per-node", type=int, default=1,
-                   help="NN-worker ranks (default 1)")  # fmt: skip
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="the live progress line (default: on when standard output is a terminal)")  # fmt: skip
-    p.add_argument("--verbose", action="store_true",
-                   help="a known error (bad config, Redis unreachable, a service never registered) shows its traceback too, not one line")  # fmt: skip
-    p.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S,
-                   help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})")  # fmt: skip
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        default=None,
+        help=f"one process: the embedding PS and worker engines and the data loader run inside the NN worker's process (no Redis, no servers; one rank); also ${ENV_EMBEDDED}=1",
+    )
+    p.add_argument("--nproc-per-node", type=int, default=1, help="NN-worker ranks (default 1)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the live progress line (default: on when standard output is a terminal)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="a known error (bad config, Redis unreachable, a service never registered) shows its traceback too, not one line",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT_S,
+        help=f"seconds a process gets to exit after SIGTERM before it is killed (default {STOP_TIMEOUT_S:.0f})",
+    )
     return p
 
 
@@ -101,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
     train = resolve_file(args.nn_worker, "--nn-worker", ENV_NN_WORKER_ENTRY, required=True)
     loader = resolve_file(args.data_loader, "--data-loader", ENV_DATALOADER_ENTRY, required=True)
-    emb = resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True)  # fmt: skip
+    emb = resolve_file(
+        args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
+    )
     glob = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
@@ -148,11 +172,15 @@ def _start_children(job: Job, args: argparse.Namespace, train: Path, loader: Pat
     strict = {None: [], True: ["--strict-config"], False: ["--allow-unknown-config-keys"]}[
         args.strict_config
     ]
-    for name, sub in (("embedding_parameter_server", "embedding-parameter-server"),
-                      ("embedding_worker", "embedding-worker")):  # fmt: skip
+    for name, sub in (
+        ("embedding_parameter_server", "embedding-parameter-server"),
+        ("embedding_worker", "embedding-worker"),
+    ):
         job.start(name, [*launcher, sub, "--port", "0", *strict])
-    nn = job.start("nn_worker", [*launcher, "nn-worker", str(train), "--nproc-per-node",
-                                 str(args.nproc_per_node)])  # fmt: skip
+    nn = job.start(
+        "nn_worker",
+        [*launcher, "nn-worker", str(train), "--nproc-per-node", str(args.nproc_per_node)],
+    )
     job.start("data_loader", [*launcher, "data-loader", str(loader)])
     return nn
 
@@ -201,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     first = first_failure(Path(env[ENV_LOG_DIR]))
     if failed is not None:
         code = failed.proc.returncode
-        out.line("run", f"{failed.name} exited with code {code} before the NN worker finished: job stopped after {took:.0f}s")  # fmt: skip
+        out.line(
+            "run",
+            f"{failed.name} exited with code {code} before the NN worker finished: job stopped after {took:.0f}s",
+        )
         return _blame(job, first, code if code and code > 0 else 1)
     code = nn.proc.returncode
     out.line("run", f"nn_worker exited with code {code} after {took:.0f}s; every process stopped")
@@ -230,14 +261,23 @@ def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
     return first.code
 
 
-def _run_embedded(args: argparse.Namespace, job: Job, env: dict[str, str], train: Path,
-                  loader: Path, signals: StopSignals, started: float) -> int:  # fmt: skip
+def _run_embedded(
+    args: argparse.Namespace,
+    job: Job,
+    env: dict[str, str],
+    train: Path,
+    loader: Path,
+    signals: StopSignals,
+    started: float,
+) -> int:
     """The whole job in one child: train.py as a rank (pyrsia.services.nn_worker.rank_entry),
     the engines and data_loader.py inside it; its exit code is ``run``'s."""
     env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(loader.resolve())})
     job.out.line("run", f"job {env[ENV_JOB_ID]} embedded: one process, no Redis")
-    nn = job.start("nn_worker", [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry",
-                                 str(train)])  # fmt: skip
+    nn = job.start(
+        "nn_worker",
+        [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry", str(train)],
+    )
     watch(job, nn, signals.received)
     job.out.end_status()
     job.stop(("nn_worker",), args.stop_timeout)

@@ -55,7 +55,7 @@ DEFAULT_SERVE_PORT = 8080
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="persia-launcher serve",
-        description="Serve an exported model (persia.serving.export_model): batch predictions over HTTP, msgpack or JSON.",  # fmt: skip
+        description="Serve an exported model (persia.serving.export_model): batch predictions over HTTP, msgpack or JSON.",
     )
     _add_model_flags(p)
     _add_server_flags(p)
@@ -65,27 +65,78 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     """What is served: the export, its configs and the embedding workers it reads from."""
-    p.add_argument("--model", required=True, help="the export directory (signature.json, dense.pt2|dense.ts, embedding/)")  # fmt: skip
-    p.add_argument("--embedding-config", default=None, help=f"embedding_config.yml; must match the model's (default: ${ENV_EMBEDDING_CONFIG}, else the model's copy)")  # fmt: skip
-    p.add_argument("--global-config", default=None, help=f"global_config.yml for the private embedding worker, usually job_type: Infer with infer_config.servers (default: ${ENV_GLOBAL_CONFIG}, else the model's copy)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        required=True,
+        help="the export directory (signature.json, dense.pt2|dense.ts, embedding/)",
+    )
+    p.add_argument(
+        "--embedding-config",
+        default=None,
+        help=f"embedding_config.yml; must match the model's (default: ${ENV_EMBEDDING_CONFIG}, else the model's copy)",
+    )
+    p.add_argument(
+        "--global-config",
+        default=None,
+        help=f"global_config.yml for the private embedding worker, usually job_type: Infer with infer_config.servers (default: ${ENV_GLOBAL_CONFIG}, else the model's copy)",
+    )
     add_unknown_keys_flags(p)  # --allow-unknown-config-keys, --strict-config (the default)
-    p.add_argument("--embedding-worker", action="append", default=None, metavar="HOST:PORT", help=f"an embedding worker to use (repeatable; default ${ENV_EMBEDDING_WORKER_SERVICE}, else start one)")  # fmt: skip
+    p.add_argument(
+        "--embedding-worker",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"an embedding worker to use (repeatable; default ${ENV_EMBEDDING_WORKER_SERVICE}, else start one)",
+    )
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
     """Where and how much it serves: the address, batch and concurrency bounds."""
-    p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT, help=f"port to listen on, 0 picks a free one (default {DEFAULT_SERVE_PORT})")  # fmt: skip
-    p.add_argument("--host", default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST), help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)")  # fmt: skip
-    p.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE, help=f"largest batch a request may carry (default {MAX_BATCH_SIZE})")  # fmt: skip
-    p.add_argument("--max-inflight", type=int, default=SERVE_MAX_INFLIGHT, help=f"predictions running at once; more get 429 (default {SERVE_MAX_INFLIGHT})")  # fmt: skip
-    p.add_argument("--threads", type=int, default=SERVE_THREADS, help=f"threads running the dense model (default {SERVE_THREADS})")  # fmt: skip
-    p.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT_S, help=f"seconds to wait for the embedding workers (default {DEFAULT_WAIT_TIMEOUT_S:g})")  # fmt: skip
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_SERVE_PORT,
+        help=f"port to listen on, 0 picks a free one (default {DEFAULT_SERVE_PORT})",
+    )
+    p.add_argument(
+        "--host",
+        default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST),
+        help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=MAX_BATCH_SIZE,
+        help=f"largest batch a request may carry (default {MAX_BATCH_SIZE})",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=SERVE_MAX_INFLIGHT,
+        help=f"predictions running at once; more get 429 (default {SERVE_MAX_INFLIGHT})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=SERVE_THREADS,
+        help=f"threads running the dense model (default {SERVE_THREADS})",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT_S,
+        help=f"seconds to wait for the embedding workers (default {DEFAULT_WAIT_TIMEOUT_S:g})",
+    )
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    for flag, value in (("--max-batch-size", args.max_batch_size), ("--max-inflight", args.max_inflight), ("--threads", args.threads)):  # fmt: skip
+    for flag, value in (
+        ("--max-batch-size", args.max_batch_size),
+        ("--max-inflight", args.max_inflight),
+        ("--threads", args.threads),
+    ):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if not args.wait_timeout > 0:
@@ -100,20 +151,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_numbers(args)
         model = load_model(args.model)
-        emb_path = resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False) or model.embedding_config_path  # fmt: skip
+        emb_path = (
+            resolve_file(
+                args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
+            )
+            or model.embedding_config_path
+        )
         if load_embedding_config(emb_path, strict=args.strict_config) != model.schema:
-            raise UsageError(f"{emb_path}: not the embedding config the model at {args.model} was exported with (slots, dims or pooling differ)")  # fmt: skip
-        glob_path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False) or model.global_config_path  # fmt: skip
+            raise UsageError(
+                f"{emb_path}: not the embedding config the model at {args.model} was exported with (slots, dims or pooling differ)"
+            )
+        glob_path = (
+            resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+            or model.global_config_path
+        )
         load_global_config(glob_path, strict=args.strict_config)
-        workers = args.embedding_worker or [a.strip() for a in current().text(ENV_EMBEDDING_WORKER_SERVICE).split(",") if a.strip()]  # fmt: skip
+        workers = args.embedding_worker or [
+            a.strip() for a in current().text(ENV_EMBEDDING_WORKER_SERVICE).split(",") if a.strip()
+        ]
     except (UsageError, ConfigError, InvalidInputError) as exc:
         return fail(str(exc))
     configure_logging("serve", 0)
     private = None if workers else PrivateWorker(Path(emb_path), Path(glob_path))
     try:
-        app = create_app(model, workers or [private.address], max_batch=args.max_batch_size,
-                         max_inflight=args.max_inflight, threads=args.threads, wait_timeout_s=args.wait_timeout,
-                         max_request_bytes=args.max_request_bytes)  # fmt: skip
+        app = create_app(
+            model,
+            workers or [private.address],
+            max_batch=args.max_batch_size,
+            max_inflight=args.max_inflight,
+            threads=args.threads,
+            wait_timeout_s=args.wait_timeout,
+            max_request_bytes=args.max_request_bytes,
+        )
     except InvalidInputError as exc:
         return fail(str(exc))
     if private is not None:

@@ -108,11 +108,17 @@ async def _lease_slots(settings: RegistrySettings) -> list[Process]:
             continue
         size = int(fields.get(f"size:{parts[1]}", 0) or 0)
         since_ms = holder.get("since_ms")
-        found.append(Process(
-            role=parts[1], index=index, size=size, pid=int(holder.get("pid", 0) or 0),
-            host=str(holder.get("host", "")).split("/")[0], health="lease",  # "<host>/pid:[ns]"
-            since=since_ms / 1000.0 if isinstance(since_ms, (int, float)) else None,
-        ))  # fmt: skip
+        found.append(
+            Process(
+                role=parts[1],
+                index=index,
+                size=size,
+                pid=int(holder.get("pid", 0) or 0),
+                host=str(holder.get("host", "")).split("/")[0],
+                health="lease",  # "<host>/pid:[ns]"
+                since=since_ms / 1000.0 if isinstance(since_ms, (int, float)) else None,
+            )
+        )
     return found
 
 
@@ -124,8 +130,15 @@ async def snapshot(settings: RegistrySettings, timeout_s: float = SCRAPE_TIMEOUT
         await registry.ping()
         for role in SERVER_ROLES:
             for index, rec in sorted((await registry.discover(role)).items()):
-                processes.append(Process(role=rec.role, index=index, size=rec.replica_size,
-                                         address=rec.address, pid=rec.pid))  # fmt: skip
+                processes.append(
+                    Process(
+                        role=rec.role,
+                        index=index,
+                        size=rec.replica_size,
+                        address=rec.address,
+                        pid=rec.pid,
+                    )
+                )
         try:
             processes += sorted(await _lease_slots(settings), key=lambda p: (p.role, p.index))
         except (RedisError, OSError):
@@ -148,11 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(PERSIA_REDIS_URL, PERSIA_JOB_ID; PERSIA_AUTH_TOKEN when the job uses one).",
     )
     parser.add_argument("--watch", action="store_true", help="redraw until Ctrl-C")
-    parser.add_argument("--interval", type=float, default=1.0,
-                        help="seconds between scrapes (rates are measured over it)")  # fmt: skip
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between scrapes (rates are measured over it)",
+    )
     parser.add_argument("--no-color", action="store_true", help="plain text, no colors")
-    parser.add_argument("--width", type=int, default=None,
-                        help="table width in characters (default: the terminal's; on a pipe or a file, the table's own width: nothing folded)")  # fmt: skip
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="table width in characters (default: the terminal's; on a pipe or a file, the table's own width: nothing folded)",
+    )
     return parser
 
 
@@ -162,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --interval: expected a number of seconds > 0", file=sys.stderr)
         return 2
     console = Console(
-        no_color=args.no_color, highlight=False, width=args.width,
+        no_color=args.no_color,
+        highlight=False,
+        width=args.width,
         force_terminal=False if args.no_color else None,
-    )  # fmt: skip
+    )
     settings = RegistrySettings.from_env()
     try:
         if args.watch:
@@ -203,9 +226,11 @@ async def _watch(console: Console, settings: RegistrySettings, interval_s: float
     loop.add_signal_handler(signal.SIGINT, stop.set)
     before = None
     try:
-        with Live(console=console, auto_refresh=False, screen=False) if console.is_terminal else (
-            contextlib.nullcontext()
-        ) as live:  # fmt: skip
+        with (
+            Live(console=console, auto_refresh=False, screen=False)
+            if console.is_terminal
+            else (contextlib.nullcontext()) as live
+        ):
             while not stop.is_set():
                 now = await _unless_stopped(snapshot(settings), stop)
                 if now is None:

@@ -119,8 +119,13 @@ def _figures(proc: Process, before: Process | None) -> tuple[str, str, str]:
     return "", "", ""
 
 
-_HEALTH_STYLE = {"ready": "green", "not ready": "yellow", "unreachable": "red", "refused": "red",
-                 "lease": "cyan"}  # fmt: skip
+_HEALTH_STYLE = {
+    "ready": "green",
+    "not ready": "yellow",
+    "unreachable": "red",
+    "refused": "red",
+    "lease": "cyan",
+}
 
 
 def render(now: Snapshot, before: Snapshot | None = None) -> Table:
@@ -133,8 +138,17 @@ def render(now: Snapshot, before: Snapshot | None = None) -> Table:
         f"{ready}/{len(servers)} servers ready",
         title_justify="left",
     )
-    for column in ("process", "address", "pid", "health", "uptime", "memory", "throughput",
-                   "staleness", "detail"):  # fmt: skip
+    for column in (
+        "process",
+        "address",
+        "pid",
+        "health",
+        "uptime",
+        "memory",
+        "throughput",
+        "staleness",
+        "detail",
+    ):
         wraps = column in ("health", "detail")  # the reason and the detail may be long
         table.add_column(column, overflow="fold", no_wrap=not wraps)
     for proc in now.processes:
@@ -145,10 +159,16 @@ def render(now: Snapshot, before: Snapshot | None = None) -> Table:
         uptime = None if proc.since is None else now.taken_at - proc.since
         where = proc.address or (f"{proc.host} (launcher)" if proc.host else "(launcher)")
         table.add_row(
-            f"{proc.name} of {proc.size}" if proc.size else proc.name, where,
-            str(proc.pid or ""), health, _duration(uptime),
-            _bytes(proc.value("process_resident_memory_bytes")), throughput, staleness, detail,
-        )  # fmt: skip
+            f"{proc.name} of {proc.size}" if proc.size else proc.name,
+            where,
+            str(proc.pid or ""),
+            health,
+            _duration(uptime),
+            _bytes(proc.value("process_resident_memory_bytes")),
+            throughput,
+            staleness,
+            detail,
+        )
     if not now.processes:
         table.caption = "nothing registered: is the job running, with this PERSIA_JOB_ID?"
     return table

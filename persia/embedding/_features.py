@@ -55,9 +55,11 @@ def _name_and_data(kind: str, first: Any, second: Any) -> tuple[str, Any]:
     if isinstance(second, str):
         return second, first
     raise InvalidTypeError(
-        "name", "a str name", message=f"{kind}(name, data): expected a str name, got "
+        "name",
+        "a str name",
+        message=f"{kind}(name, data): expected a str name, got "
         f"{_describe(first)} and {_describe(second)}",
-    )  # fmt: skip
+    )
 
 
 IDS_ACCEPTED = (
@@ -217,8 +219,13 @@ class IDTypeFeatureWithSingleID(_IDFeature):
     """
 
     def __init__(self, name: str, data: np.ndarray):
-        if type(name) is str and name and type(data) is np.ndarray and data.ndim == 1 \
-                and data.dtype == _UINT64:  # fmt: skip
+        if (
+            type(name) is str
+            and name
+            and type(data) is np.ndarray
+            and data.ndim == 1
+            and data.dtype == _UINT64
+        ):
             ids = data.copy()  # the usual case (uint64 ids, in this order): nothing to convert
         else:
             name, ids = _single_ids(name, data)
@@ -243,9 +250,10 @@ class NdarrayDataBase:
         kind = type(self).__name__
         if name is not None and not isinstance(name, str):
             raise InvalidTypeError(
-                f"{kind}.name", "a str or None",
+                f"{kind}.name",
+                "a str or None",
                 message=f"{kind}: expected name to be a str or None, got {_describe(name)}",
-            )  # fmt: skip
+            )
         if not isinstance(data, np.ndarray) or data.dtype not in DENSE_DTYPES or data.ndim < 1:
             raise _bad(
                 f"{kind} {name or self.DEFAULT_NAME!r}: data",

@@ -198,9 +198,11 @@ def _check_types(id_features: tuple, dense: tuple, labels: tuple) -> None:
             if not isinstance(item, kinds):
                 names = " or ".join(k.__name__ for k in kinds)
                 raise InvalidTypeError(
-                    f"{field}[{i}]", names, type(item).__name__,
+                    f"{field}[{i}]",
+                    names,
+                    type(item).__name__,
                     message=f"{field}[{i}]: expected {names}, got {type(item).__name__}",
-                )  # fmt: skip
+                )
 
 
 def _check_contents(id_features: tuple, dense: tuple, labels: tuple, size: int) -> None:
@@ -224,14 +226,16 @@ def _check_flags(requires_grad: object, meta: object, labels: tuple) -> None:
     """``requires_grad`` a bool, ``meta`` bytes or None, and labels when gradients are asked."""
     if not isinstance(requires_grad, bool):
         raise InvalidTypeError(
-            "requires_grad", "a bool", message=f"requires_grad: expected a bool, got "
-            f"{type(requires_grad).__name__}",
-        )  # fmt: skip
+            "requires_grad",
+            "a bool",
+            message=f"requires_grad: expected a bool, got {type(requires_grad).__name__}",
+        )
     if meta is not None and not isinstance(meta, bytes):
         raise InvalidTypeError(
-            "meta", "bytes or None",
+            "meta",
+            "bytes or None",
             message=f"meta: expected bytes or None, got {type(meta).__name__}",
-        )  # fmt: skip
+        )
     if requires_grad and not labels:
         raise MisuseError(
             "PersiaBatch: requires_grad=True needs labels; pass labels=[Label(...)] "

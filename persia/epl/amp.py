@@ -99,6 +99,9 @@ class EplPrecision(Precision):
         if self.debug:
             log.info(
                 "amp debug: step %d, loss scale %g -> %g, dense step %s, embedding grads %s",
-                self.steps, scale, float(self.scaler.get_scale()),
-                "skipped (inf/NaN)" if skipped else "applied", "finite" if finite else "non-finite",
-            )  # fmt: skip
+                self.steps,
+                scale,
+                float(self.scaler.get_scale()),
+                "skipped (inf/NaN)" if skipped else "applied",
+                "finite" if finite else "non-finite",
+            )

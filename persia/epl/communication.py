@@ -74,8 +74,14 @@ class ReduceState:
         comm = config.communication
         everyone = list(range(world_size))
         groups = [dist.new_group(ranks=everyone) for _ in range(comm.num_communicators)]
-        return cls(groups, world_size, comm.gradients_reduce_method == "mean", comm.fp16,
-                   float(comm.fp16_scale), should_defer)  # fmt: skip
+        return cls(
+            groups,
+            world_size,
+            comm.gradients_reduce_method == "mean",
+            comm.fp16,
+            float(comm.fp16_scale),
+            should_defer,
+        )
 
     def reduce_async(self, tensor: torch.Tensor, index: int) -> torch.futures.Future:
         """All-reduce ``tensor`` in place on communicator ``index mod n``."""

@@ -49,8 +49,11 @@ def slice_files(
         replica_size = env.get_replica_size() if replica_size is None else replica_size
     if isinstance(replica_size, bool) or not isinstance(replica_size, int) or replica_size < 1:
         raise InvalidInputError("replica_size", "an integer >= 1", replica_size)
-    if isinstance(replica_index, bool) or not isinstance(replica_index, int) \
-            or not 0 <= replica_index < replica_size:  # fmt: skip
+    if (
+        isinstance(replica_index, bool)
+        or not isinstance(replica_index, int)
+        or not 0 <= replica_index < replica_size
+    ):
         raise InvalidInputError(
             "replica_index", f"an integer in [0, {replica_size})", replica_index
         )

@@ -44,8 +44,11 @@ log = logging.getLogger(__name__)
 def batchnorm_names(model: nn.Module) -> list[str]:
     """The dotted names of ``model``'s BatchNorm modules (any ``_BatchNorm``: 1d/2d/3d, lazy,
     ``SyncBatchNorm``)."""
-    return [name or type(model).__name__ for name, m in model.named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm)]  # fmt: skip
+    return [
+        name or type(model).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -106,8 +109,9 @@ class _MicroBatches(torch.autograd.Function):
     def backward(fn_ctx, *grad_outputs: torch.Tensor):
         owner, n_non_id = fn_ctx.owner, fn_ctx.n_non_id
         inputs = [
-            x.detach().requires_grad_(x.requires_grad and x.is_floating_point()) for x in fn_ctx.saved_tensors
-        ]  # fmt: skip
+            x.detach().requires_grad_(x.requires_grad and x.is_floating_point())
+            for x in fn_ctx.saved_tensors
+        ]
         runner = owner.runner
         last = len(fn_ctx.bounds) - 1
         for i, ((lo, hi), rng) in enumerate(zip(fn_ctx.bounds, fn_ctx.rng, strict=True)):
@@ -121,8 +125,11 @@ class _MicroBatches(torch.autograd.Function):
                 with _autocast(fn_ctx.autocast):
                     out = runner(chunk[:n_non_id], chunk[n_non_id:])
                 outs = [out] if isinstance(out, torch.Tensor) else list(out)
-                pairs = [(o, g[lo:hi]) for o, g in zip(outs, grad_outputs, strict=True)
-                         if g is not None and o.requires_grad]  # fmt: skip
+                pairs = [
+                    (o, g[lo:hi])
+                    for o, g in zip(outs, grad_outputs, strict=True)
+                    if g is not None and o.requires_grad
+                ]
                 if pairs:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = [x.grad if x.requires_grad else None for x in inputs]
@@ -167,8 +174,9 @@ class EplModel(nn.Module):
                 "with its own mean and variance, so the gradients are not the whole batch's, "
                 "and the running statistics move once per micro-batch (as in EPL). Use "
                 "pipeline.num_micro_batch=1, or GroupNorm/LayerNorm, for whole-batch gradients",
-                self.num_micro_batch, ", ".join(names),
-            )  # fmt: skip
+                self.num_micro_batch,
+                ", ".join(names),
+            )
 
     def forward(self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]):
         training = self.training and torch.is_grad_enabled()
@@ -183,9 +191,10 @@ class EplModel(nn.Module):
         inputs = [*non_id, *embeddings]
         if not inputs:
             raise InvalidInputError(
-                "inputs", "at least one input tensor to split",
+                "inputs",
+                "at least one input tensor to split",
                 message="pipeline.num_micro_batch > 1 needs at least one input tensor to split",
-            )  # fmt: skip
+            )
         # the anchor makes the output require grad even when no input does (only parameters)
         anchor = torch.empty(0, requires_grad=True)
         return _MicroBatches.apply(self, len(non_id), anchor, *inputs)

@@ -89,8 +89,13 @@ def partition(
         by = "measured forward time"
     starts = _balanced_cut(costs, num_stages) + [len(layers)]
     stages = [nn.Sequential(*layers[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
-    log.info("auto.auto_parallel: %d layers in %d stages by %s: %s", len(layers), num_stages, by,
-             [b - a for a, b in zip(starts, starts[1:], strict=False)])  # fmt: skip
+    log.info(
+        "auto.auto_parallel: %d layers in %d stages by %s: %s",
+        len(layers),
+        num_stages,
+        by,
+        [b - a for a, b in zip(starts, starts[1:], strict=False)],
+    )
     return stages
 
 
@@ -107,9 +112,15 @@ class PipelineRunner:
         group: the ranks that form the pipeline (default: every rank).
     """
 
-    def __init__(self, model: nn.Module | Sequence[nn.Module], loss_fn: Callable, config: Config,
-                 device: torch.device | str = "cpu", sample_input: torch.Tensor | None = None,
-                 group: dist.ProcessGroup | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module | Sequence[nn.Module],
+        loss_fn: Callable,
+        config: Config,
+        device: torch.device | str = "cpu",
+        sample_input: torch.Tensor | None = None,
+        group: dist.ProcessGroup | None = None,
+    ):
         if not dist.is_initialized():
             raise ConfigError(
                 "pipeline stages need torch.distributed initialized (one rank per stage)"
@@ -140,8 +151,14 @@ class PipelineRunner:
         self.stage = PipelineStage(self.module, rank, num_stages, torch.device(device), group=group)
         schedule = Schedule1F1B if config.pipeline.strategy == "PreferBackward" else ScheduleGPipe
         self.schedule = schedule(self.stage, config.pipeline.num_micro_batch, loss_fn=loss_fn)
-        log.info("pipeline: rank %d runs stage %d/%d under %s, %d micro-batches", rank, rank, num_stages,
-                 schedule.__name__, config.pipeline.num_micro_batch)  # fmt: skip
+        log.info(
+            "pipeline: rank %d runs stage %d/%d under %s, %d micro-batches",
+            rank,
+            rank,
+            num_stages,
+            schedule.__name__,
+            config.pipeline.num_micro_batch,
+        )
 
     @property
     def is_first(self) -> bool:

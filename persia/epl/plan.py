@@ -108,8 +108,13 @@ def warn_unread_keys(config: Config) -> None:
         if config.get(key) != KEYS[key].default and config.get(switch) == KEYS[switch].default:
             log.warning(
                 "%s=%r has no effect: it applies only when %s is %s (set %s, or drop %s)",
-                key, config.get(key), switch, on, switch, key,
-            )  # fmt: skip
+                key,
+                config.get(key),
+                switch,
+                on,
+                switch,
+                key,
+            )
 
 
 class EplPlan:
@@ -164,8 +169,12 @@ class EplPlan:
                 f"EPL options need DDPOption as the distributed option, got {type(base).__name__}"
             )
         option = EplDistributedOption(base, self)
-        reduce_keys = sorted(k for k in config.non_default() if k.startswith("communication.")
-                             and k not in ("communication.sparse_as_dense", "communication.clip_after_allreduce"))  # fmt: skip
+        reduce_keys = sorted(
+            k
+            for k in config.non_default()
+            if k.startswith("communication.")
+            and k not in ("communication.sparse_as_dense", "communication.clip_after_allreduce")
+        )
         if reduce_keys and (env.get_world_size() or 1) == 1:
             log.info(
                 "%s: one NN-worker rank, no all-reduce to configure (no effect)",
@@ -196,8 +205,14 @@ class EplPlan:
             state.reduce_now(params)
 
     # --- data parallel (TrainCtx._enter, WORLD_SIZE > 1) ----------------------------------
-    def distribute(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, world_size: int,
-                   device_id: int | None, find_unused_parameters: bool) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
+    def distribute(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        world_size: int,
+        device_id: int | None,
+        find_unused_parameters: bool,
+    ) -> tuple[nn.Module, torch.optim.Optimizer | None]:
         """DDP with the communication settings; ZeRO for the optimizer."""
         config = self.config
         self.world_size = world_size
@@ -208,10 +223,12 @@ class EplPlan:
         )
         device_ids = None if (device_id is None or self.offloaded) else [device_id]
         parallel = torch.nn.parallel.DistributedDataParallel(
-            inner, device_ids=device_ids, output_device=None if device_ids is None else device_id,
+            inner,
+            device_ids=device_ids,
+            output_device=None if device_ids is None else device_id,
             find_unused_parameters=find_unused_parameters,
             bucket_cap_mb=communication.bucket_cap_mb(inner, config.communication.max_splits),
-        )  # fmt: skip
+        )
         parallel.register_comm_hook(self.reduce_state, communication.reduce_hook)
         if isinstance(model, EplModel):
             model.run_with(parallel)
@@ -237,7 +254,9 @@ class EplDistributedOption(DistributedBaseOption):
     def needs_master_addr(self) -> bool:
         return self.base.needs_master_addr()
 
-    def convert2distributed_model(self, model, world_size, rank_id, device_id=None, master_addr=None, optimizer=None):  # fmt: skip
+    def convert2distributed_model(
+        self, model, world_size, rank_id, device_id=None, master_addr=None, optimizer=None
+    ):
         if self.plan.offloaded and self.base.backend == "nccl":
             raise ConfigError(
                 'offload.level "v0" keeps gradients in CPU memory: use DDPOption(backend="gloo")'

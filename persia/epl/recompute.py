@@ -145,8 +145,10 @@ def apply_gradient_checkpoint(model: nn.Module, config: Config) -> list[nn.Modul
             setattr(block, _WRAPPED, True)
     log.info(
         "gradient_checkpoint %s: %d blocks checkpointed (%s)",
-        kind, len(blocks), ", ".join(sorted({type(b).__name__ for b in blocks})) or "none",
-    )  # fmt: skip
+        kind,
+        len(blocks),
+        ", ".join(sorted({type(b).__name__ for b in blocks})) or "none",
+    )
     return blocks
 
 
@@ -192,8 +194,9 @@ class GradientCheck:
         log.info(
             "gradient_checkpoint.check_gradients: max |checkpointed - plain| gradient = %.3g "
             "(tolerance %.3g)",
-            self.max_diff, self.tolerance,
-        )  # fmt: skip
+            self.max_diff,
+            self.tolerance,
+        )
         if not self.max_diff <= self.tolerance:  # NaN fails too
             raise ConfigError(
                 "gradient_checkpoint.check_gradients: the checkpointed model's gradients differ "

@@ -98,8 +98,9 @@ def clip_by_global_norm(max_norm: float | None) -> None:
     ``ConfigError`` (register the norm before building the context).
     """
     global _clip_norm
-    if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
-                                 or not max_norm > 0):  # fmt: skip
+    if max_norm is not None and (
+        isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0
+    ):
         raise InvalidInputError("max_norm", "a number > 0 (or None to stop clipping)", max_norm)
     if max_norm is not None:
         _refuse_inside_plain_trainctx()

@@ -108,8 +108,9 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, world_size: int) -> torch.
         log.info("zero.level v1: the dense optimizer's existing state was sharded, not dropped")
     log.info(
         "zero.level v1: %s state sharded over %d ranks (this rank steps %d of %d parameters)",
-        type(optimizer).__name__, world_size,
+        type(optimizer).__name__,
+        world_size,
         sum(len(g["params"]) for g in sharded.optim.param_groups),
         sum(len(g["params"]) for g in optimizer.param_groups),
-    )  # fmt: skip
+    )
     return sharded

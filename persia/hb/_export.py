@@ -109,15 +109,25 @@ def _trace_ids(
         where = [i for i, arg in enumerate(example_inputs) if arg is inputs[0]]
         label = f"{type(module).__name__}(slot={module.slot!r})"
         if not where:
-            raise InvalidInputError(label, "to be called with one of the model's arguments as is", "a computed tensor")  # fmt: skip
+            raise InvalidInputError(
+                label, "to be called with one of the model's arguments as is", "a computed tensor"
+            )
         if where[0] in positions or id(module) in seen:
-            raise InvalidInputError(label, "one call per export (each id argument feeds one module)", "several")  # fmt: skip
+            raise InvalidInputError(
+                label, "one call per export (each id argument feeds one module)", "several"
+            )
         if isinstance(module, ShardedEmbeddingBag) and (module.mode != "sum" or len(inputs) > 1):
-            raise InvalidInputError(label, "mode='sum' with 2-D ids (what the serving worker pools)", module.mode)  # fmt: skip
+            raise InvalidInputError(
+                label, "mode='sum' with 2-D ids (what the serving worker pools)", module.mode
+            )
         if isinstance(module, ShardedEmbedding) and inputs[0].dim() != 1:
-            raise InvalidInputError(label, "1-D ids (one id per sample) to be served", tuple(inputs[0].shape))  # fmt: skip
+            raise InvalidInputError(
+                label, "1-D ids (one id per sample) to be served", tuple(inputs[0].shape)
+            )
         if module.padding_idx is not None:
-            raise InvalidInputError(label, "no padding_idx (the serving path does not drop ids)", module.padding_idx)  # fmt: skip
+            raise InvalidInputError(
+                label, "no padding_idx (the serving path does not drop ids)", module.padding_idx
+            )
         seen.add(id(module))
         positions.append(where[0])
         slots.append(str(module.slot))
@@ -154,7 +164,11 @@ def export_artifact(
     if not isinstance(example_inputs, (tuple, list)) or not all(
         isinstance(t, torch.Tensor) for t in example_inputs
     ):
-        raise InvalidInputError("example_inputs", "a tuple of tensors: the model's arguments", type(example_inputs).__name__)  # fmt: skip
+        raise InvalidInputError(
+            "example_inputs",
+            "a tuple of tensors: the model's arguments",
+            type(example_inputs).__name__,
+        )
     example_inputs = tuple(example_inputs)
     positions, slots, rows = _trace_ids(inner, example_inputs)
     non_id = [t for i, t in enumerate(example_inputs) if i not in positions]

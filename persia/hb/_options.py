@@ -61,33 +61,80 @@ def _option(name: str, kind: Any, default: Any, doc: str, *, env: bool = True) -
 SPECS: dict[str, Key] = {
     spec.name: spec
     for spec in (
-        _option("grad_nbuckets", Integer(1), 1, "number of all-reduce buckets of the dense gradients"),
-        _option("grad_lazy_sync", Boolean(), False,
-                "all-reduce dense gradients in optimizer.step() instead of during backward"),
-        _option("find_unused_parameters", Boolean(), False,
-                "DistributedDataParallel's find_unused_parameters"),
-        _option("comm_default", Choice(*COMM_BACKENDS, ignore_case=False), "auto",
-                "torch.distributed backend"),
-        _option("data_sync_drop_remainder", Boolean(), True,
-                "every rank's iterator yields the same number of batches"),
-        _option("sharding", Boolean(), False,
-                "torch.nn.Embedding/EmbeddingBag created in hb.scope live on the embedding PS"),
-        _option("emb_staleness", Integer(0), 10,
-                "embedding-gradient sends in flight per process (0: each send is awaited)"),
-        _option("emb_grad_reduction", Choice(*EMB_GRAD_REDUCTIONS, ignore_case=False), "mean",
-                "how the ranks' gradients of sharded embeddings combine on the PS"),
-        _option("batch_size", Integer(1, sentinel=-1), -1,
-                "default batch size of hb.data iterators"),
-        _option("seed", Integer(0, sentinel=-1), -1,
-                "shuffle seed of hb.data iterators (-1: keep the dataset order)"),
-        _option("embedding_optimizer", Nullable(InstanceOf(EmbeddingOptimizer,
-                "a persia.embedding.optim optimizer (SGD, Adam, Adagrad)")), None,
-                "optimizer the embedding PS applies", env=False),
-        _option("embedding_config", Nullable(InstanceOf(EmbeddingConfig,
-                "a persia.embedding.EmbeddingConfig")), None,
-                "initialization / admission / weight bound of the PS embeddings", env=False),
+        _option(
+            "grad_nbuckets", Integer(1), 1, "number of all-reduce buckets of the dense gradients"
+        ),
+        _option(
+            "grad_lazy_sync",
+            Boolean(),
+            False,
+            "all-reduce dense gradients in optimizer.step() instead of during backward",
+        ),
+        _option(
+            "find_unused_parameters",
+            Boolean(),
+            False,
+            "DistributedDataParallel's find_unused_parameters",
+        ),
+        _option(
+            "comm_default",
+            Choice(*COMM_BACKENDS, ignore_case=False),
+            "auto",
+            "torch.distributed backend",
+        ),
+        _option(
+            "data_sync_drop_remainder",
+            Boolean(),
+            True,
+            "every rank's iterator yields the same number of batches",
+        ),
+        _option(
+            "sharding",
+            Boolean(),
+            False,
+            "torch.nn.Embedding/EmbeddingBag created in hb.scope live on the embedding PS",
+        ),
+        _option(
+            "emb_staleness",
+            Integer(0),
+            10,
+            "embedding-gradient sends in flight per process (0: each send is awaited)",
+        ),
+        _option(
+            "emb_grad_reduction",
+            Choice(*EMB_GRAD_REDUCTIONS, ignore_case=False),
+            "mean",
+            "how the ranks' gradients of sharded embeddings combine on the PS",
+        ),
+        _option(
+            "batch_size", Integer(1, sentinel=-1), -1, "default batch size of hb.data iterators"
+        ),
+        _option(
+            "seed",
+            Integer(0, sentinel=-1),
+            -1,
+            "shuffle seed of hb.data iterators (-1: keep the dataset order)",
+        ),
+        _option(
+            "embedding_optimizer",
+            Nullable(
+                InstanceOf(
+                    EmbeddingOptimizer, "a persia.embedding.optim optimizer (SGD, Adam, Adagrad)"
+                )
+            ),
+            None,
+            "optimizer the embedding PS applies",
+            env=False,
+        ),
+        _option(
+            "embedding_config",
+            Nullable(InstanceOf(EmbeddingConfig, "a persia.embedding.EmbeddingConfig")),
+            None,
+            "initialization / admission / weight bound of the PS embeddings",
+            env=False,
+        ),
     )
-}  # fmt: skip
+}
 """Every option by name, in the order of the table above."""
 
 TABLE = KeyTable(

@@ -230,9 +230,11 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     """
     if not isinstance(model, torch.nn.Module):
         raise InvalidTypeError(
-            "model", "a torch.nn.Module", type(model).__name__,
+            "model",
+            "a torch.nn.Module",
+            type(model).__name__,
             message=f"data_parallel: expected a torch.nn.Module, got {type(model).__name__}",
-        )  # fmt: skip
+        )
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model
     options = context.options
@@ -258,8 +260,10 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
         _check_rebuilt_buckets(ddp, min(options.grad_nbuckets, len(params)))
     log.info(
         "rank %d/%d: DDP with %d gradient buckets",
-        context.rank, context.world_size, min(options.grad_nbuckets, len(params)),
-    )  # fmt: skip
+        context.rank,
+        context.world_size,
+        min(options.grad_nbuckets, len(params)),
+    )
     return ddp
 
 
@@ -296,8 +300,10 @@ def _check_rebuilt_buckets(ddp: torch.nn.parallel.DistributedDataParallel, expec
                 "of the parameters' registration (forward uses the layers in another order "
                 "than __init__ declares them); declare them in the order forward uses them "
                 "to get exactly %d. The gradients are averaged all the same.",
-                expected, got, expected,
-            )  # fmt: skip
+                expected,
+                got,
+                expected,
+            )
 
     handle = ddp.register_forward_pre_hook(before_forward)
 

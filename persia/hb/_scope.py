@@ -183,11 +183,18 @@ def embedding_optimizer_for(optimizer: torch.optim.Optimizer) -> EmbeddingOptimi
     """
     d = optimizer.defaults
     if isinstance(optimizer, torch.optim.SGD) and not d.get("nesterov") and not d.get("dampening"):
-        return SGD(lr=float(d["lr"]), momentum=float(d.get("momentum", 0.0)),
-                   weight_decay=float(d.get("weight_decay", 0.0)))  # fmt: skip
+        return SGD(
+            lr=float(d["lr"]),
+            momentum=float(d.get("momentum", 0.0)),
+            weight_decay=float(d.get("weight_decay", 0.0)),
+        )
     if isinstance(optimizer, torch.optim.Adam) and not d.get("amsgrad"):
-        return Adam(lr=float(d["lr"]), betas=tuple(d["betas"]),
-                    weight_decay=float(d.get("weight_decay", 0.0)), eps=float(d["eps"]))  # fmt: skip
+        return Adam(
+            lr=float(d["lr"]),
+            betas=tuple(d["betas"]),
+            weight_decay=float(d.get("weight_decay", 0.0)),
+            eps=float(d["eps"]),
+        )
     return None
 
 

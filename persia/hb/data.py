@@ -149,9 +149,13 @@ class InitializableIterator:
                 self.sync,  # type: ignore[arg-type]
             )
         self._loader = DataLoader(
-            source, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate_fn,
-            num_workers=num_workers, drop_last=False,
-        )  # fmt: skip
+            source,
+            batch_size=self.batch_size,
+            sampler=self._sampler,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            drop_last=False,
+        )
         self._it: Iterator[Any] | None = None
         if self._iterable and self.sync and self.world_size > 1:
             context.init_process_group()  # the per-batch "every rank has one" all-reduce

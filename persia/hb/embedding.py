@@ -118,19 +118,22 @@ class _Sharded:
         config = connection.slot(self.slot)
         if config.dim != self.embedding_dim:
             raise InvalidInputError(
-                f"slots_config.{self.slot}.dim", f"{self.embedding_dim} (embedding_dim of the "
-                f"torch module)", config.dim,
-            )  # fmt: skip
+                f"slots_config.{self.slot}.dim",
+                f"{self.embedding_dim} (embedding_dim of the torch module)",
+                config.dim,
+            )
         if not config.embedding_summation:
             raise InvalidInputError(
-                f"slots_config.{self.slot}.embedding_summation", "true for a torch embedding",
+                f"slots_config.{self.slot}.embedding_summation",
+                "true for a torch embedding",
                 False,
-            )  # fmt: skip
+            )
         if summed_bags and config.sqrt_scaling:
             raise InvalidInputError(
                 f"slots_config.{self.slot}.sqrt_scaling",
-                "false for an EmbeddingBag (torch sums or averages the bag)", True,
-            )  # fmt: skip
+                "false for an EmbeddingBag (torch sums or averages the bag)",
+                True,
+            )
         self._hb_checked = True
 
     def _pooled(self, ids: np.ndarray, offsets: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -206,9 +209,10 @@ class ShardedEmbeddingBag(_Sharded, torch.nn.EmbeddingBag):
             array = np.concatenate((array, [n_ids]))
         if array.size < 2 or array[0] != 0 or array[-1] > n_ids or np.any(np.diff(array) < 0):
             raise InvalidInputError(
-                "offsets", f"non-decreasing bag starts from 0, at most len(input)={n_ids}",
+                "offsets",
+                f"non-decreasing bag starts from 0, at most len(input)={n_ids}",
                 array[:8].tolist(),
-            )  # fmt: skip
+            )
         return array
 
 

@@ -136,7 +136,9 @@ def _global(global_config: str | Path | GlobalConfig | None) -> str:
     )
 
 
-def _slots(schema: EmbeddingSchema, id_slots: Sequence[str] | None, emb: list[torch.Tensor]) -> tuple[str, ...]:  # fmt: skip
+def _slots(
+    schema: EmbeddingSchema, id_slots: Sequence[str] | None, emb: list[torch.Tensor]
+) -> tuple[str, ...]:
     slots = tuple(schema.slot_names if id_slots is None else id_slots)
     if isinstance(id_slots, str) or len(slots) != len(emb):
         raise InvalidInputError(
@@ -158,7 +160,11 @@ def _slots(schema: EmbeddingSchema, id_slots: Sequence[str] | None, emb: list[to
 def _non_id_names(non_id_names: Sequence[str] | None, count: int) -> list[str]:
     """One non-empty name per non-ID input (default ``non_id_<i>``)."""
     names = [f"non_id_{i}" for i in range(count)] if non_id_names is None else list(non_id_names)
-    if isinstance(non_id_names, str) or len(names) != count or not all(isinstance(n, str) and n for n in names):  # fmt: skip
+    if (
+        isinstance(non_id_names, str)
+        or len(names) != count
+        or not all(isinstance(n, str) and n for n in names)
+    ):
         raise InvalidInputError("non_id_names", f"{count} non-empty names", non_id_names)
     return names
 
@@ -168,7 +174,9 @@ def _staging_dir(export_dir: str | Path, overwrite: bool) -> tuple[Path, Path]:
     (renamed to the artifact at the end, so a crashed export never looks like a model)."""
     export_dir = Path(export_dir).absolute()
     if export_dir.exists() and not overwrite:
-        raise InvalidInputError("export_dir", "a path that does not exist yet (or overwrite=True)", str(export_dir))  # fmt: skip
+        raise InvalidInputError(
+            "export_dir", "a path that does not exist yet (or overwrite=True)", str(export_dir)
+        )
     export_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = export_dir.with_name(f".{export_dir.name}.tmp-{secrets.token_hex(4)}")
     tmp.mkdir()
@@ -285,7 +293,9 @@ def export_model(
         manifests = _save_embeddings(tmp / EMBEDDING_DIR, ctx, embedding_checkpoint_dir)
         (tmp / EMBEDDING_CONFIG_FILE).write_text(embedding_yaml, "utf-8")
         (tmp / GLOBAL_CONFIG_FILE).write_text(global_yaml, "utf-8")
-        signature = _signature(kind, zip(names, non_id, strict=True), schema, slots, outputs, manifests)  # fmt: skip
+        signature = _signature(
+            kind, zip(names, non_id, strict=True), schema, slots, outputs, manifests
+        )
         signature.write(tmp / SIGNATURE_FILE)
         _publish(tmp, export_dir, signature)
     except BaseException:
@@ -318,7 +328,9 @@ class ServingModel:
             out = self.dense(list(non_id), list(embeddings))
         return [out] if isinstance(out, torch.Tensor) else list(out)
 
-    def predict_numpy(self, non_id: Sequence[np.ndarray], embeddings: Sequence[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+    def predict_numpy(
+        self, non_id: Sequence[np.ndarray], embeddings: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
         """:meth:`predict` on numpy arrays (no copies: ``torch.from_numpy``)."""
         outs = self.predict(
             [torch.from_numpy(np.ascontiguousarray(a)) for a in non_id],

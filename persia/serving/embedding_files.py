@@ -36,9 +36,14 @@ def checkpoint_manifests(src: Path) -> list[dict]:
             m = json.loads(path.read_text())
             index = int(path.name.split("_", 1)[1].split(".", 1)[0])
         except (OSError, ValueError) as exc:
-            raise InvalidInputError("embedding_checkpoint_dir", f"a readable {path.name}", str(exc)) from exc  # fmt: skip
-        if not isinstance(m, dict) or m.get("format") != EMBEDDING_CHECKPOINT_FORMAT \
-                or m.get("format_version") != EMBEDDING_CHECKPOINT_VERSION:  # fmt: skip
+            raise InvalidInputError(
+                "embedding_checkpoint_dir", f"a readable {path.name}", str(exc)
+            ) from exc
+        if (
+            not isinstance(m, dict)
+            or m.get("format") != EMBEDDING_CHECKPOINT_FORMAT
+            or m.get("format_version") != EMBEDDING_CHECKPOINT_VERSION
+        ):
             raise InvalidInputError(
                 "embedding_checkpoint_dir",
                 f"{EMBEDDING_CHECKPOINT_FORMAT} version {EMBEDDING_CHECKPOINT_VERSION} in {path.name}",

@@ -51,8 +51,19 @@ class PrivateWorker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        args = [sys.executable, "-m", WORKER_MODULE, "--host", "127.0.0.1", "--port", str(self.port),
-                "--embedding-config", str(self.embedding_config), "--global-config", str(self.global_config)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            WORKER_MODULE,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--embedding-config",
+            str(self.embedding_config),
+            "--global-config",
+            str(self.global_config),
+        ]
         # output goes where serve's goes (honcho, terminal); the worker dies with serve
         self.proc = subprocess.Popen(args, preexec_fn=die_with_parent)
         log.info("started a private embedding worker (pid %d) on %s", self.proc.pid, self.address)
@@ -74,7 +85,9 @@ class PrivateWorker:
             try:
                 return proc.wait(timeout=SHUTDOWN_BUDGET_S)
             except subprocess.TimeoutExpired:
-                log.error("private embedding worker did not stop within %.0fs: killed", SHUTDOWN_BUDGET_S)  # fmt: skip
+                log.error(
+                    "private embedding worker did not stop within %.0fs: killed", SHUTDOWN_BUDGET_S
+                )
                 proc.kill()
         return proc.wait()
 
@@ -100,7 +113,9 @@ class PrivateWorker:
         while self.proc is not None:
             code = self.proc.poll()
             if code is not None:
-                reason = f"the private embedding worker exited with code {code}; see its log lines above"  # fmt: skip
+                reason = (
+                    f"the private embedding worker exited with code {code}; see its log lines above"
+                )
                 app[STATE].set_not_ready(reason)
                 log.error("%s", reason)
                 return

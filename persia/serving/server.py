@@ -52,7 +52,15 @@ log = logging.getLogger(__name__)
 class ServeState:
     """The model, the embedding-worker client, the dense-model threads and the metrics."""
 
-    def __init__(self, model: ServingModel, addresses: list[str], *, max_batch: int, max_inflight: int, threads: int):  # fmt: skip
+    def __init__(
+        self,
+        model: ServingModel,
+        addresses: list[str],
+        *,
+        max_batch: int,
+        max_inflight: int,
+        threads: int,
+    ):
         self.model = model
         self.inputs = model.signature.predict_inputs(max_batch)
         self.addresses = addresses
@@ -94,7 +102,9 @@ def _decode(request: web.Request, raw: bytes) -> Any:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"body: invalid JSON: {exc}") from exc
     if request.content_type not in (MSGPACK_CONTENT_TYPE, "application/octet-stream", ""):
-        raise ProtocolError(f"Content-Type {request.content_type!r}: expected application/msgpack or application/json")  # fmt: skip
+        raise ProtocolError(
+            f"Content-Type {request.content_type!r}: expected application/msgpack or application/json"
+        )
     return unpackb(raw, max_bytes=request.app[STATE].max_body_bytes)
 
 
@@ -106,21 +116,29 @@ async def predict(request: web.Request) -> web.Response:
     try:
         require_ready(request)
         if state.inflight >= state.max_inflight:
-            raise BackPressureError(f"{state.max_inflight} predictions already running; retry shortly")  # fmt: skip
+            raise BackPressureError(
+                f"{state.max_inflight} predictions already running; retry shortly"
+            )
         state.inflight += 1
         try:
-            parsed = PredictRequest.from_wire(_decode(request, await read_body(request)), state.inputs)  # fmt: skip
+            parsed = PredictRequest.from_wire(
+                _decode(request, await read_body(request)), state.inputs
+            )
             looked_up = time.perf_counter()
             looked, _ = await state.client.lookup_direct(parsed.id_part, False)
             embeddings = looked.embeddings
             m["stage"].labels(stage="lookup").observe(time.perf_counter() - looked_up)
             names = [name for name, _ in embeddings]
             if names != list(state.model.signature.id_slots):
-                raise ProtocolError(f"embedding worker answered slots {names}, the model takes {list(state.model.signature.id_slots)}")  # fmt: skip
+                raise ProtocolError(
+                    f"embedding worker answered slots {names}, the model takes {list(state.model.signature.id_slots)}"
+                )
             arrays = [a if a.dtype == np.float32 else a.astype(np.float32) for _, a in embeddings]
             dense_started = time.perf_counter()
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(state.executor, state.model.predict_numpy, parsed.non_id_arrays, arrays)  # fmt: skip
+            outputs = await loop.run_in_executor(
+                state.executor, state.model.predict_numpy, parsed.non_id_arrays, arrays
+            )
             m["stage"].labels(stage="dense").observe(time.perf_counter() - dense_started)
         finally:
             state.inflight -= 1
@@ -148,7 +166,9 @@ async def _check_workers(app: web.Application, wait_timeout_s: float) -> None:
     try:
         await state.client.wait_ready(wait_timeout_s)
         for url in state.client.urls:
-            answer = await state.http.call(f"{url}/schema", {}, idempotent=True, timeout_s=SCHEMA_TIMEOUT_S)  # fmt: skip
+            answer = await state.http.call(
+                f"{url}/schema", {}, idempotent=True, timeout_s=SCHEMA_TIMEOUT_S
+            )
             if WorkerSchema.from_wire(answer, peer=url).schema != state.model.schema:
                 raise ProtocolError(
                     f"embedding worker {url} serves another embedding config than the model was "
@@ -160,7 +180,9 @@ async def _check_workers(app: web.Application, wait_timeout_s: float) -> None:
         return
     status.details["embedding_workers"] = state.client.urls
     status.set_ready()
-    log.info("serving %s through embedding worker(s) %s", state.model.path, ", ".join(state.client.urls))  # fmt: skip
+    log.info(
+        "serving %s through embedding worker(s) %s", state.model.path, ", ".join(state.client.urls)
+    )
 
 
 def _metrics(app: web.Application) -> dict[str, Any]:
@@ -168,14 +190,14 @@ def _metrics(app: web.Application) -> dict[str, Any]:
     return {
         "requests": prom.Counter(
             "pyrsia_serve_requests", "predict requests by HTTP status", ["outcome"], registry=reg
-        ),  # fmt: skip
+        ),
         "samples": prom.Counter("pyrsia_serve_samples", "samples predicted", registry=reg),
         "stage": prom.Histogram(
             "pyrsia_serve_seconds",
             "predict time by stage (lookup, dense, total)",
             ["stage"],
             registry=reg,
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -195,7 +217,9 @@ def create_app(
     or 1 GiB); with ``PERSIA_AUTH_TOKEN`` set every route needs the token (401 otherwise).
     """
     app = make_app("serve", client_max_size=max_request_bytes)
-    state = ServeState(model, embedding_workers, max_batch=max_batch, max_inflight=max_inflight, threads=threads)  # fmt: skip
+    state = ServeState(
+        model, embedding_workers, max_batch=max_batch, max_inflight=max_inflight, threads=threads
+    )
     state.metrics = _metrics(app)
     app[SERVE] = state
     app[STATE].set_not_ready("waiting for the embedding workers")
@@ -203,7 +227,9 @@ def create_app(
 
     async def lifecycle(app: web.Application):
         state.http = HttpClient()
-        state.client = EmbeddingWorkerClient(state.http, addresses=state.addresses, wait_timeout_s=wait_timeout_s)  # fmt: skip
+        state.client = EmbeddingWorkerClient(
+            state.http, addresses=state.addresses, wait_timeout_s=wait_timeout_s
+        )
         state.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="serve-dense")
         checker = asyncio.create_task(_check_workers(app, wait_timeout_s))
         yield

@@ -46,7 +46,18 @@ FORMAT = "pyrsia-serving-artifact"
 FORMAT_VERSION = 1
 DENSE_KINDS = {"torch.export": "dense.pt2", "torchscript": "dense.ts"}
 """Kind of the dense model file -> its file name in the artifact."""
-_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")  # fmt: skip
+_DTYPES = (
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+)
 
 
 def _fail(field: str, expected: str, got: Any = None) -> InvalidInputError:
@@ -164,7 +175,9 @@ class Signature:
         _check_format(data)
         dense = _dense_entry(data)
         try:
-            schema = EmbeddingSchema.from_dict(data.get("embedding_schema"), source="signature.json: embedding_schema")  # fmt: skip
+            schema = EmbeddingSchema.from_dict(
+                data.get("embedding_schema"), source="signature.json: embedding_schema"
+            )
         except ConfigError as exc:
             raise _fail("embedding_schema", "a valid embedding schema", str(exc)) from exc
         specs = _tensor_specs(data)
@@ -242,9 +255,15 @@ def _id_slots(
         raise _fail("id_slots", "distinct slot names", slots)
     for i, slot in enumerate(slots):
         if slot not in schema.slot_names:
-            raise _fail(f"id_slots[{i}]", f"a slot of embedding_schema {list(schema.slot_names)}", slot)  # fmt: skip
+            raise _fail(
+                f"id_slots[{i}]", f"a slot of embedding_schema {list(schema.slot_names)}", slot
+            )
     if [t.name for t in embedding_inputs] != slots:
-        raise _fail("embedding_inputs", f"one spec per id slot, named {slots}", [t.name for t in embedding_inputs])  # fmt: skip
+        raise _fail(
+            "embedding_inputs",
+            f"one spec per id slot, named {slots}",
+            [t.name for t in embedding_inputs],
+        )
     for i, spec in enumerate(embedding_inputs):
         want = embedding_input_shape(schema, spec.name)
         if spec.shape != want:

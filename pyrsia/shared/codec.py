@@ -98,9 +98,10 @@ def _walk(obj: Any, out: list, packer: msgpack.Packer, depth: int) -> None:
     kind = type(obj)
     if depth > _MAX_DEPTH:
         raise InvalidInputError(
-            "message", f"at most {_MAX_DEPTH} levels of nesting",
+            "message",
+            f"at most {_MAX_DEPTH} levels of nesting",
             message=f"message nested deeper than {_MAX_DEPTH} levels",
-        )  # fmt: skip
+        )
     if kind is dict:
         out.append(packer.pack_map_header(len(obj)))
         for key, value in obj.items():

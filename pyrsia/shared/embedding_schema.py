@@ -139,10 +139,12 @@ class EmbeddingSchema:
 def _parse_slot(name: Any, data: object, source: str, strict: bool) -> SlotConfig:
     if not isinstance(name, str) or not name:
         raise OptionError(
-            "slots_config", "non-empty slot names", name,
+            "slots_config",
+            "non-empty slot names",
+            name,
             message=f"{source}: slots_config: expected slot names to be non-empty strings, "
             f"got {_show(name)}",
-        )  # fmt: skip
+        )
     s = Section(data, source, f"slots_config.{name}", strict)
     if s.raw("index_prefix") is not ...:
         s.fail(

@@ -100,9 +100,10 @@ def _user_frame(tb: TracebackType | None) -> traceback.FrameSummary | None:
     an installed package's."""
     skip = (*_OUR_CODE, sys.prefix, sys.base_prefix, sys.exec_prefix)
     frames = [
-        f for f in traceback.extract_tb(tb)
+        f
+        for f in traceback.extract_tb(tb)
         if not f.filename.startswith(skip) and not f.filename.startswith("<")
-    ]  # fmt: skip
+    ]
     return frames[-1] if frames else None
 
 
@@ -214,8 +215,13 @@ def _write_record(
     folder = current().text(ENV_LOG_DIR)
     if not folder:
         return
-    record = {"time": seen_at or time.time(), "process": process, "message": message, "code": code,
-              "log": str(path) if path is not None else None}  # fmt: skip
+    record = {
+        "time": seen_at or time.time(),
+        "process": process,
+        "message": message,
+        "code": code,
+        "log": str(path) if path is not None else None,
+    }
     target = Path(folder) / f"{process.replace('/', '-')}{RECORD_SUFFIX}"
     try:
         tmp = target.with_suffix(".tmp")
@@ -231,8 +237,15 @@ def first_failure(folder: Path) -> FailureRecord | None:
     for path in folder.glob(f"*{RECORD_SUFFIX}"):
         try:
             raw = json.loads(path.read_text())
-            records.append(FailureRecord(float(raw["time"]), str(raw["process"]),
-                                         str(raw["message"]), int(raw["code"]), raw.get("log")))  # fmt: skip
+            records.append(
+                FailureRecord(
+                    float(raw["time"]),
+                    str(raw["process"]),
+                    str(raw["message"]),
+                    int(raw["code"]),
+                    raw.get("log"),
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return min(records, key=lambda r: r.time, default=None)

@@ -152,8 +152,12 @@ def _parse_metrics(m: Section) -> MetricsConfig:
     interval = m.integer("push_interval_seconds", MetricsConfig.push_interval_seconds)
     if m.raw("push_interval_sec") is not ...:  # PERSIA's examples' spelling (GLOBAL_EXTRA_KEYS)
         if "push_interval_seconds" in m.data:
-            m.fail("push_interval_sec", "", message="and push_interval_seconds are the same "
-                   "setting; keep push_interval_seconds only")  # fmt: skip
+            m.fail(
+                "push_interval_sec",
+                "",
+                message="and push_interval_seconds are the same "
+                "setting; keep push_interval_seconds only",
+            )
         interval = m.integer("push_interval_sec", MetricsConfig.push_interval_seconds)
     metrics = MetricsConfig(
         enable_metrics=m.boolean("enable_metrics", MetricsConfig.enable_metrics),
@@ -231,7 +235,7 @@ def _parse_ps(s: Section) -> EmbeddingParameterServerConfig:
         ),
         incremental_scan_interval_seconds=s.integer(
             "incremental_scan_interval_seconds", d.incremental_scan_interval_seconds
-        ),  # fmt: skip
+        ),
     )
     if cfg.incremental_channel_capacity != d.incremental_channel_capacity:
         # PERSIA queues packets for a writer thread; Pyrsia writes each packet at once.

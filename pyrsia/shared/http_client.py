@@ -231,9 +231,11 @@ class HttpClient:
                 log.log(
                     logging.WARNING if waited >= self.stall_report_s else logging.DEBUG,
                     "%s; retrying, %.1f s since the call began (%d %s left)",
-                    exc, loop.time() - began, attempts_left + 1,
+                    exc,
+                    loop.time() - began,
+                    attempts_left + 1,
                     "attempt" if attempts_left == 0 else "attempts",
-                )  # fmt: skip
+                )
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
             finally:
@@ -295,8 +297,11 @@ class _StallWatch:
         for url, (waited, timeout, count) in due.items():
             log.warning(
                 "no answer from %s for %.1f s (the attempt times out at %g s)%s",
-                url, waited, timeout, f"; {count} requests waiting" if count > 1 else "",
-            )  # fmt: skip
+                url,
+                waited,
+                timeout,
+                f"; {count} requests waiting" if count > 1 else "",
+            )
         self._timer = (
             loop.call_at(now + self.period / self.TICKS, self._tick) if self.open else None
         )

@@ -233,12 +233,19 @@ class ConnectionGuard:
 
     def register_metrics(self, registry: prom.CollectorRegistry) -> None:
         """``pyrsia_connections_open``/``_peak``/``_limit`` and ``pyrsia_connections_closed``."""
-        prom.Gauge("pyrsia_connections_open", "client connections open now",
-                   registry=registry).set_function(lambda: len(self.open))  # fmt: skip
-        prom.Gauge("pyrsia_connections_open_peak", "most client connections open at once",
-                   registry=registry).set_function(lambda: self.peak)  # fmt: skip
-        prom.Gauge("pyrsia_connections_limit", "bound on client connections (PYRSIA_MAX_CONNECTIONS)",
-                   registry=registry).set_function(lambda: self.limits.max_connections)  # fmt: skip
+        prom.Gauge(
+            "pyrsia_connections_open", "client connections open now", registry=registry
+        ).set_function(lambda: len(self.open))
+        prom.Gauge(
+            "pyrsia_connections_open_peak",
+            "most client connections open at once",
+            registry=registry,
+        ).set_function(lambda: self.peak)
+        prom.Gauge(
+            "pyrsia_connections_limit",
+            "bound on client connections (PYRSIA_MAX_CONNECTIONS)",
+            registry=registry,
+        ).set_function(lambda: self.limits.max_connections)
         registry.register(_ClosedCollector(self))
 
 

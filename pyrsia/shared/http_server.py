@@ -109,8 +109,9 @@ async def read_body(request: web.Request) -> bytes | bytearray:
         reason = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
         state.aborted[reason] += 1
         request[BODY_DROPPED] = True
-        log.info("%s %s from %s: %s; request dropped", request.method, request.path,
-                 request.remote, exc)  # fmt: skip
+        log.info(
+            "%s %s from %s: %s; request dropped", request.method, request.path, request.remote, exc
+        )
         if request.transport is not None:
             request.transport.close()
         raise ConnectionResetError(str(exc)) from None

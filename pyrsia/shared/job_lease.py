@@ -207,8 +207,16 @@ class JobLease:
     async def _run_claim(
         self, role: str, index: int, size: int, *, takeover: str = "", refresh: bool = False
     ) -> list[str]:
-        args = [self.instance or uuid.uuid4().hex, role, index, size, self.holder.to_json(),
-                self.ttl_ms, takeover, "1" if refresh else "0"]  # fmt: skip
+        args = [
+            self.instance or uuid.uuid4().hex,
+            role,
+            index,
+            size,
+            self.holder.to_json(),
+            self.ttl_ms,
+            takeover,
+            "1" if refresh else "0",
+        ]
         return [str(x) for x in await self._claim(keys=[self.key], args=args)]
 
     async def claim(self, role: str, index: int, size: int) -> None:
@@ -233,8 +241,10 @@ class JobLease:
             if state == "gone":
                 log.info(
                     "%s/%d: its previous process (pid %s) is gone; taking its slot",
-                    role, index, holder.get("pid"),
-                )  # fmt: skip
+                    role,
+                    index,
+                    holder.get("pid"),
+                )
                 takeover = answer[1]
                 continue
             if state == "unknown" and time.monotonic() < deadline:
@@ -287,8 +297,13 @@ class JobLease:
         log.error(
             "%s/%d of job '%s' was taken by pid %s on %s while this process (pid %d) was "
             "not heard from; this process no longer registers it",
-            role, index, self.job_id, holder.get("pid"), holder.get("hostname"), self.holder.pid,
-        )  # fmt: skip
+            role,
+            index,
+            self.job_id,
+            holder.get("pid"),
+            holder.get("hostname"),
+            self.holder.pid,
+        )
         return False
 
     async def release(self, role: str, index: int) -> None:

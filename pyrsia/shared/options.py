@@ -259,9 +259,11 @@ class Section:
         shown = "" if got is ... else f", got {show_value(got)}"
         text = message or f"expected {expected}{shown}"
         raise OptionError(
-            self.where(key), expected, None if got is ... else got,
+            self.where(key),
+            expected,
+            None if got is ... else got,
             message=f"{self.located(key)}: {text}",
-        )  # fmt: skip
+        )
 
     def raw(self, key: str) -> Any:
         """The value as written, ``...`` when absent; marks ``key`` known."""

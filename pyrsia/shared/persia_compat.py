@@ -30,8 +30,9 @@ def persia_labels(state: ServiceState) -> list[str]:
     return [f"rep_{details.get('replica_index', 0)}", address.rsplit(":", 1)[0]]
 
 
-def gauge(name: str, doc: str, labels: Sequence[str], value: float,
-          extra: Sequence[str] = ()) -> GaugeMetricFamily:  # fmt: skip
+def gauge(
+    name: str, doc: str, labels: Sequence[str], value: float, extra: Sequence[str] = ()
+) -> GaugeMetricFamily:
     """A one-sample gauge ``name{instance, ip_addr}``; ``extra`` names more labels (whose
     values then follow in ``labels``)."""
     family = GaugeMetricFamily(name, doc, labels=[*LABELS, *extra])
@@ -39,8 +40,9 @@ def gauge(name: str, doc: str, labels: Sequence[str], value: float,
     return family
 
 
-def cumulative(name: str, doc: str, samples: Sequence[tuple[Sequence[str], float]],
-               extra: Sequence[str] = ()) -> Metric:  # fmt: skip
+def cumulative(
+    name: str, doc: str, samples: Sequence[tuple[Sequence[str], float]], extra: Sequence[str] = ()
+) -> Metric:
     """PERSIA's counter ``name`` (exact name, untyped: see the module docstring)."""
     family = Metric(name, doc, "unknown")
     for label_values, value in samples:

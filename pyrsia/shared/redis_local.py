@@ -176,16 +176,18 @@ def supervise(
             print(
                 f"redis_local: redis-server ({_describe(argv)}) died again ({_how(code)}); "
                 f"{limit} restarts within {window_s:.0f}s already, giving up",
-                file=out, flush=True,
-            )  # fmt: skip
+                file=out,
+                flush=True,
+            )
             return code if code > 0 else 1
         restarts.append(now)
         print(
             f"redis_local: redis-server ({_describe(argv)}) died ({_how(code)}); restarting "
             f"it empty on the same port (restart {len(restarts)} of at most {limit} per "
             f"{window_s:.0f}s); services keep their known addresses and re-register",
-            file=out, flush=True,
-        )  # fmt: skip
+            file=out,
+            flush=True,
+        )
         time.sleep(REDIS_RESTART_DELAY_S)
 
 

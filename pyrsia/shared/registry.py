@@ -157,8 +157,13 @@ class Registry:
                 if not refused and time.monotonic() < deadline:
                     waited = report.due()
                     if waited is not None:
-                        log.info("waiting for Redis at %s: %.0f s of %.0f (%s)",
-                                 self.settings.display_url, waited, wait_s, exc)  # fmt: skip
+                        log.info(
+                            "waiting for Redis at %s: %.0f s of %.0f (%s)",
+                            self.settings.display_url,
+                            waited,
+                            wait_s,
+                            exc,
+                        )
                     await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 2)
                     continue
                 error = exc
@@ -328,8 +333,15 @@ class Registry:
                     if expected
                     else "none registered yet"
                 )
-                log.info("waiting for %s: %s, %.0f s (job '%s' at %s, timeout %.0f s)", role,
-                         have, waited, self.settings.job_id, self.settings.display_url, timeout_s)  # fmt: skip
+                log.info(
+                    "waiting for %s: %s, %.0f s (job '%s' at %s, timeout %.0f s)",
+                    role,
+                    have,
+                    waited,
+                    self.settings.job_id,
+                    self.settings.display_url,
+                    timeout_s,
+                )
             await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S)
 
     def _never_registered_hint(self, role: str) -> str:

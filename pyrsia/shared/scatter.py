@@ -107,18 +107,24 @@ def add_blocks_if_finite(
     if row_strides is None:
         row_strides = np.full(max(k, 0), out.shape[-1], np.int64)
     if (
-        index.ndim != 2 or addresses.shape != (k,) or row_strides.shape != (k,) or out.ndim != 2
+        index.ndim != 2
+        or addresses.shape != (k,)
+        or row_strides.shape != (k,)
+        or out.ndim != 2
         or (k and int(row_strides.min()) < out.shape[1])
-    ):  # fmt: skip
+    ):
         raise InvalidInputError(
-            "index", "index (k, n), addresses (k,), row_strides (k,) of at least d, out (m, d)",
+            "index",
+            "index (k, n), addresses (k,), row_strides (k,) of at least d, out (m, d)",
             message=f"add_blocks_if_finite: index {index.shape}, addresses {addresses.shape}, "
             f"row_strides {row_strides.tolist()}, out {out.shape}",
-        )  # fmt: skip
+        )
     code = kernel(
-        np.ascontiguousarray(index), addresses.astype(np.int64, copy=False),
-        row_strides.astype(np.int64, copy=False), out,
-    )  # fmt: skip
+        np.ascontiguousarray(index),
+        addresses.astype(np.int64, copy=False),
+        row_strides.astype(np.int64, copy=False),
+        out,
+    )
     return _added(code, out, "add_blocks_if_finite")
 
 
@@ -149,13 +155,16 @@ def blocks_finite(
     k = addresses.shape[0] if addresses.ndim == 1 else -1
     if n < 0 or d < 1 or k < 0 or row_strides.shape != (k,) or (k and int(row_strides.min()) < d):
         raise InvalidInputError(
-            "row_strides", "addresses (k,), row_strides (k,) of at least d, shape (n, d)",
+            "row_strides",
+            "addresses (k,), row_strides (k,) of at least d, shape (n, d)",
             message=f"blocks_finite: addresses {addresses.shape}, row_strides "
             f"{row_strides.tolist()}, shape {shape}",
-        )  # fmt: skip
-    return bool(kernel(
-        addresses.astype(np.int64, copy=False), row_strides.astype(np.int64, copy=False), n, d
-    ))  # fmt: skip
+        )
+    return bool(
+        kernel(
+            addresses.astype(np.int64, copy=False), row_strides.astype(np.int64, copy=False), n, d
+        )
+    )
 
 
 def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
@@ -167,9 +176,10 @@ def add_rows_if_finite(index: np.ndarray, rows: np.ndarray, out: np.ndarray) -> 
     """
     if rows.ndim != 2 or index.shape != (rows.shape[0],) or out.shape[1:] != rows.shape[1:]:
         raise InvalidInputError(
-            "rows", "index (n,), rows (n, d) and out (m, d)",
+            "rows",
+            "index (n,), rows (n, d) and out (m, d)",
             message=f"add_rows_if_finite: index {index.shape}, rows {rows.shape}, out {out.shape}",
-        )  # fmt: skip
+        )
     code = _kernel()(index, np.ascontiguousarray(rows, dtype=np.float32), out)
     return _added(code, out, "add_rows_if_finite")
 
@@ -179,9 +189,10 @@ def _added(code: int, out: np.ndarray, caller: str) -> bool:
     is refused (the kernels check it before adding anything)."""
     if code == OUT_OF_RANGE:
         raise InvalidInputError(
-            "index", f"rows in [0, {out.shape[0]})",
+            "index",
+            f"rows in [0, {out.shape[0]})",
             message=f"{caller}: index outside [0, {out.shape[0]})",
-        )  # fmt: skip
+        )
     return code == ADDED
 
 

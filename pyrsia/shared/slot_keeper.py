@@ -135,7 +135,8 @@ def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
     except JobConflictError as exc:
         raise UsageError(str(exc)) from exc
     except RegistryError as exc:
-        log.warning("no job lease taken (%s): a second job with this %s is not detected",
-                    exc, ENV_JOB_ID)  # fmt: skip
+        log.warning(
+            "no job lease taken (%s): a second job with this %s is not detected", exc, ENV_JOB_ID
+        )
         return None
     return keeper

@@ -48,8 +48,12 @@ class Offloader:
 
         ``n_ids=None`` always uses the pool (dumps, loads, scans: unbounded work).
         """
-        if (n_ids is not None and n_ids <= self.max_inline_ids and self._running == 0
-                and not warming_in_progress()):  # fmt: skip
+        if (
+            n_ids is not None
+            and n_ids <= self.max_inline_ids
+            and self._running == 0
+            and not warming_in_progress()
+        ):
             return fn(*args)
         future = self.executor.submit(fn, *args)
         with self._lock:

@@ -33,9 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank, world_size=2,
+        "gloo",
+        init_method=f"tcp://{args.master}:{args.port}",
+        rank=args.rank,
+        world_size=2,
         timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    )
     tensor = torch.ones(args.floats)
     times = []
     for _ in range(args.iterations):
@@ -46,9 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     kept = sorted(times[args.iterations // 10 :])
     if args.rank == 0:
-        print(json.dumps({"p50_ms": round(statistics.median(kept), 3),
-                          "p90_ms": round(kept[int(len(kept) * 0.9)], 3),
-                          "floats": args.floats, "iterations": args.iterations}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "p50_ms": round(statistics.median(kept), 3),
+                    "p90_ms": round(kept[int(len(kept) * 0.9)], 3),
+                    "floats": args.floats,
+                    "iterations": args.iterations,
+                }
+            )
+        )
     return 0
 
 

@@ -73,8 +73,9 @@ class ClusterResult:
     timed_out: bool = False  # the NN workers had not finished in time: stopped by SIGTERM
 
     def tail(self, n: int = 2500) -> str:
-        return "\n".join(f"--- {h} (rc={self.codes.get(h)}) ---\n{t[-n:]}"
-                         for h, t in self.logs.items())  # fmt: skip
+        return "\n".join(
+            f"--- {h} (rc={self.codes.get(h)}) ---\n{t[-n:]}" for h, t in self.logs.items()
+        )
 
 
 class ClusterJob:
@@ -173,8 +174,14 @@ class ClusterJob:
         home.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path(host), "ab")  # noqa: SIM115 - the child owns it
         try:
-            proc = self.net.popen(host, self.argv(host), cwd=home, env=env or self.env(host),
-                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = self.net.popen(
+                host,
+                self.argv(host),
+                cwd=home,
+                env=env or self.env(host),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         finally:
             log.close()
         self.procs[host] = proc
@@ -189,8 +196,9 @@ class ClusterJob:
 
     def redis_client(self) -> redis_lib.Redis:
         address = self.net.hosts["redis"].address
-        return redis_lib.Redis(host=address, port=REDIS_PORT, socket_timeout=2,
-                               socket_connect_timeout=2)  # fmt: skip
+        return redis_lib.Redis(
+            host=address, port=REDIS_PORT, socket_timeout=2, socket_connect_timeout=2
+        )
 
     def wait_redis(self, timeout_s: float = 15.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -329,7 +337,11 @@ class ClusterJob:
                 result.steps[host] = int(m[1])
             if host == "nn0" and (m := re.search(r"resumed from \S+: step (\d+)", text)):
                 result.resumed_step = int(m[1])
-        applied = [int(x) for h, t in logs.items() if h.startswith("ps")
-                   for x in re.findall(r"final stats: updates_applied=(\d+)", t)]  # fmt: skip
+        applied = [
+            int(x)
+            for h, t in logs.items()
+            if h.startswith("ps")
+            for x in re.findall(r"final stats: updates_applied=(\d+)", t)
+        ]
         result.updates_applied = sum(applied) if len(applied) == self.layout.ps else None
         return result

@@ -43,23 +43,61 @@ def host_argv(layout: Layout, host: str, address: str, resume: bool) -> list[str
     ``resume``: the NN-worker nodes and data loaders go on from the last checkpoint)."""
     index, then = host[2:], (["--resume"] if resume else [])
     if host == "redis":
-        return [find_redis_server(), "--port", str(REDIS_PORT), "--bind", address, "--save", "",
-                "--appendonly", "no", "--protected-mode", "no"]  # fmt: skip
+        return [
+            find_redis_server(),
+            "--port",
+            str(REDIS_PORT),
+            "--bind",
+            address,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
     if host.startswith("ps"):
         return _server_argv("embedding-parameter-server", index, layout.ps, PS_PORT)
     if host.startswith("ew"):
         return _server_argv("embedding-worker", index, layout.ew, EW_PORT)
     if host.startswith("nn"):
-        return ["persia-launcher", "nn-worker", "--nproc-per-node", "1", "--nnodes",
-                str(layout.nn), "--node-rank", index, "--master-addr", "nn0",
-                "--master-port", str(MASTER_PORT), *then]  # fmt: skip
+        return [
+            "persia-launcher",
+            "nn-worker",
+            "--nproc-per-node",
+            "1",
+            "--nnodes",
+            str(layout.nn),
+            "--node-rank",
+            index,
+            "--master-addr",
+            "nn0",
+            "--master-port",
+            str(MASTER_PORT),
+            *then,
+        ]
     if host.startswith("dl"):
-        return ["persia-launcher", "data-loader", "--replica-index", index,
-                "--replica-size", str(layout.dl), *then]  # fmt: skip
+        return [
+            "persia-launcher",
+            "data-loader",
+            "--replica-index",
+            index,
+            "--replica-size",
+            str(layout.dl),
+            *then,
+        ]
     raise ValueError(host)
 
 
 def _server_argv(subcommand: str, index: str, replicas: int, port: int) -> list[str]:
     """A PS or embedding-worker replica on its fixed port."""
-    return ["persia-launcher", subcommand, "--replica-index", index,
-            "--replica-size", str(replicas), "--port", str(port)]  # fmt: skip
+    return [
+        "persia-launcher",
+        subcommand,
+        "--replica-index",
+        index,
+        "--replica-size",
+        str(replicas),
+        "--port",
+        str(port),
+    ]

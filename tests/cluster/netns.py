@@ -66,8 +66,12 @@ def unavailable_reason() -> str | None:
     """Why namespaces cannot be made here (a skip reason), or None when they can."""
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
-                          ("ping", "iputils-ping")):  # fmt: skip
+    for tool, package in (
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("unshare", "util-linux"),
+        ("ping", "iputils-ping"),
+    ):
         if shutil.which(tool) is None:
             return f"no `{tool}` on PATH (apt-get install {package})"
     probe = f"{PREFIX}{os.getpid()}-probe"
@@ -196,8 +200,20 @@ class Network:
         host = Host(name=name, address=f"{self.subnet}.{10 + i}", ns=ns, port=f"v{i}")
         self.hosts[name] = host
         _ip("netns", "add", ns)
-        _ip("-n", self.switch, "link", "add", host.port, "type", "veth", "peer", "name", "eth0",
-            "netns", ns)  # fmt: skip
+        _ip(
+            "-n",
+            self.switch,
+            "link",
+            "add",
+            host.port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns,
+        )
         _ip("-n", self.switch, "link", "set", host.port, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
@@ -210,8 +226,7 @@ class Network:
         for host in self.hosts.values():
             if host.name != own or not self.loopback_hostname:
                 lines.append(f"{host.address} {host.name}")
-            lines.extend(f"{extra} {host.name}-{k}" for k, extra in
-                         enumerate(host.extra_addresses))  # fmt: skip
+            lines.extend(f"{extra} {host.name}-{k}" for k, extra in enumerate(host.extra_addresses))
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
@@ -244,9 +259,20 @@ class Network:
     def command(self, host: str, argv: list[str]) -> list[str]:
         """``argv`` run inside ``host``: its network namespace, its hostname."""
         h = self.hosts[host]
-        return ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--", "sh", "-c",
-                'printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"', h.name,
-                *argv]  # fmt: skip
+        return [
+            "ip",
+            "netns",
+            "exec",
+            h.ns,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"',
+            h.name,
+            *argv,
+        ]
         # not hostname(1): it refuses compose's service names (underscores)
 
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
@@ -256,8 +282,9 @@ class Network:
         return proc
 
     def run(self, host: str, argv: list[str], timeout: float = 30, **kwargs):
-        return subprocess.run(self.command(host, argv), timeout=timeout, capture_output=True,
-                              text=True, **kwargs)  # fmt: skip
+        return subprocess.run(
+            self.command(host, argv), timeout=timeout, capture_output=True, text=True, **kwargs
+        )
 
     # --- links --------------------------------------------------------------------------
     def cut(self, host: str) -> None:
@@ -277,17 +304,35 @@ class Network:
         for where in (("-n", self.switch, h.port), ("-n", h.ns, "eth0")):
             ns_flag, ns, dev = where
             subprocess.run(
-                ["tc", ns_flag, ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-                 "burst", str(burst), "latency", "50ms"],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
+                [
+                    "tc",
+                    ns_flag,
+                    ns,
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "50ms",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
         # veth segments up to 64 KiB (GSO): a bucket smaller than a segment would drop it
 
     def unshape(self, host: str) -> None:
         h = self.hosts[host]
         for ns_flag, ns, dev in (("-n", self.switch, h.port), ("-n", h.ns, "eth0")):
-            subprocess.run(["tc", ns_flag, ns, "qdisc", "del", "dev", dev, "root"],
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["tc", ns_flag, ns, "qdisc", "del", "dev", dev, "root"], capture_output=True
+            )
 
     def delay(self, host: str, one_way_ms: float, timeout_s: float = 10.0) -> None:
         """Hold every packet to and from ``host`` ``one_way_ms`` on its link, each way.

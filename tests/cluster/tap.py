@@ -46,11 +46,24 @@ def start_tap_relay(
     """The relay between the host's TAP and its switch port, holding each frame
     ``one_way_ms``; it dies with this process (``--parent-pid``), its stderr in ``errors``."""
     return subprocess.Popen(
-        [sys.executable, str(TAP_DELAY), "--host-ns", ns, "--switch-ns", switch,
-         "--switch-tap", port, "--delay-ms", str(one_way_ms),
-         "--parent-pid", str(os.getpid())],
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=errors,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(TAP_DELAY),
+            "--host-ns",
+            ns,
+            "--switch-ns",
+            switch,
+            "--switch-tap",
+            port,
+            "--delay-ms",
+            str(one_way_ms),
+            "--parent-pid",
+            str(os.getpid()),
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=errors,
+    )
 
 
 def wait_for_carrier(
@@ -64,6 +77,8 @@ def wait_for_carrier(
             relay.kill()
             relay.wait()
             errors.seek(0)
-            raise RuntimeError(f"tap_delay for {host} did not start: "
-                               f"{errors.read().decode(errors='replace')[-500:]}")  # fmt: skip
+            raise RuntimeError(
+                f"tap_delay for {host} did not start: "
+                f"{errors.read().decode(errors='replace')[-500:]}"
+            )
         time.sleep(0.02)

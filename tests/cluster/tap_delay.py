@@ -122,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     delay_s = args.delay_ms / 1000.0
     for way in (Direction(host_fd, switch_fd, delay_s), Direction(switch_fd, host_fd, delay_s)):
         way.start()
-    print(f"tap delay {args.host_ns}/{args.host_tap} <-> {args.switch_tap}: "
-          f"{args.delay_ms} ms each way", flush=True)  # fmt: skip
+    print(
+        f"tap delay {args.host_ns}/{args.host_tap} <-> {args.switch_tap}: "
+        f"{args.delay_ms} ms each way",
+        flush=True,
+    )
     while True:
         time.sleep(1.0)
         try:

@@ -19,14 +19,25 @@ def test_cluster_bench_quick_prints_its_table_and_json(netns_reason, tmp_path):
         pytest.skip(f"cluster in a box needs network namespaces: {netns_reason}")
     out = tmp_path / "cluster_bench.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "cluster_bench.py"), "--quick", "--out",
-         str(out)],
-        capture_output=True, text=True, timeout=560, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "cluster_bench.py"),
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=560,
+        cwd=REPO,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "vs 0 ms relay" in run.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [(r["rtt_target_ms"], r["via_proxy"]) for r in rows] == [
-        (0.0, False), (0.0, True), (0.5, True)]  # fmt: skip
+        (0.0, False),
+        (0.0, True),
+        (0.5, True),
+    ]
     assert all(r["samples_per_s"] > 0 and 0.5 < r["auc"] <= 1 for r in rows), rows
     assert 0.25 < rows[2]["rtt_p50_ms"] < 1.5, rows[2]  # the relay gives about the RTT asked

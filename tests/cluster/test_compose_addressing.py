@@ -89,12 +89,18 @@ def test_compose_services_follow_the_multi_host_rules(services):
     dns = set().union(*(s.dns_names for s in services.values()))
     servers = [s for s in services.values() if s.is_server]
     assert {s.launcher_command for s in servers} == {
-        "embedding-parameter-server", "embedding-worker", "nn-worker"}  # fmt: skip
+        "embedding-parameter-server",
+        "embedding-worker",
+        "nn-worker",
+    }
     for svc in servers:
         env = svc.environment
         try:
-            check_bind(bind_host(svc), token=env.get("PERSIA_AUTH_TOKEN") or None,
-                       insecure=env.get("PERSIA_INSECURE") in ("1", "true", "yes", "on"))  # fmt: skip
+            check_bind(
+                bind_host(svc),
+                token=env.get("PERSIA_AUTH_TOKEN") or None,
+                insecure=env.get("PERSIA_INSECURE") in ("1", "true", "yes", "on"),
+            )
         except ConfigError as exc:
             pytest.fail(f"{svc.name}: {exc}")
         assert advertised(svc) in dns, (
@@ -121,13 +127,21 @@ def test_compose_addresses_are_reachable_from_every_host(services, network, tmp_
     net = network(sorted(services))
     redis_cmd = services["redis"].command
     # the official redis image builds with protected mode off (docker-library/redis)
-    net.popen("redis", [find_redis_server(), *redis_cmd[1:], "--protected-mode", "no"],
-              stdout=-3, stderr=-3)  # fmt: skip
+    net.popen(
+        "redis",
+        [find_redis_server(), *redis_cmd[1:], "--protected-mode", "no"],
+        stdout=-3,
+        stderr=-3,
+    )
     urls = []
     for svc in services.values():
         if svc.is_server:
-            net.popen(svc.name, [sys.executable, "-c", HTTP_LISTENER, bind_host(svc),
-                                 str(port(svc))], stdout=-3, stderr=-3)  # fmt: skip
+            net.popen(
+                svc.name,
+                [sys.executable, "-c", HTTP_LISTENER, bind_host(svc), str(port(svc))],
+                stdout=-3,
+                stderr=-3,
+            )
             urls.append(f"http://{advertised(svc)}:{port(svc)}/health")
     failures = {}
     for svc in services.values():
@@ -135,8 +149,16 @@ def test_compose_addresses_are_reachable_from_every_host(services, network, tmp_
             continue
         found = {}
         for _ in range(40):  # the listeners start in parallel: retry briefly
-            run = net.run(svc.name, [sys.executable, "-c", PROBE,
-                                     svc.environment["PERSIA_REDIS_URL"], json.dumps(urls)])  # fmt: skip
+            run = net.run(
+                svc.name,
+                [
+                    sys.executable,
+                    "-c",
+                    PROBE,
+                    svc.environment["PERSIA_REDIS_URL"],
+                    json.dumps(urls),
+                ],
+            )
             found = json.loads(run.stdout) if run.returncode == 0 else {"probe": run.stderr}
             if all(v in (200, True) for v in found.values()):
                 break

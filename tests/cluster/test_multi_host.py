@@ -43,8 +43,11 @@ def listeners(net, host: str) -> list[str]:
 def peers(net, host: str) -> set[str]:
     """Remote addresses of ``host``'s established TCP connections."""
     out = net.run(host, ["ss", "-tnH", "state", "established"]).stdout
-    return {line.split()[-1].rsplit(":", 1)[0].removeprefix("[::ffff:").rstrip("]")
-            for line in out.splitlines() if line.strip()}  # fmt: skip
+    return {
+        line.split()[-1].rsplit(":", 1)[0].removeprefix("[::ffff:").rstrip("]")
+        for line in out.splitlines()
+        if line.strip()
+    }
 
 
 def check_addresses(net, job: ClusterJob, layout: Layout) -> dict[str, set[str]]:
@@ -71,8 +74,14 @@ def check_addresses(net, job: ClusterJob, layout: Layout) -> dict[str, set[str]]
     for client in [h for h in layout.hosts() if h.startswith(("dl", "nn", "ew"))]:
         for server in [h for h in layout.hosts() if h.startswith(("ps", "ew"))]:
             port = PS_PORT if server.startswith("ps") else EW_PORT
-            probe = net.run(client, ["python3", "-c",
-                f"import socket; socket.create_connection(('{server}', {port}), 2).close()"])  # fmt: skip
+            probe = net.run(
+                client,
+                [
+                    "python3",
+                    "-c",
+                    f"import socket; socket.create_connection(('{server}', {port}), 2).close()",
+                ],
+            )
             assert probe.returncode == 0, f"{client} cannot reach {server}:{port}: {probe.stderr}"
     return bound
 
@@ -159,10 +168,17 @@ def test_bind_rule_and_default_advertise_on_a_host(network, tmp_path):
             net.run("client", ["sleep", "0.05"])
         assert record is not None, job.log_text("ps0")
         assert record.address == f"ps0:{PS_PORT}", record
-        probe = net.run("client", ["python3", "-c", (
-            "import urllib.request as u; r = u.Request('http://ps0:8888/health', headers="
-            f"{{'Authorization': 'Bearer {job.token}'}}); print(u.urlopen(r, timeout=3).status)"
-        )])  # fmt: skip
+        probe = net.run(
+            "client",
+            [
+                "python3",
+                "-c",
+                (
+                    "import urllib.request as u; r = u.Request('http://ps0:8888/health', headers="
+                    f"{{'Authorization': 'Bearer {job.token}'}}); print(u.urlopen(r, timeout=3).status)"
+                ),
+            ],
+        )
         # 503 until a worker configures it; 401 would be a token problem, an error no route
         assert probe.stdout.strip() == "200" or "HTTP Error 503" in probe.stderr, probe
         assert re.search(r"0\.0\.0\.0:8888", " ".join(listeners(net, "ps0")))

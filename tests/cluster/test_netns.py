@@ -48,8 +48,13 @@ def test_hosts_are_named_reach_each_other_and_a_cut_link_cuts(network):
 def test_a_crashed_runs_namespaces_links_and_processes_are_removed(netns_reason):
     if netns_reason is not None:
         pytest.skip(f"cluster in a box needs network namespaces: {netns_reason}")
-    proc = subprocess.Popen([sys.executable, "-c", CRASHING_RUN], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUN],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         sleeper = int(proc.stdout.readline())
     finally:
@@ -91,8 +96,13 @@ def _ping_min_ms(net, src: str, dst: str) -> float:
 def _allreduce(net, master: str, peer: str) -> dict:
     probe = str(Path(__file__).with_name("gloo_probe.py"))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
-    other = net.popen(peer, [sys.executable, probe, master, "1"], env=env,
-                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    other = net.popen(
+        peer,
+        [sys.executable, probe, master, "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         rank0 = net.run(master, [sys.executable, probe, master, "0"], env=env, timeout=90)
         other.wait(timeout=30)

@@ -39,8 +39,14 @@ AUC_TOLERANCE = 0.005
 # partition fails none: the open request waits out its 60 s timeout (HttpClient's
 # DEFAULT_REQUEST_TIMEOUT_S), so 45 s rides through (measured), and so did 100 s once
 # (measured); the workers log the wait every 5 s (HttpClient's stall reports)
-TARGETS = [("ps0", 10.0), ("ew0", 10.0), ("nn1", 10.0), ("redis", 10.0), ("ps0", 45.0),
-           ("ps0", 100.0)]  # fmt: skip
+TARGETS = [
+    ("ps0", 10.0),
+    ("ew0", 10.0),
+    ("nn1", 10.0),
+    ("redis", 10.0),
+    ("ps0", 45.0),
+    ("ps0", 100.0),
+]
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +129,18 @@ def test_link_cut_mid_job(target, cut_seconds, unfaulted, network, tmp_path):
         else:
             outcome = "hung, stopped, resumed" if first.timed_out else "stopped, resumed"
             base = read_manifest(latest_complete(job.checkpoint_dir))
-            resumed_job = ClusterJob(net, tmp_path, every_n_steps=CHECKPOINT_EVERY,
-                                     resume=True, name="resumed")  # fmt: skip
+            resumed_job = ClusterJob(
+                net, tmp_path, every_n_steps=CHECKPOINT_EVERY, resume=True, name="resumed"
+            )
             resumed_job.start()
             final = resumed_job.wait(timeout_s=300)
             _assert_resumed_the_epoch(final, base)
         assert final.updates_applied is not None, final.tail()
         lost = unfaulted.updates_applied - (base["updates_applied_total"] + final.updates_applied)
-        errors = {h: [ln for ln in t.splitlines() if " ERROR " in ln or "Error" in ln][:3]
-                  for h, t in first.logs.items()}  # fmt: skip
+        errors = {
+            h: [ln for ln in t.splitlines() if " ERROR " in ln or "Error" in ln][:3]
+            for h, t in first.logs.items()
+        }
         row = {
             "target": target,
             "cut_seconds": cut_seconds,
@@ -199,19 +208,20 @@ def test_ps_cut_past_the_deadline_stops_the_job_and_resume_finishes(unfaulted, n
         nn_codes = {h: c for h, c in first.codes.items() if h.startswith("nn")}
         assert any(c not in (0, None) for c in nn_codes.values()), (stopped_after, first.tail())
         # the stop: one line naming the peer and the cause
-        stop_lines = [ln for h in nn_codes for ln in first.logs[h].splitlines()
-                      if STOP_LINE.search(ln)]  # fmt: skip
+        stop_lines = [
+            ln for h in nn_codes for ln in first.logs[h].splitlines() if STOP_LINE.search(ln)
+        ]
         assert stop_lines, first.tail(6000)
         # the silence is gone: while the link was down the workers said so every 5 s
-        stalls = [float(m[1]) for h in ("ew0", "ew1")
-                  for m in STALL_LINE.finditer(first.logs[h])]  # fmt: skip
+        stalls = [float(m[1]) for h in ("ew0", "ew1") for m in STALL_LINE.finditer(first.logs[h])]
         assert len(stalls) >= 10 and max(stalls) >= 50.0, stalls
 
         manifest_dir = latest_complete(job.checkpoint_dir)
         assert manifest_dir is not None, "no complete checkpoint before the stop"
         base = read_manifest(manifest_dir)
-        resumed_job = ClusterJob(net, tmp_path, every_n_steps=CHECKPOINT_EVERY, resume=True,
-                                 name="resumed")  # fmt: skip
+        resumed_job = ClusterJob(
+            net, tmp_path, every_n_steps=CHECKPOINT_EVERY, resume=True, name="resumed"
+        )
         resumed_job.start()
         final = resumed_job.wait(timeout_s=300)
         _assert_resumed_the_epoch(final, base)

@@ -56,8 +56,16 @@ class ComposeProject:
     def run(self, *args: str, timeout: float = 300, **variables: str) -> str:
         """``docker compose -p NAME --env-file .docker.env -f docker-compose.yml ARGS``."""
         env = {**os.environ, **self.variables, **variables}
-        argv = [*self.cli, "-p", self.name, "--env-file", str(REPO / ".docker.env"),
-                "-f", str(REPO / "docker-compose.yml"), *args]  # fmt: skip
+        argv = [
+            *self.cli,
+            "-p",
+            self.name,
+            "--env-file",
+            str(REPO / ".docker.env"),
+            "-f",
+            str(REPO / "docker-compose.yml"),
+            *args,
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr}")
@@ -77,8 +85,9 @@ class ComposeProject:
         return ids[0]
 
     def logs(self, service: str) -> str:
-        done = subprocess.run(["docker", "logs", self.container(service)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            ["docker", "logs", self.container(service)], capture_output=True, text=True, timeout=60
+        )
         return done.stdout + done.stderr
 
     def wait(self, service: str, timeout: float) -> int:
@@ -101,10 +110,11 @@ class ComposeProject:
     def leftovers(self) -> dict[str, list[str]]:
         """Containers, networks and volumes of this project still present."""
         return {
-            kind: docker(kind, "ls", "-q", *self._label()).split() if kind != "container"
+            kind: docker(kind, "ls", "-q", *self._label()).split()
+            if kind != "container"
             else docker("ps", "-aq", *self._label()).split()
             for kind in ("container", "network", "volume")
-        }  # fmt: skip
+        }
 
 
 def auc_of(log: str) -> float | None:

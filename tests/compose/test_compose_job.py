@@ -59,8 +59,11 @@ def _skip_reason() -> str | None:
         return "no Docker engine answers (make compose-test starts dockerd when run as root)"
     if compose_cli() is None:
         return "neither the docker compose plugin nor docker-compose is installed"
-    missing = [i for i in OFFLINE_IMAGES.values()
-               if subprocess.run(["docker", "image", "inspect", i], capture_output=True).returncode]  # fmt: skip
+    missing = [
+        i
+        for i in OFFLINE_IMAGES.values()
+        if subprocess.run(["docker", "image", "inspect", i], capture_output=True).returncode
+    ]
     return f"images {missing} are not built: run make images" if missing else None
 
 
@@ -70,21 +73,30 @@ def project(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     workspace = tmp_path_factory.mktemp("compose") / "adult_income"
-    shutil.copytree(REPO / "examples/adult_income", workspace,
-                    ignore=shutil.ignore_patterns("*.npz", "ckpt", "__pycache__"))  # fmt: skip
+    shutil.copytree(
+        REPO / "examples/adult_income",
+        workspace,
+        ignore=shutil.ignore_patterns("*.npz", "ckpt", "__pycache__"),
+    )
     config = workspace / "config/global_config.yml"
     data = yaml.safe_load(config.read_text())
     data["common_config"]["checkpointing_config"].update(
-        checkpoint_dir="/workspace/ckpt", checkpoint_every_n_steps=CHECKPOINT_EVERY,
+        checkpoint_dir="/workspace/ckpt",
+        checkpoint_every_n_steps=CHECKPOINT_EVERY,
         keep_checkpoints=5,
-    )  # fmt: skip
+    )
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     subprocess.run([sys.executable, "data_prep.py"], cwd=workspace, check=True, capture_output=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    variables = {**OFFLINE_IMAGES, "PERSIA_WORKSPACE": str(workspace), "NPROC_PER_NODE": "2",
-                 "PERSIA_RESUME": "0", "PROMETHEUS_PORT": str(port)}  # fmt: skip
+    variables = {
+        **OFFLINE_IMAGES,
+        "PERSIA_WORKSPACE": str(workspace),
+        "NPROC_PER_NODE": "2",
+        "PERSIA_RESUME": "0",
+        "PROMETHEUS_PORT": str(port),
+    }
     compose = ComposeProject(compose_cli(), f"pyrsiatest{int(time.time())}", variables)
     compose.workspace = workspace
     print(f"\ncompose: {' '.join(compose.cli)}, project {compose.name}, workspace {workspace}")
@@ -117,8 +129,10 @@ def _watch_prometheus(compose: ComposeProject, timeout_s: float = 300) -> dict:
         roles = {r["metric"].get("role") for r in up}
         steps = _query(port, "pyrsia_nn_worker_steps")
         if ROLES <= roles and any(float(r["value"][1]) > 0 for r in steps):
-            return {"up": [r["metric"] for r in up],
-                    "pyrsia_nn_worker_steps": [(r["metric"], r["value"][1]) for r in steps]}  # fmt: skip
+            return {
+                "up": [r["metric"] for r in up],
+                "pyrsia_nn_worker_steps": [(r["metric"], r["value"][1]) for r in steps],
+            }
         time.sleep(2)
     pytest.fail(f"Prometheus did not scrape every role {sorted(ROLES)} within {timeout_s}s")
 
@@ -150,8 +164,10 @@ def _kill_a_ps_after_a_checkpoint(project: ComposeProject, ckpt: Path) -> dict:
     stopped_s = time.monotonic() - killed
     log = project.logs("nn_worker")
     said = [line for line in log.splitlines() if "PS replica 1" in line or "resume" in line]
-    print(f"PS 1 killed {killed - started:.1f} s after up; nn_worker exit {code} "
-          f"{stopped_s:.1f} s later, saying:\n" + "\n".join(said[-4:]))  # fmt: skip
+    print(
+        f"PS 1 killed {killed - started:.1f} s after up; nn_worker exit {code} "
+        f"{stopped_s:.1f} s later, saying:\n" + "\n".join(said[-4:])
+    )
     assert code != 0 and any("PS replica 1" in line for line in said), log[-3000:]
     project.run("down")  # the checkpoints stay: they are in the mounted workspace
     return {"exit_code": code, "stopped_s": round(stopped_s, 1), "said": said[-4:]}
@@ -175,11 +191,20 @@ def _resume_and_count_lost_updates(
         ).read_text()
     )
     held = manifest["updates_applied_total"] + resumed_updates
-    print(f"resumed: {resumed[0].split('] ')[-1]}; acknowledged updates held {held}, "
-          f"unfaulted {unfaulted_updates}, lost {unfaulted_updates - held}")  # fmt: skip
-    _record("ps_killed", {"auc": auc, **killed, "resumed_from_step": manifest["step"],
-                          "lost_updates": unfaulted_updates - held,
-                          "resumed_seconds": round(time.monotonic() - started, 1)})  # fmt: skip
+    print(
+        f"resumed: {resumed[0].split('] ')[-1]}; acknowledged updates held {held}, "
+        f"unfaulted {unfaulted_updates}, lost {unfaulted_updates - held}"
+    )
+    _record(
+        "ps_killed",
+        {
+            "auc": auc,
+            **killed,
+            "resumed_from_step": manifest["step"],
+            "lost_updates": unfaulted_updates - held,
+            "resumed_seconds": round(time.monotonic() - started, 1),
+        },
+    )
     assert held == unfaulted_updates
 
 
@@ -189,11 +214,20 @@ def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProjec
     started = time.monotonic()
     project.run("--profile", "monitoring", "up", "-d", "--no-build", *JOB, "prometheus")
     scraped = _watch_prometheus(project)
-    print(f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
-          f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}")  # fmt: skip
+    print(
+        f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
+        f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}"
+    )
     auc, unfaulted_updates, _ = _finish(project, "unfaulted run", started)
-    _record("unfaulted", {"auc": auc, "updates_applied": unfaulted_updates,
-                          "seconds": round(time.monotonic() - started, 1), "prometheus": scraped})  # fmt: skip
+    _record(
+        "unfaulted",
+        {
+            "auc": auc,
+            "updates_applied": unfaulted_updates,
+            "seconds": round(time.monotonic() - started, 1),
+            "prometheus": scraped,
+        },
+    )
     project.run("--profile", "monitoring", "down", "--volumes")
 
     # 2. a PS container killed after the step-50 checkpoint, then the job resumed

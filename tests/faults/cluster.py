@@ -33,9 +33,26 @@ HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bo
 OPTIMIZER = {"type": "adagrad", "lr": 0.05}
 
 
-KNOWN_PATHS = frozenset({"/configure", "/register_optimizer", "/lookup", "/update", "/dump",
-    "/load", "/clear", "/stats", "/checksum", "/batch", "/lookup_direct", "/gradients",
-    "/ingress", "/done", "/health", "/metrics"})  # fmt: skip
+KNOWN_PATHS = frozenset(
+    {
+        "/configure",
+        "/register_optimizer",
+        "/lookup",
+        "/update",
+        "/dump",
+        "/load",
+        "/clear",
+        "/stats",
+        "/checksum",
+        "/batch",
+        "/lookup_direct",
+        "/gradients",
+        "/ingress",
+        "/done",
+        "/health",
+        "/metrics",
+    }
+)
 
 
 class InvariantError(AssertionError):
@@ -81,13 +98,20 @@ class Cluster:
         config.write_text(EMBEDDING_CONFIG)
         cap = ["--max-request-bytes", str(self.cap_bytes)]
         self.procs["ps"] = ServiceProc.start(
-            "pyrsia.services.embedding_ps", ["--port", "0", *cap], self.env,
-            role=ROLE_EMBEDDING_PS, wait_ready=False, log_dir=self.workdir,
-        )  # fmt: skip
+            "pyrsia.services.embedding_ps",
+            ["--port", "0", *cap],
+            self.env,
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+            log_dir=self.workdir,
+        )
         self.procs["ew"] = ServiceProc.start(
-            "pyrsia.services.embedding_worker", ["--port", "0", "--embedding-config", str(config), *cap],
-            self.env, role=ROLE_EMBEDDING_WORKER, log_dir=self.workdir,
-        )  # fmt: skip
+            "pyrsia.services.embedding_worker",
+            ["--port", "0", "--embedding-config", str(config), *cap],
+            self.env,
+            role=ROLE_EMBEDDING_WORKER,
+            log_dir=self.workdir,
+        )
         self.procs["nn"] = ServiceProc.start(
             "tests.faults.ingress_host", [], self.env, role=ROLE_NN_WORKER, log_dir=self.workdir
         )
@@ -119,16 +143,21 @@ class Cluster:
         """Send a batch's id part to the worker; return its batch id."""
         batch_id = next(self.ids)
         ids = ids if ids is not None else np.array([batch_id, batch_id + 7], np.uint64)
-        self.call("ew", "/batch", {"loader": 0, "batch_id": batch_id,
-                                   "batch": make_batch(ids).id_part().to_wire()})  # fmt: skip
+        self.call(
+            "ew",
+            "/batch",
+            {"loader": 0, "batch_id": batch_id, "batch": make_batch(ids).id_part().to_wire()},
+        )
         return batch_id
 
     def awaiting_batch(self) -> tuple[int, list[dict]]:
         """A batch whose embeddings were handed out; returns (batch id, valid gradients)."""
         batch_id = self.buffered_batch()
         answer = self.call("ew", "/lookup", {"batch_id": batch_id, "train": True})
-        grads = [{"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
-                 for e in answer["embeddings"]]  # fmt: skip
+        grads = [
+            {"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
+            for e in answer["embeddings"]
+        ]
         return batch_id, grads
 
     def awaiting_gathered_batch(self) -> dict:
@@ -136,18 +165,30 @@ class Cluster:
         the table's gradient, and the pooled (raw) slot's."""
         batch_id = self.buffered_batch()
         answer = self.call("ew", "/lookup", {"batch_id": batch_id, "train": True, "gathered": True})
-        grads = [{"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
-                 for e in answer["embeddings"] if "data" in e]  # fmt: skip
-        tables = [{"dim": t["dim"], "data": np.full(t["data"].shape, 0.01, np.float32)}
-                  for t in answer["tables"]]  # fmt: skip
-        return {"batch_id": batch_id, "loss_scale": 1.0, "gradients": grads, "tables": tables,
-                "skipped_slots": []}  # fmt: skip
+        grads = [
+            {"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
+            for e in answer["embeddings"]
+            if "data" in e
+        ]
+        tables = [
+            {"dim": t["dim"], "data": np.full(t["data"].shape, 0.01, np.float32)}
+            for t in answer["tables"]
+        ]
+        return {
+            "batch_id": batch_id,
+            "loss_scale": 1.0,
+            "gradients": grads,
+            "tables": tables,
+            "skipped_slots": [],
+        }
 
     def train_step(self, ids: np.ndarray) -> None:
         batch_id = self.buffered_batch(ids)
         answer = self.call("ew", "/lookup", {"batch_id": batch_id, "train": True})
-        grads = [{"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
-                 for e in answer["embeddings"]]  # fmt: skip
+        grads = [
+            {"name": e["name"], "data": np.full(e["data"].shape, 0.01, np.float32)}
+            for e in answer["embeddings"]
+        ]
         self.call("ew", "/gradients", {"batch_id": batch_id, "loss_scale": 1.0, "gradients": grads})
 
     # --- invariants -------------------------------------------------------------------------

@@ -62,9 +62,13 @@ def measure(interval_s: float = 0.25, timeout_s: float = 600.0) -> dict:
     env_lines = (REPO / ".honcho.env").read_text().splitlines()
     redis_port = free_port()
     job = f"rate-{uuid.uuid4().hex[:8]}"
-    overrides = {"REDIS_PORT": str(redis_port), "PS_PORT": str(free_port()),
-                 "EMBEDDING_WORKER_PORT": str(free_port()), "PERSIA_JOB_ID": job,
-                 "PERSIA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}  # fmt: skip
+    overrides = {
+        "REDIS_PORT": str(redis_port),
+        "PS_PORT": str(free_port()),
+        "EMBEDDING_WORKER_PORT": str(free_port()),
+        "PERSIA_JOB_ID": job,
+        "PERSIA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+    }
     kept = [line for line in env_lines if line.split("=", 1)[0] not in overrides]
     env_file = Path(f"/tmp/pyrsia-demo-rate-{job}.env")
     env_file.write_text("\n".join(kept + [f"{k}={v}" for k, v in overrides.items()]) + "\n")
@@ -72,8 +76,11 @@ def measure(interval_s: float = 0.25, timeout_s: float = 600.0) -> dict:
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "honcho", "-e", str(env_file), "-f", "Procfile", "start"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     samples: list[tuple[float, float, float]] = []
     urls: dict[str, str] = {}
     started = time.monotonic()

@@ -54,19 +54,30 @@ class DirectJob:
         with open(self.workdir / f"{name}.log", "wb") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "persia.launcher", *args],
-                cwd=REPO, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=REPO,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def start(self) -> DirectJob:
         flags = ["--port", "0", "--replica-index", "0", "--replica-size", "1"]
         self.ps = ServiceProc.start(
-            "pyrsia.services.embedding_ps", flags, self.env, role=ROLE_EMBEDDING_PS,
-            wait_ready=False, log_dir=self.workdir,
-        )  # fmt: skip
+            "pyrsia.services.embedding_ps",
+            flags,
+            self.env,
+            role=ROLE_EMBEDDING_PS,
+            wait_ready=False,
+            log_dir=self.workdir,
+        )
         self.ew = ServiceProc.start(
-            "pyrsia.services.embedding_worker", flags, self.env, role=ROLE_EMBEDDING_WORKER,
-            wait_ready=False, log_dir=self.workdir,
-        )  # fmt: skip
+            "pyrsia.services.embedding_worker",
+            flags,
+            self.env,
+            role=ROLE_EMBEDDING_WORKER,
+            wait_ready=False,
+            log_dir=self.workdir,
+        )
         self.nn = self._launch("nn_worker", ["nn-worker", str(ADULT / "train.py")])
         self.dl = self._launch("data_loader", ["data-loader", str(ADULT / "data_loader.py")])
         return self

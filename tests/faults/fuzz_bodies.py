@@ -25,10 +25,40 @@ from pyrsia.shared.codec import packb
 from pyrsia.shared.constants import NDARRAY_EXT_CODE
 from pyrsia.shared.errors import ProtocolError
 
-DTYPES = ["uint64", "int64", "int32", "uint32", "int16", "int8", "uint8", "float64",
-          "float32", "float16", "bool"]  # fmt: skip
-EXTREME_INTS = [-1, 0, 1, 2, 127, 128, 4096, 2**16, 2**16 + 1, 2**20, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**62, 2**63 - 1, -(2**63),
-                2**64 - 1, -(2**31)]  # fmt: skip
+DTYPES = [
+    "uint64",
+    "int64",
+    "int32",
+    "uint32",
+    "int16",
+    "int8",
+    "uint8",
+    "float64",
+    "float32",
+    "float16",
+    "bool",
+]
+EXTREME_INTS = [
+    -1,
+    0,
+    1,
+    2,
+    127,
+    128,
+    4096,
+    2**16,
+    2**16 + 1,
+    2**20,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**53 + 1,
+    2**62,
+    2**63 - 1,
+    -(2**63),
+    2**64 - 1,
+    -(2**31),
+]
 
 
 @st.composite
@@ -73,7 +103,7 @@ forged_arrays = st.builds(
             7,
             None,
         ]
-    ),  # fmt: skip
+    ),
     st.one_of(
         st.lists(st.sampled_from([0, 1, 3, 8, -1, 2**31, 2**40, 2**62, 2**63 - 1]), max_size=9),
         st.sampled_from([None, "3", [1.5], [[2]], {"a": 1}, [True]]),

@@ -167,10 +167,23 @@ class HonchoJob:
         }
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "honcho", "-e", str(env_file), "-f", str(procfile),
-                 "-d", str(REPO), "start"],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "honcho",
+                    "-e",
+                    str(env_file),
+                    "-f",
+                    str(procfile),
+                    "-d",
+                    str(REPO),
+                    "start",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.started = time.monotonic()
         return self
 

@@ -28,8 +28,16 @@ from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.http_server import install_uvloop
 
-SLOTS = {"workclass": 9, "education": 16, "marital_status": 7, "occupation": 15,
-         "relationship": 6, "race": 5, "gender": 2, "native_country": 42}  # fmt: skip
+SLOTS = {
+    "workclass": 9,
+    "education": 16,
+    "marital_status": 7,
+    "occupation": 15,
+    "relationship": 6,
+    "race": 5,
+    "gender": 2,
+    "native_country": 42,
+}
 """Slot -> vocabulary size (distinct values in UCI Adult's training split, plus 'unseen')."""
 BATCH = 128
 DIM = 8
@@ -122,7 +130,9 @@ class Driver:
     async def run(self, seconds: float, rate: float, concurrency: int) -> dict:
         hyper = {"emb_initialization": [-0.01, 0.01], "admit_probability": 1.0}
         await self.http.call(f"{self.ew}/configure", {"hyperparams": hyper})
-        await self.http.call(f"{self.ew}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}})  # fmt: skip
+        await self.http.call(
+            f"{self.ew}/register_optimizer", {"optimizer": {"type": "adagrad", "lr": 0.05}}
+        )
         cpu_start = time.process_time()
         slots = asyncio.Semaphore(concurrency)
         tasks: set[asyncio.Task] = set()

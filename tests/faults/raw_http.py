@@ -90,8 +90,12 @@ def truncated_post(
     """Send headers announcing ``announced`` body bytes, send ``body`` (fewer), and hang up."""
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s) as sock:
-        head = [f"POST {path} HTTP/1.1", f"Host: {parts.hostname}", f"Content-Length: {announced}",
-                "Content-Type: application/msgpack"]  # fmt: skip
+        head = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {parts.hostname}",
+            f"Content-Length: {announced}",
+            "Content-Type: application/msgpack",
+        ]
         head += [f"{k}: {v}" for k, v in auth_headers().items()]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         sock.shutdown(socket.SHUT_WR)

@@ -44,8 +44,10 @@ def predict_body(batch) -> dict:
     """The msgpack ``/predict`` body of a PersiaBatch (slot ``a`` single ids, ``r`` CSR)."""
     a, r = batch.id_type_features
     dense = np.asarray(batch.non_id_type_features[0].data)
-    return {"non_id": {"non_id_0": dense},
-            "ids": {"a": a.ids, "r": {"ids": r.ids, "offsets": r.offsets}}}  # fmt: skip
+    return {
+        "non_id": {"non_id_0": dense},
+        "ids": {"a": a.ids, "r": {"ids": r.ids, "offsets": r.offsets}},
+    }
 
 
 def _export(root: Path) -> Path:
@@ -57,12 +59,18 @@ def _export(root: Path) -> Path:
     store.dump(root / "ckpt", 0, 1)
     g = np.random.default_rng(0)
     non_id = [torch.from_numpy(g.normal(size=(3, 2)).astype(np.float32))]
-    emb = [torch.from_numpy(g.normal(size=(3, 4)).astype(np.float32)),
-           torch.from_numpy(g.normal(size=(3, 2, 4)).astype(np.float32))]  # fmt: skip
+    emb = [
+        torch.from_numpy(g.normal(size=(3, 4)).astype(np.float32)),
+        torch.from_numpy(g.normal(size=(3, 2, 4)).astype(np.float32)),
+    ]
     torch.manual_seed(0)
-    return export_model(root / "model", SmallModel(), example_inputs=(non_id, emb),
-                        embedding_config=root / "embedding_config.yml",
-                        embedding_checkpoint_dir=root / "ckpt")  # fmt: skip
+    return export_model(
+        root / "model",
+        SmallModel(),
+        example_inputs=(non_id, emb),
+        embedding_config=root / "embedding_config.yml",
+        embedding_checkpoint_dir=root / "ckpt",
+    )
 
 
 def artifact_digest(export: Path) -> str:
@@ -76,16 +84,23 @@ def artifact_digest(export: Path) -> str:
 
 class ServeStack:
     def __init__(
-        self, workdir: Path, *, cap_bytes: int = 1 << 20, host: str = "127.0.0.1",
+        self,
+        workdir: Path,
+        *,
+        cap_bytes: int = 1 << 20,
+        host: str = "127.0.0.1",
         token: str | None = None,
-    ):  # fmt: skip
+    ):
         """``token``: the job's ``PERSIA_AUTH_TOKEN`` (every process gets it, and every
         request this class sends carries it); ``host``: serve's ``--host``."""
         self.workdir = workdir
         self.cap_bytes = cap_bytes
         self.host = host
-        self.env = {"PERSIA_REDIS_URL": NO_REDIS, "PERSIA_JOB_ID": f"fuzz-{uuid.uuid4().hex[:8]}",
-                    "LOG_LEVEL": "WARNING"}  # fmt: skip
+        self.env = {
+            "PERSIA_REDIS_URL": NO_REDIS,
+            "PERSIA_JOB_ID": f"fuzz-{uuid.uuid4().hex[:8]}",
+            "LOG_LEVEL": "WARNING",
+        }
         self.headers: dict[str, str] = {}
         if token is not None:
             self.env["PERSIA_AUTH_TOKEN"] = token
@@ -106,15 +121,33 @@ class ServeStack:
             f"    - 127.0.0.1:{ps_port}\n    embedding_checkpoint: {self.export / 'embedding'}\n"
         )
         self.procs["ps"] = ServiceProc.start(
-            "pyrsia.services.embedding_ps", ["--global-config", str(infer), "--port", str(ps_port)],
-            self.env, role="infer_ps", address=f"127.0.0.1:{ps_port}", log_dir=self.workdir,
-        )  # fmt: skip
+            "pyrsia.services.embedding_ps",
+            ["--global-config", str(infer), "--port", str(ps_port)],
+            self.env,
+            role="infer_ps",
+            address=f"127.0.0.1:{ps_port}",
+            log_dir=self.workdir,
+        )
         self.procs["serve"] = ServiceProc.start(
             "persia.launcher",
-            ["serve", "--model", str(self.export), "--global-config", str(infer), "--port",
-             str(serve_port), "--max-request-bytes", str(self.cap_bytes), "--host", self.host],
-            self.env, role="serve", address=f"127.0.0.1:{serve_port}", log_dir=self.workdir,
-        )  # fmt: skip
+            [
+                "serve",
+                "--model",
+                str(self.export),
+                "--global-config",
+                str(infer),
+                "--port",
+                str(serve_port),
+                "--max-request-bytes",
+                str(self.cap_bytes),
+                "--host",
+                self.host,
+            ],
+            self.env,
+            role="serve",
+            address=f"127.0.0.1:{serve_port}",
+            log_dir=self.workdir,
+        )
         self.client = RawClient(self.procs["serve"].url)
         self.ps_client = RawClient(self.procs["ps"].url)
         self.before = self.state()
@@ -145,9 +178,13 @@ class ServeStack:
         return ps["checksum"], ps["entries"], outputs.tobytes()
 
     def send(
-        self, raw: bytes | None, *, content_type: str = "application/msgpack",
-        method: str = "POST", path: str = "/predict",
-    ) -> int:  # fmt: skip
+        self,
+        raw: bytes | None,
+        *,
+        content_type: str = "application/msgpack",
+        method: str = "POST",
+        path: str = "/predict",
+    ) -> int:
         """Send one hostile request, check the invariants, return the status."""
         assert self.client is not None
         headers = {"Content-Type": content_type, **self.headers}

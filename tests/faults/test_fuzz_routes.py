@@ -87,12 +87,12 @@ EW_TEMPLATES = {
         "loader": 0,
         "batch_id": next(c.ids),
         "batch": make_batch([next(c.ids), 3]).id_part().to_wire(),
-    },  # fmt: skip
+    },
     "/lookup": lambda c: {"batch_id": c.buffered_batch(), "train": True},
     "/lookup_direct": lambda c: {
         "batch": make_batch([11, 12], requires_grad=False).id_part().to_wire(),
         "train": False,
-    },  # fmt: skip
+    },
     "/gradients": _gradients_template,
     # the gathered forms (pyrsia/shared/wire/gathered.py): "#..." names a variant of the route
     "/lookup#gathered": lambda c: {"batch_id": c.buffered_batch(), "train": True, "gathered": True},
@@ -100,7 +100,7 @@ EW_TEMPLATES = {
         "batch": make_batch([11, 12], requires_grad=False).id_part().to_wire(),
         "train": False,
         "gathered": True,
-    },  # fmt: skip
+    },
     "/gradients#gathered": lambda c: c.awaiting_gathered_batch(),
     "/stats": lambda c: {},
     "/configure": lambda c: {"hyperparams": dict(HYPER)},
@@ -115,7 +115,7 @@ NN_TEMPLATES = {
         "batch_id": next(c.ids),
         "worker": 0,
         "dense": make_batch([1, 2]).dense_part().to_wire(),
-    },  # fmt: skip
+    },
     "/done": lambda c: {"loader": 0, "loader_count": 1, "sent": 0},
 }
 ROUTES = (

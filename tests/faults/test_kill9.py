@@ -117,8 +117,14 @@ def unfaulted(tmp_path_factory) -> JobResult:
     _assert_completed(result)
     assert result.steps == EPOCH_STEPS
     assert result.updates_applied, "the PS did not log its final updates_applied"
-    _record("unfaulted", {"auc": result.auc, "updates_applied": result.updates_applied,
-                          "seconds": round(result.seconds, 1)})  # fmt: skip
+    _record(
+        "unfaulted",
+        {
+            "auc": result.auc,
+            "updates_applied": result.updates_applied,
+            "seconds": round(result.seconds, 1),
+        },
+    )
     return result
 
 
@@ -131,8 +137,11 @@ def test_unfaulted_runs_agree_so_the_figures_measure_the_fault(unfaulted, honcho
         .wait()
     )
     _assert_completed(again)
-    row = {"auc": again.auc, "auc_delta": round(abs(again.auc - unfaulted.auc), 4),
-           "lost_updates": unfaulted.updates_applied - again.updates_applied}  # fmt: skip
+    row = {
+        "auc": again.auc,
+        "auc_delta": round(abs(again.auc - unfaulted.auc), 4),
+        "lost_updates": unfaulted.updates_applied - again.updates_applied,
+    }
     _record("unfaulted_control", row)
     print(f"unfaulted control: {row}")
     assert row["lost_updates"] == 0, row
@@ -168,8 +177,9 @@ def _stopped_then_resumed(first: JobResult, target: str, honcho_jobs, tmp_path, 
     assert first.stops[honcho_entry] != "0", first.stops
     checkpoint = latest_complete(ckpt)
     base = read_manifest(checkpoint)
-    resumed = honcho_jobs(tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=True,
-                        name="resumed").start()  # fmt: skip
+    resumed = honcho_jobs(
+        tmp_path, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=True, name="resumed"
+    ).start()
     resumed.wait_for_log(r"resumed from \S+: step \d+")
     resumed_s = time.monotonic() - resumed.started
     final = resumed.wait()

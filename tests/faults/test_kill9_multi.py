@@ -26,8 +26,14 @@ KILL_AT_STEP = 30  # rank 0's step: after the step-20 checkpoint, before the ste
 
 
 def _job(make, work, ckpt, name, *, resume=False) -> HonchoJob:
-    return make(work, ckpt, every_n_steps=CHECKPOINT_EVERY, resume=resume, name=name,
-                procfile="Procfile.multi")  # fmt: skip
+    return make(
+        work,
+        ckpt,
+        every_n_steps=CHECKPOINT_EVERY,
+        resume=resume,
+        name=name,
+        procfile="Procfile.multi",
+    )
 
 
 def test_kill9_one_of_three_ps_replicas_with_two_ranks_then_resume(honcho_jobs, tmp_path):

@@ -72,15 +72,31 @@ class RssSampler(threading.Thread):
 
 @pytest.mark.timeout(SECONDS + 600)
 def test_ten_times_the_demo_rate_with_bounded_memory(redis_server, tmp_path):
-    env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"load-{uuid.uuid4().hex[:8]}",
-           "LOG_LEVEL": "WARNING"}  # fmt: skip
+    env = {
+        "PERSIA_REDIS_URL": redis_server.url,
+        "PERSIA_JOB_ID": f"load-{uuid.uuid4().hex[:8]}",
+        "LOG_LEVEL": "WARNING",
+    }
     config = REPO / "examples/adult_income/config"
-    flags = ["--port", "0", "--embedding-config", str(config / "embedding_config.yml"),
-             "--global-config", str(config / "global_config.yml")]  # fmt: skip
-    ps = ServiceProc.start("pyrsia.services.embedding_ps", flags, env, role=ROLE_EMBEDDING_PS,
-                           wait_ready=False, log_dir=tmp_path)  # fmt: skip
-    ew = ServiceProc.start("pyrsia.services.embedding_worker", flags, env, role=ROLE_EMBEDDING_WORKER,
-                           log_dir=tmp_path)  # fmt: skip
+    flags = [
+        "--port",
+        "0",
+        "--embedding-config",
+        str(config / "embedding_config.yml"),
+        "--global-config",
+        str(config / "global_config.yml"),
+    ]
+    ps = ServiceProc.start(
+        "pyrsia.services.embedding_ps",
+        flags,
+        env,
+        role=ROLE_EMBEDDING_PS,
+        wait_ready=False,
+        log_dir=tmp_path,
+    )
+    ew = ServiceProc.start(
+        "pyrsia.services.embedding_worker", flags, env, role=ROLE_EMBEDDING_WORKER, log_dir=tmp_path
+    )
     load_before = os.getloadavg()
     sampler = RssSampler({"ps": ps.proc.pid, "ew": ew.proc.pid})
     cpu_before = {n: cpu_seconds(p.proc.pid) for n, p in (("ps", ps), ("ew", ew))}
@@ -114,10 +130,22 @@ def _drive(ew_url: str) -> dict:
     """``tests/faults/load_driver.py`` against the worker for ``SECONDS`` at ``STEPS_PER_S``
     (it must exit 0); its figures (the JSON of its last line)."""
     driver = subprocess.run(
-        [sys.executable, "-m", "tests.faults.load_driver", "--ew", ew_url,
-         "--seconds", str(SECONDS), "--steps-per-s", f"{STEPS_PER_S:.1f}"],
-        cwd=REPO, capture_output=True, text=True, timeout=SECONDS + 300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.faults.load_driver",
+            "--ew",
+            ew_url,
+            "--seconds",
+            str(SECONDS),
+            "--steps-per-s",
+            f"{STEPS_PER_S:.1f}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 300,
+    )
     assert driver.returncode == 0, driver.stderr[-3000:]
     return json.loads(driver.stdout.strip().splitlines()[-1])
 
@@ -144,20 +172,30 @@ def _add_rss_and_rate_figures(result: dict, samples: list, load_before: tuple) -
     result["target_ew_requests_per_s"] = round(FACTOR * DEMO_EW_REQUESTS_PER_S, 1)
     result["target_ps_requests_per_s"] = round(FACTOR * DEMO_PS_REQUESTS_PER_S, 1)
     result["rss_mib"] = {
-        n: {"after_warmup": round(base[n] / 2**20, 1), "peak": round(peak[n] / 2**20, 1),
-            "end": round(after[-1][n] / 2**20, 1), "growth_pct": round(100 * growth[n], 2)}
+        n: {
+            "after_warmup": round(base[n] / 2**20, 1),
+            "peak": round(peak[n] / 2**20, 1),
+            "end": round(after[-1][n] / 2**20, 1),
+            "growth_pct": round(100 * growth[n], 2),
+        }
         for n in base
-    }  # fmt: skip
+    }
     result["rss_series_mib"] = [
         {"t": round(t, 1), **{n: round(v / 2**20, 1) for n, v in s.items()}}
         for t, s in samples[:: max(1, len(samples) // 120)]
     ]
     result["factor_reached"] = round(
-        min(result["ew_requests_per_s"] / DEMO_EW_REQUESTS_PER_S,
-            result["ps_requests_per_s"] / DEMO_PS_REQUESTS_PER_S), 2)  # fmt: skip
-    result["load_average"] = {"before": [round(x, 2) for x in load_before],
-                              "after": [round(x, 2) for x in os.getloadavg()],
-                              "cpus": os.cpu_count()}  # fmt: skip
+        min(
+            result["ew_requests_per_s"] / DEMO_EW_REQUESTS_PER_S,
+            result["ps_requests_per_s"] / DEMO_PS_REQUESTS_PER_S,
+        ),
+        2,
+    )
+    result["load_average"] = {
+        "before": [round(x, 2) for x in load_before],
+        "after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
     return growth
 
 
@@ -181,10 +219,13 @@ def summary_text(r: dict) -> str:
         "  route            count     p50 ms   p99 ms   max ms",
     ]
     for route, v in r["routes"].items():
-        lines.append(f"  {route:<15} {v['count']:>7} {v['p50_ms']:>10} {v['p99_ms']:>8} "
-                     f"{v['max_ms']:>8}")  # fmt: skip
+        lines.append(
+            f"  {route:<15} {v['count']:>7} {v['p50_ms']:>10} {v['p99_ms']:>8} {v['max_ms']:>8}"
+        )
     for name, label in (("ew", "worker"), ("ps", "PS")):
         m = r["rss_mib"][name]
-        lines.append(f"  RSS {label}: {m['after_warmup']} MiB after warm-up, peak {m['peak']}, "
-                     f"end {m['end']} ({m['growth_pct']:+.2f} %, limit +{100 * MAX_RSS_GROWTH:.0f} %)")  # fmt: skip
+        lines.append(
+            f"  RSS {label}: {m['after_warmup']} MiB after warm-up, peak {m['peak']}, "
+            f"end {m['end']} ({m['growth_pct']:+.2f} %, limit +{100 * MAX_RSS_GROWTH:.0f} %)"
+        )
     return "\n".join(lines)

@@ -88,8 +88,7 @@ def _quiesce_and_count(job: DirectJob) -> tuple[list, dict, int]:
     stops = sigterm_and_time([procs["nn_worker"], procs["data_loader"]], 5.0)
     final = job.worker_stats()
     ps_applied = job.updates_applied()
-    stops += sigterm_and_time([procs["embedding_parameter_server"],
-                               procs["embedding_worker"]], 5.0)  # fmt: skip
+    stops += sigterm_and_time([procs["embedding_parameter_server"], procs["embedding_worker"]], 5.0)
     return stops, final, ps_applied
 
 

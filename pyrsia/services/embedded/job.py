@@ -111,8 +111,10 @@ class EmbeddedJob:
         log.info(
             "embedded mode: embedding PS and worker engines in this process%s; engine threads "
             "at %s CPU priority ($%s)",
-            f", data loader {script} in a thread" if script else "", priority, ENV_CPU_PRIORITY,
-        )  # fmt: skip
+            f", data loader {script} in a thread" if script else "",
+            priority,
+            ENV_CPU_PRIORITY,
+        )
         return cls(
             EmbeddedClient(schema, config),
             loader_script=Path(script) if script else None,
@@ -284,9 +286,13 @@ class EmbeddedSession(Session):
                 f"${ENV_EMBEDDED} to train on several ranks (services mode)"
             )
         queue = BatchQueue(
-            capacity, rank=rank, world_size=world_size, reproducible=reproducible,
-            skip=self.resume_skip, room_wait_s=DATA_SEND_TIMEOUT_S,
-        )  # fmt: skip
+            capacity,
+            rank=rank,
+            world_size=world_size,
+            reproducible=reproducible,
+            skip=self.resume_skip,
+            room_wait_s=DATA_SEND_TIMEOUT_S,
+        )
         self._queue = queue
         self.job.attach_queue(queue, self.runtime)
         return queue

@@ -110,7 +110,9 @@ def dump_store(
         prefix = f"replica_{replica_index}.{token}."
         committed = False
         try:
-            manifest = _write_part(store, directory, replica_index, replica_count, workers, token, started_ms)  # fmt: skip
+            manifest = _write_part(
+                store, directory, replica_index, replica_count, workers, token, started_ms
+            )
             committed = True
         finally:
             if not committed:  # a failed dump (disk full, I/O error) takes its files with it
@@ -210,8 +212,12 @@ def read_manifests(directory: str | Path) -> list[dict]:
     if not manifests:
         _refuse_no_manifest(directory)
     if unsealed:
-        log.warning("checkpoint %s: %s written without a manifest checksum (an older dump); "
-                    "checked for consistency only", directory, ", ".join(sorted(unsealed)))  # fmt: skip
+        log.warning(
+            "checkpoint %s: %s written without a manifest checksum (an older dump); "
+            "checked for consistency only",
+            directory,
+            ", ".join(sorted(unsealed)),
+        )
     counts = {m["replica_count"] for m in manifests.values()}
     if len(counts) != 1:
         raise InvalidInputError(
@@ -359,9 +365,14 @@ def load_store(
         for part in parts:
             for pair in part:
                 loaded += read_routed(
-                    pool, workers, pair.ids, pair.rows, replica_index, replica_count,
+                    pool,
+                    workers,
+                    pair.ids,
+                    pair.rows,
+                    replica_index,
+                    replica_count,
                     lambda i, r, dim=pair.dim: store.import_entries(dim, i, r, pool),
-                )  # fmt: skip
+                )
     log.info(
         "loaded %d entries from %s as replica %d/%d",
         loaded,

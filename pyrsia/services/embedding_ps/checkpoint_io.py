@@ -16,9 +16,20 @@ from pyrsia.shared.errors import InvalidInputError, PersiaError, ServiceUnavaila
 
 T = TypeVar("T")
 
-PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM,
-                         errno.EROFS, errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR,
-                         errno.ELOOP})  # fmt: skip
+PATH_ERRNOS = frozenset(
+    {
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.ENOENT,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENAMETOOLONG,
+        errno.EINVAL,
+        errno.EISDIR,
+        errno.ELOOP,
+    }
+)
 
 
 def checkpoint_io(fn: Callable[..., T], directory: str, *args: Any) -> T:

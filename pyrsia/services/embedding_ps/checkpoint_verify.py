@@ -171,12 +171,16 @@ def _checked_array(
     return np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
 
 
-def read_checked(label: str, directory: Path, info: dict, kind: str, shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+def read_checked(
+    label: str, directory: Path, info: dict, kind: str, shape: tuple[int, ...]
+) -> np.ndarray:
     """One file of a ``check_dims``-checked ``info`` (``kind`` "ids" or "rows"), memory-mapped
     after its header, size and CRC-32 (when recorded) are checked, on this thread: incremental
     packets, which are small."""
     dtype = np.dtype(np.uint64 if kind == "ids" else np.float32)
-    name, buf, offset = _map_checked(label, directory / info[kind], dtype, shape, info.get(f"{kind}_bytes"))  # fmt: skip
+    name, buf, offset = _map_checked(
+        label, directory / info[kind], dtype, shape, info.get(f"{kind}_bytes")
+    )
     return _checked_array(name, buf, offset, dtype, shape, info.get(f"{kind}_crc32"))
 
 
@@ -201,8 +205,12 @@ def verify_parts(
                 all_checksummed &= crc is not None
                 # headers and sizes on this thread, the CRCs on the pool
                 name, buf, offset = _map_checked(
-                    f"dim {dim} {kind}", directory / info[kind], dtype, shape, info.get(f"{kind}_bytes")
-                )  # fmt: skip
+                    f"dim {dim} {kind}",
+                    directory / info[kind],
+                    dtype,
+                    shape,
+                    info.get(f"{kind}_bytes"),
+                )
                 pair.append(pool.submit(_checked_array, name, buf, offset, dtype, shape, crc))
             files.append((dim, pair))
         parts.append(files)

@@ -175,13 +175,30 @@ class EmbeddingStore:
                 arena = shard.arena(aid, dim, width)
                 shard.reserve(pos.shape[0], arena)
                 meta = shard.meta
-                before = (int(meta[K.M_REINIT]), int(meta[K.M_N]) + int(meta[K.M_EVICT]),
-                          int(meta[K.M_REFUSED]))  # fmt: skip
+                before = (
+                    int(meta[K.M_REINIT]),
+                    int(meta[K.M_N]) + int(meta[K.M_EVICT]),
+                    int(meta[K.M_REFUSED]),
+                )
                 orphans = np.empty((pos.shape[0], 2), dtype=np.int64)
                 n_orph = K.lookup_train(
-                    ids, pos, out, arena.data, arena.free, arena.ameta, np.int64(aid), shard.slots, shard.ent,
-                    shard.pool, shard.pstamp, shard.meta, hyper, opt, salt, orphans,
-                )  # fmt: skip
+                    ids,
+                    pos,
+                    out,
+                    arena.data,
+                    arena.free,
+                    arena.ameta,
+                    np.int64(aid),
+                    shard.slots,
+                    shard.ent,
+                    shard.pool,
+                    shard.pstamp,
+                    shard.meta,
+                    hyper,
+                    opt,
+                    salt,
+                    orphans,
+                )
                 shard.free_orphans(orphans, n_orph)
                 # every new entry is placed (M_N grows) or replaces an evicted one
                 placed = int(meta[K.M_N]) + int(meta[K.M_EVICT]) - before[1]
@@ -229,9 +246,18 @@ class EmbeddingStore:
                         bad = int((~np.isfinite(grads[pos]).all(axis=1)).sum())
                         return pos.shape[0] - bad, bad
                     return K.update_rows(
-                        ids, pos, grads, arena.data, np.int64(aid), shard.slots, shard.ent, shard.meta, opt,
-                        bound, applied,
-                    )  # fmt: skip
+                        ids,
+                        pos,
+                        grads,
+                        arena.data,
+                        np.int64(aid),
+                        shard.slots,
+                        shard.ent,
+                        shard.meta,
+                        opt,
+                        bound,
+                        applied,
+                    )
 
             res = self._rows.run(one, self._rows.split(ids))
             unknown = sum(int(r[0]) for r in res)

@@ -67,7 +67,9 @@ class LoaderStats:
         return dict(self.__dict__)
 
 
-def read_packet(store: BulkStore, packet: Path) -> tuple[dict | None, dict[int, tuple[np.ndarray, np.ndarray]]]:  # fmt: skip
+def read_packet(
+    store: BulkStore, packet: Path
+) -> tuple[dict | None, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """Every file of a finished packet, checked before anything is applied: (optimizer, {dim: (ids, rows)})."""
     try:
         manifest = json.loads((packet / "manifest.json").read_text())
@@ -79,7 +81,9 @@ def read_packet(store: BulkStore, packet: Path) -> tuple[dict | None, dict[int, 
         or manifest.get("format_version") != FORMAT_VERSION
         or not isinstance(manifest.get("dims"), dict)
     ):
-        raise InvalidInputError("packet", f"a {PACKET_FORMAT} version {FORMAT_VERSION} manifest", packet.name)  # fmt: skip
+        raise InvalidInputError(
+            "packet", f"a {PACKET_FORMAT} version {FORMAT_VERSION} manifest", packet.name
+        )
     raw = manifest.get("optimizer")
     entries = {}
     dims = check_dims(manifest["dims"], f"{packet.name}/manifest.json")
@@ -118,7 +122,9 @@ class IncrementalLoader:
                 self._warned_missing = True
             return 0
         applied = 0
-        for sub in sorted(p for p in self.root.iterdir() if p.name.startswith("replica_") and p.is_dir()):  # fmt: skip
+        for sub in sorted(
+            p for p in self.root.iterdir() if p.name.startswith("replica_") and p.is_dir()
+        ):
             applied += self._scan_writer(sub, self._writers.setdefault(sub.name, _Writer()))
         return applied
 
@@ -136,7 +142,10 @@ class IncrementalLoader:
                 if not any(finished[k + 1 :]):
                     break  # the newest packet, still being written: next scan
                 self.stats.packets_skipped_torn += 1
-                log.warning("incremental packet %s has no done marker and a later packet is finished: skipped as torn", path)  # fmt: skip
+                log.warning(
+                    "incremental packet %s has no done marker and a later packet is finished: skipped as torn",
+                    path,
+                )
             elif stamp_ms < self.since_unix_ms:
                 self.stats.packets_skipped_old += 1
                 log.debug("incremental packet %s predates the loaded checkpoint: skipped", path)
@@ -151,7 +160,11 @@ class IncrementalLoader:
             self._adopt_optimizer(raw)
             for dim, (_, rows) in entries.items():
                 if rows.shape[1] != self.store.row_width(dim):
-                    raise InvalidInputError("packet", f"rows {self.store.row_width(dim)} wide at dim {dim}", rows.shape[1])  # fmt: skip
+                    raise InvalidInputError(
+                        "packet",
+                        f"rows {self.store.row_width(dim)} wide at dim {dim}",
+                        rows.shape[1],
+                    )
         except InvalidInputError as exc:
             self.stats.packets_skipped_torn += 1
             log.error("incremental packet %s is torn or incompatible, skipped: %s", path, exc)
@@ -166,17 +179,26 @@ class IncrementalLoader:
         self.stats.entries_applied += n
         self.stats.last_packet = f"{path.parent.name}/{path.name}"
         self.stats.last_delay_s = max(0.0, time.time() - stamp_ms / 1000.0)
-        log.info("incremental packet %s: %d entries applied (%.1fs after it was written)", self.stats.last_packet, n, self.stats.last_delay_s)  # fmt: skip
+        log.info(
+            "incremental packet %s: %d entries applied (%.1fs after it was written)",
+            self.stats.last_packet,
+            n,
+            self.stats.last_delay_s,
+        )
         return 1
 
     def _adopt_optimizer(self, raw: object) -> None:
         """Rows carry the optimizer state: a store without an optimizer takes the packet's."""
         if raw is None:
             if self.store.optimizer is not None:
-                raise InvalidInputError("packet", "rows with optimizer state (optimizer: null in packet)")  # fmt: skip
+                raise InvalidInputError(
+                    "packet", "rows with optimizer state (optimizer: null in packet)"
+                )
             return
         spec = optimizer_from_dict(raw, "packet.optimizer")
         if self.store.optimizer is None:
             self.store.register_optimizer(spec)
         elif state_layout(spec) != state_layout(self.store.optimizer):
-            raise InvalidInputError("packet.optimizer", f"the loaded optimizer's layout ({self.store.optimizer})", raw)  # fmt: skip
+            raise InvalidInputError(
+                "packet.optimizer", f"the loaded optimizer's layout ({self.store.optimizer})", raw
+            )

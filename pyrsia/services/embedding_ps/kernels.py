@@ -230,8 +230,24 @@ def _train_one(ids, i, h, out, table, hyper, opt, salt, orphans, n_orphans):
 
 
 @_jit
-def lookup_train(ids, pos, out, arena, free, ameta, arena_id, slots, ent, pool, pstamp, meta,
-                 hyper, opt, salt, orphans):  # fmt: skip
+def lookup_train(
+    ids,
+    pos,
+    out,
+    arena,
+    free,
+    ameta,
+    arena_id,
+    slots,
+    ent,
+    pool,
+    pstamp,
+    meta,
+    hyper,
+    opt,
+    salt,
+    orphans,
+):
     """Training lookup of ``ids[pos]`` into ``out[pos]`` (batch order): hits are refreshed,
     unknown ids are admitted with probability ``hyper[2]`` and initialized, refused ids get zeros.
     An id stored at another dim is re-initialized in this arena. Returns the number of orphans.

@@ -171,8 +171,14 @@ def _incremental(
     a Train replica's writer of them (set on ``store``). A writer directory that cannot be
     created is a ConfigError naming ``incremental_dir``."""
     if ps.enable_incremental_update and infer:
-        loader = IncrementalLoader(store, ps.incremental_dir, args.replica_index, args.replica_size, since_unix_ms=since_ms)  # fmt: skip
-        log.info("incremental updates: applying packets from %s every %ds", ps.incremental_dir, ps.incremental_scan_interval_seconds)  # fmt: skip
+        loader = IncrementalLoader(
+            store, ps.incremental_dir, args.replica_index, args.replica_size, since_unix_ms=since_ms
+        )
+        log.info(
+            "incremental updates: applying packets from %s every %ds",
+            ps.incremental_dir,
+            ps.incremental_scan_interval_seconds,
+        )
         return loader
     if ps.enable_incremental_update:
         replica_dir = Path(ps.incremental_dir) / f"replica_{args.replica_index}"

@@ -51,7 +51,8 @@ def verify(manifest: dict, where: str, field: str) -> bool:
     total = sum(int(info.get("entries", 0)) for info in dims.values())
     if "entries" in manifest and manifest["entries"] != total:
         raise InvalidInputError(
-            field, f"{where}: entries equal to the sum of its dims' entries ({total})",
+            field,
+            f"{where}: entries equal to the sum of its dims' entries ({total})",
             manifest["entries"],
-        )  # fmt: skip
+        )
     return recorded is not None

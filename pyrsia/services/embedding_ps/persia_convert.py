@@ -78,8 +78,14 @@ def pyrsia_rows(table: PersiaTable, spec: OptimizerSpec, adam_step: int) -> np.n
     return rows
 
 
-def convert(persia_dir: str | Path, output: str | Path, optimizer: OptimizerSpec, *,
-            adam_step: int = 0, workers: int = 4) -> dict:  # fmt: skip
+def convert(
+    persia_dir: str | Path,
+    output: str | Path,
+    optimizer: OptimizerSpec,
+    *,
+    adam_step: int = 0,
+    workers: int = 4,
+) -> dict:
     """Convert; returns the written manifest plus ``seconds`` (read, build, write)."""
     started = time.perf_counter()
     tables = read_checkpoint(persia_dir)
@@ -105,11 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert a PERSIA embedding checkpoint (s<r>/replica_<r>_shard_<i>.emb) into "
         "a Pyrsia checkpoint directory that the PS loads (any number of replicas).",
     )
-    p.add_argument("--persia-dir", required=True, help="the PERSIA checkpoint (holds embedding_dump_done and s0/, s1/, ...)")  # fmt: skip
+    p.add_argument(
+        "--persia-dir",
+        required=True,
+        help="the PERSIA checkpoint (holds embedding_dump_done and s0/, s1/, ...)",
+    )
     p.add_argument("--output", required=True, help="the Pyrsia checkpoint directory to write")
-    p.add_argument("--optimizer", required=True, help='the embedding optimizer that trained it, as JSON: {"type": "sgd"|"adagrad"|"adam", ...its arguments} (e.g. {"type": "adagrad", "lr": 0.01, "vectorwise_shared": false})')  # fmt: skip
-    p.add_argument("--adam-step", type=int, default=0, help="Adam only: the step each entry's bias correction continues from (PERSIA does not store one; default 0)")  # fmt: skip
-    p.add_argument("--num-workers", type=int, default=4, help="threads writing the files (default 4)")  # fmt: skip
+    p.add_argument(
+        "--optimizer",
+        required=True,
+        help='the embedding optimizer that trained it, as JSON: {"type": "sgd"|"adagrad"|"adam", ...its arguments} (e.g. {"type": "adagrad", "lr": 0.01, "vectorwise_shared": false})',
+    )
+    p.add_argument(
+        "--adam-step",
+        type=int,
+        default=0,
+        help="Adam only: the step each entry's bias correction continues from (PERSIA does not store one; default 0)",
+    )
+    p.add_argument(
+        "--num-workers", type=int, default=4, help="threads writing the files (default 4)"
+    )
     return p
 
 
@@ -123,12 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         spec = optimizer_from_dict(raw, "--optimizer")
         if args.adam_step < 0:
             raise InvalidInputError("--adam-step", "an integer >= 0", args.adam_step)
-        done = convert(args.persia_dir, args.output, spec, adam_step=args.adam_step,
-                       workers=args.num_workers)  # fmt: skip
+        done = convert(
+            args.persia_dir, args.output, spec, adam_step=args.adam_step, workers=args.num_workers
+        )
     except InvalidInputError as exc:
         return fail(str(exc))
-    print(f"wrote {done['entries']} entries ({', '.join(f'dim {d}' for d in done['dims'])}) to "
-          f"{args.output} in {done['seconds']:.1f} s")  # fmt: skip
+    print(
+        f"wrote {done['entries']} entries ({', '.join(f'dim {d}' for d in done['dims'])}) to "
+        f"{args.output} in {done['seconds']:.1f} s"
+    )
     return 0
 
 

@@ -63,7 +63,12 @@ _ERRORS = {
 
 @nb.njit(nogil=True, cache=True)
 def _u32(buf, at):
-    return np.uint32(buf[at]) | (np.uint32(buf[at + 1]) << 8) | (np.uint32(buf[at + 2]) << 16) | (np.uint32(buf[at + 3]) << 24)  # fmt: skip
+    return (
+        np.uint32(buf[at])
+        | (np.uint32(buf[at + 1]) << 8)
+        | (np.uint32(buf[at + 2]) << 16)
+        | (np.uint32(buf[at + 3]) << 24)
+    )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -146,8 +151,11 @@ def read_emb_file(path: str | Path) -> list[PersiaTable]:
     order = np.empty(n, dtype=np.int64)
     code, live, where = _scan(buf, n, first, starts, lengths, order)
     if code:
-        raise _bad(path, "a PERSIA .emb file (speedy ArrayLinkedList<HashMapEmbeddingEntry>)",
-                   f"{_ERRORS[code]} (at {where})")  # fmt: skip
+        raise _bad(
+            path,
+            "a PERSIA .emb file (speedy ArrayLinkedList<HashMapEmbeddingEntry>)",
+            f"{_ERRORS[code]} (at {where})",
+        )
     if live != count:
         raise _bad(path, f"as many live entries as its count ({count})", live)
     order = order[:live]
@@ -163,7 +171,11 @@ def read_emb_file(path: str | Path) -> list[PersiaTable]:
         dims = entries["dim"]
         for dim in np.unique(dims):
             if not 0 < dim <= length:
-                raise _bad(path, f"entries with 0 < embedding_dim <= {length} (their inner length)", int(dim))  # fmt: skip
+                raise _bad(
+                    path,
+                    f"entries with 0 < embedding_dim <= {length} (their inner length)",
+                    int(dim),
+                )
             mine = dims == dim
             tables.setdefault(int(dim), []).append(
                 (pick[mine], entries["sign"][mine], entries["inner"][mine].reshape(-1, length))
@@ -172,7 +184,9 @@ def read_emb_file(path: str | Path) -> list[PersiaTable]:
     for dim, parts in sorted(tables.items()):
         widths = {p[2].shape[1] for p in parts}
         if len(widths) != 1:
-            raise _bad(path, f"one optimizer-state width for dim {dim}", sorted(w - dim for w in widths))  # fmt: skip
+            raise _bad(
+                path, f"one optimizer-state width for dim {dim}", sorted(w - dim for w in widths)
+            )
         position = np.concatenate([p[0] for p in parts])
         keep = np.argsort(position, kind="stable")  # back to list order
         ids = np.concatenate([p[1] for p in parts])[keep].astype(np.uint64, copy=False)
@@ -184,8 +198,11 @@ def read_emb_file(path: str | Path) -> list[PersiaTable]:
 def _done_info(directory: Path) -> dict:
     done = directory / DONE_FILE
     if not done.is_file():
-        raise _bad(directory, f"a complete PERSIA checkpoint ({DONE_FILE} is written last)",
-                   "no " + DONE_FILE)  # fmt: skip
+        raise _bad(
+            directory,
+            f"a complete PERSIA checkpoint ({DONE_FILE} is written last)",
+            "no " + DONE_FILE,
+        )
     try:
         info = yaml.safe_load(done.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -208,7 +225,11 @@ def emb_files(directory: str | Path) -> list[Path]:
     for replica in range(info["num_shards"]):
         shard_dir = directory / f"s{replica}"
         if not shard_dir.is_dir():
-            raise _bad(directory, f"s0..s{info['num_shards'] - 1} (num_shards {info['num_shards']})", f"no s{replica}")  # fmt: skip
+            raise _bad(
+                directory,
+                f"s0..s{info['num_shards'] - 1} (num_shards {info['num_shards']})",
+                f"no s{replica}",
+            )
         _done_info(shard_dir)
         found = sorted(
             (int(m.group(2)), p)
@@ -217,8 +238,11 @@ def emb_files(directory: str | Path) -> list[Path]:
         )
         want = list(range(info["num_internal_shards"]))
         if [i for i, _ in found] != want:
-            raise _bad(shard_dir, f"replica_{replica}_shard_<i>.emb for i in 0..{want[-1]}",
-                       [p.name for _, p in found])  # fmt: skip
+            raise _bad(
+                shard_dir,
+                f"replica_{replica}_shard_<i>.emb for i in 0..{want[-1]}",
+                [p.name for _, p in found],
+            )
         files += [p for _, p in found]
     return files
 
@@ -233,7 +257,11 @@ def read_checkpoint(directory: str | Path) -> list[PersiaTable]:
     for dim, parts in sorted(by_dim.items()):
         widths = {p.inner.shape[1] for p in parts}
         if len(widths) != 1:
-            raise _bad(Path(directory), f"one optimizer-state width for dim {dim}", sorted(w - dim for w in widths))  # fmt: skip
+            raise _bad(
+                Path(directory),
+                f"one optimizer-state width for dim {dim}",
+                sorted(w - dim for w in widths),
+            )
         ids = np.concatenate([p.ids for p in parts])
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise _bad(Path(directory), f"each id stored once (dim {dim})", "duplicate ids")

@@ -53,8 +53,31 @@ class PSPersiaMetrics(Collector):
     def collect(self) -> Iterator:
         labels = self.labels()
         missed, _ = misses(self.store.lookup_counters())
-        yield cumulative("index_miss_count", "training-lookup ids not found stored on this embedding PS (admitted or refused), cumulative", [(labels, missed)])  # fmt: skip
-        yield gauge("index_miss_ratio", "share of the last training lookup's ids not found stored", labels, self.miss_ratio)  # fmt: skip
-        yield gauge("lookup_hashmap_time_cost_sec", "seconds the last lookup took in the store (the hash table)", labels, self.lookup_s)  # fmt: skip
-        yield cumulative("gradient_id_miss_count", "gradient ids whose entry was not found (evicted since its lookup), cumulative", [(labels, self.gradient_id_misses)])  # fmt: skip
-        yield gauge("set_embedding_time_cost_sec", "seconds the last checkpoint load (/load) took", labels, self.set_embedding_s)  # fmt: skip
+        yield cumulative(
+            "index_miss_count",
+            "training-lookup ids not found stored on this embedding PS (admitted or refused), cumulative",
+            [(labels, missed)],
+        )
+        yield gauge(
+            "index_miss_ratio",
+            "share of the last training lookup's ids not found stored",
+            labels,
+            self.miss_ratio,
+        )
+        yield gauge(
+            "lookup_hashmap_time_cost_sec",
+            "seconds the last lookup took in the store (the hash table)",
+            labels,
+            self.lookup_s,
+        )
+        yield cumulative(
+            "gradient_id_miss_count",
+            "gradient ids whose entry was not found (evicted since its lookup), cumulative",
+            [(labels, self.gradient_id_misses)],
+        )
+        yield gauge(
+            "set_embedding_time_cost_sec",
+            "seconds the last checkpoint load (/load) took",
+            labels,
+            self.set_embedding_s,
+        )

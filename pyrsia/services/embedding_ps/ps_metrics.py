@@ -30,10 +30,24 @@ class LookupCounters(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         c = self.store.lookup_counters()
-        yield CounterMetricFamily("pyrsia_ps_lookup_hits", "training-lookup ids found stored", value=c["hits"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_admitted", "training-lookup ids given a new entry", value=c["admitted"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_refused", "training-lookup ids refused by admit_probability (they read zeros)", value=c["refused"])  # fmt: skip
-        yield CounterMetricFamily("pyrsia_ps_lookup_evicted", "entries evicted (least recently used) to make room for admitted ids", value=c["evicted"])  # fmt: skip
+        yield CounterMetricFamily(
+            "pyrsia_ps_lookup_hits", "training-lookup ids found stored", value=c["hits"]
+        )
+        yield CounterMetricFamily(
+            "pyrsia_ps_lookup_admitted",
+            "training-lookup ids given a new entry",
+            value=c["admitted"],
+        )
+        yield CounterMetricFamily(
+            "pyrsia_ps_lookup_refused",
+            "training-lookup ids refused by admit_probability (they read zeros)",
+            value=c["refused"],
+        )
+        yield CounterMetricFamily(
+            "pyrsia_ps_lookup_evicted",
+            "entries evicted (least recently used) to make room for admitted ids",
+            value=c["evicted"],
+        )
 
 
 def request_metrics(
@@ -49,12 +63,22 @@ def request_metrics(
         "pyrsia_ps_request_seconds", "time to serve a request", ["op"], registry=registry
     )
     # op -> its (ids, latency) children, made once: labels() costs a lock and a lookup per call
-    return {op: (ids.labels(op=op), latency.labels(op=op))
-            for op in ("lookup_train", "lookup_eval", "update")}  # fmt: skip
+    return {
+        op: (ids.labels(op=op), latency.labels(op=op))
+        for op in ("lookup_train", "lookup_eval", "update")
+    }
 
 
 def loader_gauges(registry: CollectorRegistry, counts: LoaderStats) -> None:
     """Register gauges of an Infer replica's incremental loader ``counts``, read at each scrape."""
-    prom.Gauge("pyrsia_ps_incremental_packets_applied", "incremental packets applied", registry=registry).set_function(lambda: counts.packets_applied)  # fmt: skip
-    prom.Gauge("pyrsia_ps_incremental_packets_torn", "torn incremental packets skipped", registry=registry).set_function(lambda: counts.packets_skipped_torn)  # fmt: skip
-    prom.Gauge("pyrsia_ps_incremental_delay_seconds", "age of the last packet applied when it was applied", registry=registry).set_function(lambda: counts.last_delay_s)  # fmt: skip
+    prom.Gauge(
+        "pyrsia_ps_incremental_packets_applied", "incremental packets applied", registry=registry
+    ).set_function(lambda: counts.packets_applied)
+    prom.Gauge(
+        "pyrsia_ps_incremental_packets_torn", "torn incremental packets skipped", registry=registry
+    ).set_function(lambda: counts.packets_skipped_torn)
+    prom.Gauge(
+        "pyrsia_ps_incremental_delay_seconds",
+        "age of the last packet applied when it was applied",
+        registry=registry,
+    ).set_function(lambda: counts.last_delay_s)

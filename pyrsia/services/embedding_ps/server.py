@@ -212,9 +212,14 @@ async def dump(request: web.Request, body: Any) -> dict:
     directory = confine(Directory.from_wire(body).dir, request.app.get(CHECKPOINT_ROOT))
     state = request.app[STATE].details
     manifest = await _in_thread(
-        request, checkpoint_io, request.app[STORE].dump, directory, state["replica_index"],
-        state["replica_size"], request.app[CHECKPOINT_WORKERS],
-    )  # fmt: skip
+        request,
+        checkpoint_io,
+        request.app[STORE].dump,
+        directory,
+        state["replica_index"],
+        state["replica_size"],
+        request.app[CHECKPOINT_WORKERS],
+    )
     return {"manifest": manifest}
 
 
@@ -225,9 +230,14 @@ async def load(request: web.Request, body: Any) -> dict:
     state = request.app[STATE].details
     started = time.perf_counter()
     entries = await _in_thread(
-        request, checkpoint_io, request.app[STORE].load, directory, state["replica_index"],
-        state["replica_size"], request.app[CHECKPOINT_WORKERS],
-    )  # fmt: skip
+        request,
+        checkpoint_io,
+        request.app[STORE].load,
+        directory,
+        state["replica_index"],
+        state["replica_size"],
+        request.app[CHECKPOINT_WORKERS],
+    )
     request.app[PERSIA_METRICS].set_embedding_s = time.perf_counter() - started
     request.app[STATUS].configured = True  # a loaded checkpoint is enough to serve lookups
     request.app[STATE].details["loaded"] = True

@@ -198,9 +198,10 @@ def _check_gradient_tables(
         rows = prepared.groups[want_dim].ids.shape[0]
         if dim != want_dim or grad.shape != (rows, want_dim):
             raise InvalidInputError(
-                f"tables[{t}]", f"dim {want_dim}, data shape ({rows}, {want_dim})",
+                f"tables[{t}]",
+                f"dim {want_dim}, data shape ({rows}, {want_dim})",
                 f"dim {dim}, shape {grad.shape}",
-            )  # fmt: skip
+            )
 
 
 def gather_backward(

@@ -54,15 +54,59 @@ class WorkerPersiaMetrics(Collector):
     def collect(self) -> Iterator:
         labels = self.labels()
         staleness, pending = self.levels()
-        yield gauge("staleness", "batches whose embeddings were looked up for training and whose gradients are not applied yet (PERSIA's staleness)", labels, staleness)  # fmt: skip
-        yield gauge("num_pending_batches", "batches sent to this embedding worker and still waiting for their lookup (the forward buffer)", labels, pending)  # fmt: skip
-        family = GaugeMetricFamily("batch_unique_indices_rate", "distinct ids / ids of each slot in the last sampled batch", labels=[*LABELS, "feat"])  # fmt: skip
+        yield gauge(
+            "staleness",
+            "batches whose embeddings were looked up for training and whose gradients are not applied yet (PERSIA's staleness)",
+            labels,
+            staleness,
+        )
+        yield gauge(
+            "num_pending_batches",
+            "batches sent to this embedding worker and still waiting for their lookup (the forward buffer)",
+            labels,
+            pending,
+        )
+        family = GaugeMetricFamily(
+            "batch_unique_indices_rate",
+            "distinct ids / ids of each slot in the last sampled batch",
+            labels=[*LABELS, "feat"],
+        )
         for name, rate in sorted(self.unique_rate.items()):
             family.add_metric([*labels, name], rate)
         yield family
-        yield cumulative("nan_count", "slot gradients with NaN or inf, skipped instead of pushed to the PS (cumulative)", [([*labels, n], v) for n, v in sorted(self.nan.items())], extra=["feat"])  # fmt: skip
-        yield gauge("lookup_preprocess_time_cost_sec", "seconds the last batch's preprocessing took (id hashing, dedup, routing to PS replicas)", labels, self.preprocess_s)  # fmt: skip
-        yield gauge("lookup_rpc_time_cost_sec", "seconds the last batch's PS lookups took, network included", labels, self.rpc_s)  # fmt: skip
-        yield gauge("lookup_postprocess_time_cost_sec", "seconds the last batch's postprocessing took (pooling: the embedding sums)", labels, self.postprocess_s)  # fmt: skip
-        yield gauge("lookup_total_time_cost_sec", "seconds of the last batch's preprocessing, PS lookups and postprocessing", labels, self.total_s)  # fmt: skip
-        yield gauge("update_gradient_time_cost_sec", "seconds the last batch's gradient update took (fan-out and PS updates)", labels, self.update_s)  # fmt: skip
+        yield cumulative(
+            "nan_count",
+            "slot gradients with NaN or inf, skipped instead of pushed to the PS (cumulative)",
+            [([*labels, n], v) for n, v in sorted(self.nan.items())],
+            extra=["feat"],
+        )
+        yield gauge(
+            "lookup_preprocess_time_cost_sec",
+            "seconds the last batch's preprocessing took (id hashing, dedup, routing to PS replicas)",
+            labels,
+            self.preprocess_s,
+        )
+        yield gauge(
+            "lookup_rpc_time_cost_sec",
+            "seconds the last batch's PS lookups took, network included",
+            labels,
+            self.rpc_s,
+        )
+        yield gauge(
+            "lookup_postprocess_time_cost_sec",
+            "seconds the last batch's postprocessing took (pooling: the embedding sums)",
+            labels,
+            self.postprocess_s,
+        )
+        yield gauge(
+            "lookup_total_time_cost_sec",
+            "seconds of the last batch's preprocessing, PS lookups and postprocessing",
+            labels,
+            self.total_s,
+        )
+        yield gauge(
+            "update_gradient_time_cost_sec",
+            "seconds the last batch's gradient update took (fan-out and PS updates)",
+            labels,
+            self.update_s,
+        )

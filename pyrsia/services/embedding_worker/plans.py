@@ -135,9 +135,16 @@ class BatchLayout:
             for k, position in enumerate(positions):
                 config = self.configs[position]
                 plans[position] = SlotPlan(
-                    config.name, dim, True, int(config.sample_fixed_size), batch_size, 1,
-                    offsets, inverse[k * batch_size : (k + 1) * batch_size], scale,
-                )  # fmt: skip
+                    config.name,
+                    dim,
+                    True,
+                    int(config.sample_fixed_size),
+                    batch_size,
+                    1,
+                    offsets,
+                    inverse[k * batch_size : (k + 1) * batch_size],
+                    scale,
+                )
         return tuple(plans)
 
 

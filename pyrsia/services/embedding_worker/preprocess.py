@@ -170,9 +170,10 @@ def _check_answer_bytes(answer_bytes: int) -> None:
     anything is looked up."""
     if answer_bytes > MAX_MESSAGE_BYTES:
         raise InvalidInputError(
-            "batch", f"a batch whose embeddings fit in {MAX_MESSAGE_BYTES} bytes",
+            "batch",
+            f"a batch whose embeddings fit in {MAX_MESSAGE_BYTES} bytes",
             f"{answer_bytes} bytes",
-        )  # fmt: skip
+        )
 
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
@@ -206,9 +207,14 @@ _UNIQUE_IDS_LAST: dict[int, int] = {}
 
 
 def _dedup(
-    ids: np.ndarray, starts: np.ndarray, prefixes: np.ndarray, spacing: np.uint64,
-    unique: np.ndarray, inverse: np.ndarray, dim: int,
-) -> int:  # fmt: skip
+    ids: np.ndarray,
+    starts: np.ndarray,
+    prefixes: np.ndarray,
+    spacing: np.uint64,
+    unique: np.ndarray,
+    inverse: np.ndarray,
+    dim: int,
+) -> int:
     """``kernels.dedup_prefixed`` with a table that takes twice the unique ids of this
     dim's last batch (plus 16) before it is full; a batch holding more is deduped again
     with a table for all its ids."""

@@ -51,9 +51,10 @@ class PSClient:
     ):
         if (registry is None) == (not addresses):
             raise InvalidInputError(
-                "addresses", "a registry or fixed addresses (infer_config.servers), not both",
+                "addresses",
+                "a registry or fixed addresses (infer_config.servers), not both",
                 message="PSClient needs a registry or fixed addresses (infer_config.servers)",
-            )  # fmt: skip
+            )
         self.registry = registry
         self.http = http
         self.retry_window_s = retry_window_s

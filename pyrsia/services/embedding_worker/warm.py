@@ -42,6 +42,8 @@ def warm_worker() -> None:
     outs = pool_forward(prepared, vectors)
     grads, _ = pool_backward(prepared, [np.ones_like(o) for o in outs], 2.0)
     _, plan = answer_embeddings(prepared, vectors, gathered=True)
-    tables = [(dim, np.ones((prepared.groups[dim].ids.shape[0], dim), np.float32))
-              for dim, _ in plan.groups]  # fmt: skip
+    tables = [
+        (dim, np.ones((prepared.groups[dim].ids.shape[0], dim), np.float32))
+        for dim, _ in plan.groups
+    ]
     gather_backward(prepared, plan, tables, (), 2.0, grads)

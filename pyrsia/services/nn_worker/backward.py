@@ -141,9 +141,13 @@ class BackwardEngine:
                 payload = GradientPayload(list(payload))
             async with self.limits.senders():
                 await self.client.gradients(
-                    worker, batch_id, loss_scale, payload.slots,
-                    tables=payload.tables, skipped_slots=payload.skipped_slots,
-                )  # fmt: skip
+                    worker,
+                    batch_id,
+                    loss_scale,
+                    payload.slots,
+                    tables=payload.tables,
+                    skipped_slots=payload.skipped_slots,
+                )
             self.sent += 1
         except asyncio.CancelledError:
             raise

@@ -119,9 +119,12 @@ class PersiaTrainingBatch:
     def build_tensors(self, *, requires_grad: bool) -> None:
         """Build this batch's tensors now (off the training thread), for one ``take_tensors``."""
         self._tensors = build_tensors(
-            self.non_id_type_features, self.labels, self.embeddings,
-            requires_grad=requires_grad, cuda=self.device_id is not None,
-        )  # fmt: skip
+            self.non_id_type_features,
+            self.labels,
+            self.embeddings,
+            requires_grad=requires_grad,
+            cuda=self.device_id is not None,
+        )
 
     def take_tensors(self, *, requires_grad: bool) -> BatchTensors | None:
         """The tensors :meth:`build_tensors` made, at most once and only for the same

@@ -96,8 +96,11 @@ class EvenSteps:
             if counts[_HAVE] == 0:
                 self.finished = True
                 if self.shadow_steps:
-                    log.info("rank %d: %d shadow step(s) at the end of the stream (uneven batches)",
-                             self.rank, self.shadow_steps)  # fmt: skip
+                    log.info(
+                        "rank %d: %d shadow step(s) at the end of the stream (uneven batches)",
+                        self.rank,
+                        self.shadow_steps,
+                    )
                 return None
             if counts[_CANNOT_SHADOW] > 0:
                 self.finished = True
@@ -123,15 +126,23 @@ class EvenSteps:
         if self.ctx.training_step.termination.triggered:
             return  # SIGTERM: every rank is stopping; do not spend the drain time waiting
         try:
-            self._all_reduce(have=False, cannot_shadow=False, stopped=True,
-                             timeout_s=RANK_STOP_NOTICE_TIMEOUT_S)  # fmt: skip
+            self._all_reduce(
+                have=False, cannot_shadow=False, stopped=True, timeout_s=RANK_STOP_NOTICE_TIMEOUT_S
+            )
         except Exception as exc:  # the peers may be gone already; closing must not raise
-            log.warning("rank %d: could not tell the other ranks that its loop stopped: %s",
-                        self.rank, exc)  # fmt: skip
+            log.warning(
+                "rank %d: could not tell the other ranks that its loop stopped: %s", self.rank, exc
+            )
 
     # --- internals ----------------------------------------------------------------------
-    def _all_reduce(self, *, have: bool, cannot_shadow: bool, stopped: bool = False,
-                    timeout_s: float | None = None) -> list[int]:  # fmt: skip
+    def _all_reduce(
+        self,
+        *,
+        have: bool,
+        cannot_shadow: bool,
+        stopped: bool = False,
+        timeout_s: float | None = None,
+    ) -> list[int]:
         flags = torch.tensor([int(have), int(cannot_shadow), int(stopped)], dtype=torch.int32)
         if self.device is not None:
             flags = flags.to(self.device)

@@ -302,8 +302,9 @@ def _warn_skipped(skipped: list[str], nonfinite: list[str]) -> None:
         log.warning(
             "embedding slots left out of this batch's embedding update: %s "
             "(NaN or inf in the embedding gradient of: %s; the others got no gradient)",
-            skipped, nonfinite,
-        )  # fmt: skip
+            skipped,
+            nonfinite,
+        )
 
 
 def _sum_table(table: EmbeddingTable, grads: list[torch.Tensor], summed: np.ndarray) -> bool:

@@ -76,15 +76,22 @@ class InflightLimits:
     # --- lookups (event loop; one set per DataLoader iteration) -------------------------
     @staticmethod
     def for_lookups(
-        *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool,
+        *,
+        num_workers: int,
+        buffer_size: int,
+        staleness: int | None,
+        just_in_time: bool,
         ranks: int = 1,
-    ) -> LookupLimits:  # fmt: skip
+    ) -> LookupLimits:
         """The limits of one DataLoader iteration's lookups (call it on the event loop);
         ``ranks``: the job's NN-worker ranks, which share the staleness window."""
         return LookupLimits(
-            num_workers=num_workers, buffer_size=buffer_size, staleness=staleness,
-            just_in_time=just_in_time, ranks=ranks,
-        )  # fmt: skip
+            num_workers=num_workers,
+            buffer_size=buffer_size,
+            staleness=staleness,
+            just_in_time=just_in_time,
+            ranks=ranks,
+        )
 
     # --- backward slots (training thread) ---------------------------------------------
     def take_slot(self, running: Callable[[], bool]) -> None:
@@ -237,9 +244,14 @@ class LookupLimits:
     staleness permit's releaser may be called from another thread."""
 
     def __init__(
-        self, *, num_workers: int, buffer_size: int, staleness: int | None, just_in_time: bool,
+        self,
+        *,
+        num_workers: int,
+        buffer_size: int,
+        staleness: int | None,
+        just_in_time: bool,
         ranks: int = 1,
-    ):  # fmt: skip
+    ):
         self.num_workers = positive_int(num_workers, "num_workers")
         self.buffer_size = positive_int(buffer_size, "forward_buffer_size")
         self.ranks = positive_int(ranks, "ranks")

@@ -91,9 +91,10 @@ class BatchQueue:
             raise ConflictError(f"loader {item.loader} already said it is done")
         if self.reproducible and item.batch_id % self.world_size != self.rank:
             raise InvalidInputError(
-                "batch_id", f"an id equal to rank {self.rank} modulo world size {self.world_size}",
+                "batch_id",
+                f"an id equal to rank {self.rank} modulo world size {self.world_size}",
                 item.batch_id,
-            )  # fmt: skip
+            )
         if self._full(item):
             await self._wait_for_room(item)
             if item.batch_id in self._seen:  # the same id arrived while this one waited

@@ -64,17 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
         "through torch.distributed.run; each rank hosts a batch ingress for the data loaders.",
     )
     parser.add_argument(
-        "script", nargs="?", default=None,
+        "script",
+        nargs="?",
+        default=None,
         help=f"the training script (default: ${ENV_NN_WORKER_ENTRY})",
-    )  # fmt: skip
+    )
     add_rank_flags(parser)
-    parser.add_argument("--verbose", action="store_true",
-                        help=f"a known error (bad config, Redis unreachable, a service never "
-                        f"registered) shows its traceback too, not one line (also "
-                        f"{ENV_VERBOSE}=1 or LOG_LEVEL=debug)")  # fmt: skip
-    parser.add_argument("--resume", action="store_true",
-                        help="start from the newest complete checkpoint in checkpoint_dir "
-                        "(global_config.yml common_config.checkpointing_config)")  # fmt: skip
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"a known error (bad config, Redis unreachable, a service never "
+        f"registered) shows its traceback too, not one line (also "
+        f"{ENV_VERBOSE}=1 or LOG_LEVEL=debug)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="start from the newest complete checkpoint in checkpoint_dir "
+        "(global_config.yml common_config.checkpointing_config)",
+    )
     add_server_security_flags(parser)  # for the ranks' batch ingress
     return parser
 
@@ -128,16 +136,34 @@ def _addresses(host: str) -> list[str]:
 
 def add_rank_flags(parser: argparse.ArgumentParser) -> None:
     """The torch.distributed.run flags both launchers take (nn-worker and persia.hb.run)."""
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                        help="ranks on this node (default: one per visible GPU, 1 without GPUs)")  # fmt: skip
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=None,
+        help="ranks on this node (default: one per visible GPU, 1 without GPUs)",
+    )
     parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    parser.add_argument("--node-rank", "--node_rank", type=int, default=0,
-                        help="index of this node, 0-based (default 0)")  # fmt: skip
-    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
-                        help="address of node 0 for torch's rendezvous (default 127.0.0.1)")  # fmt: skip
-    parser.add_argument("--master-port", "--master_port", type=int, default=None,
-                        help="port of torch's rendezvous on node 0 (default $MASTER_PORT, "
-                        "else 29500)")  # fmt: skip
+    parser.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=0,
+        help="index of this node, 0-based (default 0)",
+    )
+    parser.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default="127.0.0.1",
+        help="address of node 0 for torch's rendezvous (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        type=int,
+        default=None,
+        help="port of torch's rendezvous on node 0 (default $MASTER_PORT, else 29500)",
+    )
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> str:

@@ -43,9 +43,13 @@ class StreamedLookups:
     """Batches from this rank's ingress queue, looked up at the worker holding their ids."""
 
     def __init__(
-        self, queue: BatchQueue, client: EmbeddingClient, *, train: bool,
+        self,
+        queue: BatchQueue,
+        client: EmbeddingClient,
+        *,
+        train: bool,
         device_id: int | None,
-    ):  # fmt: skip
+    ):
         self.queue = queue
         self.client = client
         self.train = train
@@ -59,10 +63,13 @@ class StreamedLookups:
             item.worker, item.batch_id, self.train, item.dense.batch_size, gathered=True
         )
         batch = PersiaTrainingBatch(
-            item.dense, embeddings.embeddings, trainable,
+            item.dense,
+            embeddings.embeddings,
+            trainable,
             worker=item.worker if trainable else None,
-            batch_id=item.batch_id if trainable else None, device_id=self.device_id,
-        )  # fmt: skip
+            batch_id=item.batch_id if trainable else None,
+            device_id=self.device_id,
+        )
         batch.build_tensors(requires_grad=self.train)  # here, off the training thread
         return batch
 
@@ -74,9 +81,15 @@ class DirectLookups:
     """A user's iterator of batches, read ahead by one helper thread and looked up directly."""
 
     def __init__(
-        self, iterator: Iterator[Any], buffer_size: int, check: Callable[[Any], UserBatch],
-        client: EmbeddingClient, *, train: bool, device_id: int | None,
-    ):  # fmt: skip
+        self,
+        iterator: Iterator[Any],
+        buffer_size: int,
+        check: Callable[[Any], UserBatch],
+        client: EmbeddingClient,
+        *,
+        train: bool,
+        device_id: int | None,
+    ):
         self.reader = IteratorReader(iterator, buffer_size, check)
         self.client = client
         self.train = train
@@ -90,10 +103,13 @@ class DirectLookups:
             batch.id_part(), self.train and batch.requires_grad, gathered=True
         )
         looked_up = PersiaTrainingBatch(
-            batch.dense_part(), answer.embeddings, batch.requires_grad,
+            batch.dense_part(),
+            answer.embeddings,
+            batch.requires_grad,
             worker=worker if answer.batch_id is not None else None,
-            batch_id=answer.batch_id, device_id=self.device_id,
-        )  # fmt: skip
+            batch_id=answer.batch_id,
+            device_id=self.device_id,
+        )
         looked_up.build_tensors(requires_grad=self.train)  # here, off the training thread
         return looked_up
 

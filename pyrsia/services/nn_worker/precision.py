@@ -114,7 +114,9 @@ def check_ctx_args(threadpool_worker_size, device_id) -> tuple[int, int | None]:
             raise InvalidInputError("device_id", "None or a CUDA device index >= 0", device_id)
         if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
             raise InvalidInputError(
-                "device_id", f"a CUDA device index below {torch.cuda.device_count()} "
-                "(pass device_id=None to train on the CPU)", device_id,
-            )  # fmt: skip
+                "device_id",
+                f"a CUDA device index below {torch.cuda.device_count()} "
+                "(pass device_id=None to train on the CPU)",
+                device_id,
+            )
     return threadpool_worker_size, device_id

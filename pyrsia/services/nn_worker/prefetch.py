@@ -103,9 +103,12 @@ class Prefetcher:
     # --- loop side ----------------------------------------------------------------------
     async def _start(self) -> None:
         self._limits = InflightLimits.for_lookups(
-            num_workers=self._num_workers, buffer_size=self._buffer_size,
-            staleness=self._staleness, just_in_time=self._just_in_time, ranks=self._ranks,
-        )  # fmt: skip
+            num_workers=self._num_workers,
+            buffer_size=self._buffer_size,
+            staleness=self._staleness,
+            just_in_time=self._just_in_time,
+            ranks=self._ranks,
+        )
         self._out = asyncio.Queue()  # bounded by the limits' forward-buffer slots
         self._tasks = [asyncio.create_task(self._produce()), asyncio.create_task(self._deliver())]
 
@@ -179,8 +182,12 @@ class Prefetcher:
         # Batches looked up but never handed out give their permits back.
         while self._out is not None and not self._out.empty():
             entry = self._out.get_nowait()
-            if isinstance(entry, asyncio.Task) and entry.done() and not entry.cancelled() \
-                    and entry.exception() is None:  # fmt: skip
+            if (
+                isinstance(entry, asyncio.Task)
+                and entry.done()
+                and not entry.cancelled()
+                and entry.exception() is None
+            ):
                 entry.result().release()
 
     # --- training-loop side -------------------------------------------------------------

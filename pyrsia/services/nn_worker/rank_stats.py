@@ -64,8 +64,9 @@ class RankStats:
         self.last_step_at = self._window_t
         """``time.perf_counter()`` when the last step finished."""
 
-    def step_done(self, step: int, batch_size: int, loss: torch.Tensor, scale: float,
-                  finite: bool) -> bool:  # fmt: skip
+    def step_done(
+        self, step: int, batch_size: int, loss: torch.Tensor, scale: float, finite: bool
+    ) -> bool:
         """One training step (training thread); True when its loss was sampled."""
         self.steps = step
         self.samples += batch_size
@@ -156,10 +157,24 @@ class _RankCounters(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         s = self.stats
-        yield CounterMetricFamily("pyrsia_nn_worker_samples", "samples trained by this rank", value=s.samples)  # fmt: skip
-        yield CounterMetricFamily("pyrsia_nn_worker_lookup_wait_seconds", "seconds the training loop waited for its next looked-up batch", value=s.lookup_wait_s)  # fmt: skip
-        yield CounterMetricFamily("pyrsia_nn_worker_skipped_embedding_updates", "steps whose embedding update was skipped for non-finite gradients", value=s.skipped_updates)  # fmt: skip
-        phases = CounterMetricFamily("pyrsia_nn_worker_step_phase_seconds", "wall seconds of TrainCtx.backward's phases", labels=["phase"])  # fmt: skip
+        yield CounterMetricFamily(
+            "pyrsia_nn_worker_samples", "samples trained by this rank", value=s.samples
+        )
+        yield CounterMetricFamily(
+            "pyrsia_nn_worker_lookup_wait_seconds",
+            "seconds the training loop waited for its next looked-up batch",
+            value=s.lookup_wait_s,
+        )
+        yield CounterMetricFamily(
+            "pyrsia_nn_worker_skipped_embedding_updates",
+            "steps whose embedding update was skipped for non-finite gradients",
+            value=s.skipped_updates,
+        )
+        phases = CounterMetricFamily(
+            "pyrsia_nn_worker_step_phase_seconds",
+            "wall seconds of TrainCtx.backward's phases",
+            labels=["phase"],
+        )
         seconds = s.phase_seconds()
         for phase in PHASES:
             phases.add_metric([phase], seconds.get(phase, 0.0))

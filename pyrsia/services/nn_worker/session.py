@@ -101,9 +101,12 @@ class Session:
 
         async def start() -> Ingress:
             queue = BatchQueue(
-                capacity, rank=rank, world_size=world_size, reproducible=reproducible,
+                capacity,
+                rank=rank,
+                world_size=world_size,
+                reproducible=reproducible,
                 skip=self.resume_skip,
-            )  # fmt: skip
+            )
             ingress = Ingress(queue, registry_settings=self.settings, stats=self.stats)
             await ingress.start()
             return ingress

@@ -227,8 +227,9 @@ class TrainingStep:
                 "NaN or inf in the embedding gradient of slot(s) %s (loss scale %g): embedding "
                 "update of this batch skipped (labels and dense features were checked finite "
                 "on arrival: look at the model's output and the loss)",
-                bad or "none on this rank, another rank's", event.scale,
-            )  # fmt: skip
+                bad or "none on this rank, another rank's",
+                event.scale,
+            )
             grads = list  # no gradients: the worker still releases the batch
         if event.shadow:  # a shadow step (even_steps.py) updates no embedding
             return
@@ -237,9 +238,12 @@ class TrainingStep:
         # on a GPU at once: their copy off the device would queue behind the next step.
         send = self.gradients.submit if self.precision.cuda else self.gradients.hold
         send(
-            batch.worker, batch.batch_id, event.scale * self.embedding_grad_divisor, grads,
+            batch.worker,
+            batch.batch_id,
+            event.scale * self.embedding_grad_divisor,
+            grads,
             on_done=batch.take_release(),
-        )  # fmt: skip
+        )
 
     def _agree(self, finite: bool) -> bool:
         """All ranks take the same decision, so their loss scales stay equal."""

@@ -126,11 +126,18 @@ def parse_tables(
     for t, item in enumerate(items):
         where = f"tables[{t}]"
         item, dim, data = _dim_and_data(item, where, "float32")
-        index = as_array(get(item, "index", f"{where}.index"), f"{where}.index", dtype="int32",
-                         shape=(len(slots[t]), batch_size))  # fmt: skip
+        index = as_array(
+            get(item, "index", f"{where}.index"),
+            f"{where}.index",
+            dtype="int32",
+            shape=(len(slots[t]), batch_size),
+        )
         if index.size and (int(index.min()) < 0 or int(index.max()) >= data.shape[0]):
-            raise InvalidInputError(f"{where}.index", f"rows in [0, {data.shape[0]})",
-                       f"[{int(index.min())}, {int(index.max())}]")  # fmt: skip
+            raise InvalidInputError(
+                f"{where}.index",
+                f"rows in [0, {data.shape[0]})",
+                f"[{int(index.min())}, {int(index.max())}]",
+            )
         tables.append(EmbeddingTable(dim, data, index, tuple(slots[t])))
     return tuple(tables)
 

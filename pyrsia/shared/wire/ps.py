@@ -82,9 +82,10 @@ class PSLookup:
         answer_bytes = sum(4 * g.dim * g.ids.shape[0] for g in lookup.groups)
         if answer_bytes > MAX_MESSAGE_BYTES:  # a few MB of ids may ask for terabytes of floats
             raise InvalidInputError(
-                "groups", f"lookups whose answer fits in {MAX_MESSAGE_BYTES} bytes (ids x dim x 4)",
+                "groups",
+                f"lookups whose answer fits in {MAX_MESSAGE_BYTES} bytes (ids x dim x 4)",
                 f"{answer_bytes} bytes",
-            )  # fmt: skip
+            )
         return lookup
 
     def to_wire(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ class UpdateTotals:
                 *(
                     as_int(get(body, key), key, min_value=0)
                     for key in ("applied", "skipped_unknown", "skipped_nonfinite")
-                )  # fmt: skip
+                )
             )
 
     def __add__(self, other: UpdateTotals) -> UpdateTotals:
@@ -190,7 +191,9 @@ class PSStats:
     def from_wire(cls, answer: Any, field: str = "answer") -> PSStats:
         with peer_answer("PS /stats"):
             body = as_dict(answer, field)
-            entries = as_int(get(body, "entries", f"{field}.entries"), f"{field}.entries", min_value=0)  # fmt: skip
+            entries = as_int(
+                get(body, "entries", f"{field}.entries"), f"{field}.entries", min_value=0
+            )
             key = f"{field}.updates_applied"
             return cls(entries, as_int(get(body, "updates_applied", key), key, min_value=0), body)
 

@@ -63,15 +63,21 @@ def _dense(value: Any, spec: DenseInput, field: str) -> np.ndarray:
     want = spec.dtype
     if isinstance(value, np.ndarray):
         if not (value.dtype == want or np.can_cast(value.dtype, want, "same_kind")):
-            raise InvalidInputError(field, f"dtype {want} (or one that casts to it)", str(value.dtype))  # fmt: skip
+            raise InvalidInputError(
+                field, f"dtype {want} (or one that casts to it)", str(value.dtype)
+            )
         arr = value.astype(want, copy=False)
     elif isinstance(value, list):
         try:
             arr = np.asarray(value, dtype=want)
         except (TypeError, ValueError, OverflowError):
-            raise InvalidInputError(field, f"{want} values of shape {spec.shape_text}", "a list that is not") from None  # fmt: skip
+            raise InvalidInputError(
+                field, f"{want} values of shape {spec.shape_text}", "a list that is not"
+            ) from None
     else:
-        raise InvalidInputError(field, f"an array or nested list of shape {spec.shape_text}", type(value).__name__)  # fmt: skip
+        raise InvalidInputError(
+            field, f"an array or nested list of shape {spec.shape_text}", type(value).__name__
+        )
     if arr.ndim != 1 + len(spec.row_shape) or arr.shape[1:] != spec.row_shape:
         raise InvalidInputError(field, f"shape {spec.shape_text}", f"shape {arr.shape}")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -102,14 +108,18 @@ def _slot_ids(value: Any, field: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(value, dict):
         unknown = set(value) - {"ids", "offsets"}
         if unknown:
-            raise InvalidInputError(field, "a map with keys ids and offsets", sorted(map(str, unknown)))  # fmt: skip
+            raise InvalidInputError(
+                field, "a map with keys ids and offsets", sorted(map(str, unknown))
+            )
         ids = _uint64(get(value, "ids", f"{field}.ids"), f"{field}.ids")
         try:
             offsets = np.asarray(get(value, "offsets", f"{field}.offsets"), dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
             raise InvalidInputError(f"{field}.offsets", "integer offsets", "other values") from None
         if offsets.ndim != 1 or offsets.shape[0] < 2:
-            raise InvalidInputError(f"{field}.offsets", "batch + 1 integers", f"shape {offsets.shape}")  # fmt: skip
+            raise InvalidInputError(
+                f"{field}.offsets", "batch + 1 integers", f"shape {offsets.shape}"
+            )
         if offsets[0] != 0 or offsets[-1] != ids.shape[0] or (np.diff(offsets) < 0).any():
             raise InvalidInputError(
                 f"{field}.offsets",
@@ -158,7 +168,9 @@ class PredictRequest:
     def from_wire(cls, body: Any, inputs: PredictInputs) -> PredictRequest:
         """Check a decoded body against ``inputs``; see the module docstring for its shape."""
         if not isinstance(body, dict):
-            raise InvalidInputError("body", "a map with non_id and ids (or batch)", type(body).__name__)  # fmt: skip
+            raise InvalidInputError(
+                "body", "a map with non_id and ids (or batch)", type(body).__name__
+            )
         unknown = sorted(str(k) for k in body if k not in _TOP_KEYS)
         if unknown:
             raise InvalidInputError("body", f"only the keys {list(_TOP_KEYS)}", unknown)
@@ -174,7 +186,9 @@ class PredictRequest:
         for spec in inputs.non_id:
             field = f"non_id.{spec.name}"
             if spec.name not in non_id_raw:
-                raise InvalidInputError(field, f"an array of shape (batch, ...) (missing; the model takes {names})")  # fmt: skip
+                raise InvalidInputError(
+                    field, f"an array of shape (batch, ...) (missing; the model takes {names})"
+                )
             arr = _dense(non_id_raw[spec.name], spec, field)
             batch = _batch(arr.shape[0], batch, field, inputs.max_batch)
             non_id.append((spec.name, arr))
@@ -182,7 +196,9 @@ class PredictRequest:
         for slot in inputs.id_slots:
             field = f"ids.{slot}"
             if slot not in ids_raw:
-                raise InvalidInputError(field, f"the slot's ids (missing; the model takes {list(inputs.id_slots)})")  # fmt: skip
+                raise InvalidInputError(
+                    field, f"the slot's ids (missing; the model takes {list(inputs.id_slots)})"
+                )
             ids, offsets = _slot_ids(ids_raw[slot], field)
             batch = _batch(offsets.shape[0] - 1, batch, field, inputs.max_batch)
             features.append(IDFeature(slot, ids, offsets))
@@ -193,13 +209,17 @@ class PredictRequest:
     @classmethod
     def _from_persia_batch(cls, raw: Any, inputs: PredictInputs) -> PredictRequest:
         if not isinstance(raw, (bytes, bytearray, memoryview)):
-            raise InvalidInputError("batch", "bytes from PersiaBatch.to_bytes()", type(raw).__name__)  # fmt: skip
+            raise InvalidInputError(
+                "batch", "bytes from PersiaBatch.to_bytes()", type(raw).__name__
+            )
         data = codec.unpackb(bytes(raw))
         ids, dense = IDPart.from_wire(data, "batch"), DensePart.from_wire(data, "batch")
         size = _batch(ids.batch_size, None, "batch.batch_size", inputs.max_batch)
         features = dense.non_id_type_features
         if len(features) != len(inputs.non_id):
-            raise InvalidInputError("batch.non_id_type_features", f"{len(inputs.non_id)} features", len(features))  # fmt: skip
+            raise InvalidInputError(
+                "batch.non_id_type_features", f"{len(inputs.non_id)} features", len(features)
+            )
         non_id = tuple(
             (spec.name, _dense(f.data, spec, f"batch.non_id_type_features[{i}]"))
             for i, (f, spec) in enumerate(zip(features, inputs.non_id, strict=True))
@@ -207,7 +227,11 @@ class PredictRequest:
         by_name = {f.name: f for f in ids.id_type_features}
         missing = [s for s in inputs.id_slots if s not in by_name]
         if missing:
-            raise InvalidInputError("batch.id_type_features", f"the model's slots {list(inputs.id_slots)}", f"missing {missing}")  # fmt: skip
+            raise InvalidInputError(
+                "batch.id_type_features",
+                f"the model's slots {list(inputs.id_slots)}",
+                f"missing {missing}",
+            )
         return cls(size, non_id, IDPart(size, False, tuple(by_name[s] for s in inputs.id_slots)))
 
     def to_wire(self, *, as_json: bool = False) -> dict[str, Any]:
@@ -241,9 +265,13 @@ class PredictAnswer:
                 try:
                     arr = value if isinstance(value, np.ndarray) else np.asarray(value, np.float64)
                 except (TypeError, ValueError, OverflowError):
-                    raise InvalidInputError(field, "a numeric array", type(value).__name__) from None  # fmt: skip
+                    raise InvalidInputError(
+                        field, "a numeric array", type(value).__name__
+                    ) from None
                 if arr.ndim < 1 or arr.shape[0] != size:
-                    raise InvalidInputError(field, f"an array of {size} rows (the batch size)", f"shape {arr.shape}")  # fmt: skip
+                    raise InvalidInputError(
+                        field, f"an array of {size} rows (the batch size)", f"shape {arr.shape}"
+                    )
                 outputs.append((str(name), arr))
             return cls(size, tuple(outputs))
 

@@ -318,7 +318,7 @@ class WorkerStats:
                 pending=as_int(get(body, "pending"), "pending", min_value=0),
                 awaiting_gradients=as_int(
                     get(body, "awaiting_gradients"), "awaiting_gradients", min_value=0
-                ),  # fmt: skip
+                ),
                 ps=tuple(PSStats.from_wire(s, f"ps[{i}]") for i, s in enumerate(ps)),
                 details=body,
             )
