@@ -33,8 +33,9 @@ from pyrsia.shared.constants import (
     ENV_WAIT_TIMEOUT_S,
 )
 from pyrsia.shared.errors import ConfigError, RegistryError
+from pyrsia.shared.option_kinds import TRUE_WORDS
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
+_TRUE = frozenset(TRUE_WORDS)
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
@@ -121,7 +122,7 @@ class Settings:
     def verbose(self) -> bool:
         """``PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
         return (
-            self.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
+            self.environ.get(ENV_VERBOSE, "").strip().lower() in _TRUE
             or self.environ.get(ENV_LOG_LEVEL, "").strip().lower() == "debug"
         )
 

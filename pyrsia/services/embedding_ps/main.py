@@ -116,7 +116,7 @@ def _read_flags(args: argparse.Namespace) -> tuple[str, GlobalConfig, tuple[Path
 
 def ps_threads(flag: int | None, settings: Settings | None = None) -> int:
     """The PS's thread count: ``--threads``, else ``$PYRSIA_PS_THREADS`` of ``settings``
-    (default: this process's), else the usable cores (at most MAX_THREADS); a bad value is a
+    (default: this process's), else ``parallel.default_threads()``; a bad value is a
     UsageError (the flag) or a ConfigError (the variable) naming it."""
     try:
         if flag is not None:

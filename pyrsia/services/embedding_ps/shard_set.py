@@ -27,11 +27,7 @@ import numpy as np
 
 from pyrsia.services.embedding_ps import kernels as K
 from pyrsia.services.embedding_ps.optimizers import init_state_numpy, state_width
-from pyrsia.services.embedding_ps.parallel import (
-    ShardRunner,
-    default_threads,
-    split_positions,
-)
+from pyrsia.services.embedding_ps.parallel import ShardRunner, split_positions
 from pyrsia.services.embedding_ps.shard import Shard, aligned_empty
 from pyrsia.shared.embedding_spec import OptimizerSpec
 from pyrsia.shared.errors import InvalidInputError
@@ -41,16 +37,14 @@ MAX_DIMS = 127  # arena ids are int8
 
 class ShardSet:
     """``num_shards`` internal shards of ``ceil(capacity / num_shards)`` entries each, a
-    batch's shards worked by up to ``threads`` threads (None: one per usable core)."""
+    batch's shards worked by up to ``threads`` threads (``parallel.resolve_threads``)."""
 
-    def __init__(
-        self, capacity: int, num_shards: int, lock: threading.Lock, threads: int | None = None
-    ):
+    def __init__(self, capacity: int, num_shards: int, lock: threading.Lock, threads: int):
         self.num_shards = num_shards
         self.shards = [Shard(math.ceil(capacity / num_shards)) for _ in range(num_shards)]
         self.lock = lock
         self._dims: dict[int, int] = {}
-        self.threads = min(num_shards, default_threads() if threads is None else threads)
+        self.threads = min(num_shards, threads)
         self._runner = ShardRunner(self.threads)
 
     # ----------------------------------------------------------------- dims and routing
