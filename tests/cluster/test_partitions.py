@@ -172,7 +172,8 @@ def test_link_cut_mid_job(target, cut_seconds, unfaulted, network, tmp_path):
 # one retry) and 30 s PS retry window are over. The link comes back once the job stopped.
 STOP_CUT_LIMIT_S = 300.0
 STOP_LINE = re.compile(
-    r"(ServiceUnavailableError|GradientSendError): .*http://(ew[01]:8887|ps0:8888)/\S+ "
+    r"(ServiceUnavailableError|GradientSendError|error: nn_worker/\d+): .*"
+    r"http://(ew[01]:8887|ps0:8888)/\S+ "
     r"(did not answer within [\d.]+s|answered 503: PS replica 0 unreachable)"
 )
 STALL_LINE = re.compile(r"no answer from http://ps0:8888/\S+ for ([\d.]+) s")
