@@ -165,11 +165,16 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def result_path(name: str, path: Path | None = None) -> Path:
+    """``path``, or a new ``bench_results/<name>-<time>.json`` when none is given."""
+    return (
+        path if path is not None else RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
+
+
 def write_json(name: str, doc: dict[str, Any], path: Path | None = None) -> Path:
     """Write ``doc`` (plus machine info) to ``path`` or ``bench_results/<name>-<time>.json``."""
-    if path is None:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = result_path(name, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine_info(), **doc}, indent=1, default=float))
     return path

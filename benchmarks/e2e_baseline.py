@@ -5,6 +5,7 @@ batches as the Pyrsia runs, with its CPU seconds and page faults over the timed 
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -118,3 +119,33 @@ def _torchrec_factory(slot_sizes: list[int]) -> Callable[[], TorchRecEmbeddings]
         eps=ADAGRAD_EPS,
         initial_accumulator_value=INITIAL_ACCUMULATOR,
     )
+
+
+def run_baselines(
+    name: str,
+    data: dict[str, Any],
+    args: argparse.Namespace,
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    threads: int,
+    max_steps: int,
+) -> None:
+    """The baseline at ``threads`` torch threads, and the references the flags ask for
+    (TorchRec, fused Adam, bf16 autocast), each appended to its ``runs``."""
+    print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
+    runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
+    if args.torchrec:
+        print(f"[{name}] TorchRec peer, {threads} torch thread(s) ...", flush=True)
+        runs["torchrec"].append(
+            run_baseline(data, threads=threads, max_steps=max_steps, torchrec=True)
+        )
+    if args.fused_adam:
+        print(f"[{name}] baseline with fused Adam (reference) ...", flush=True)
+        runs["baseline_fused_adam"].append(
+            run_baseline(data, threads=threads, max_steps=max_steps, fused_adam=True)
+        )
+    if args.mixed_precision:
+        print(f"[{name}] baseline under bf16 autocast (reference) ...", flush=True)
+        runs["baseline_bf16"].append(
+            run_baseline(data, threads=threads, max_steps=max_steps, bf16=True)
+        )

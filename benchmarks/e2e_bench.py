@@ -36,7 +36,9 @@ training step, its CPU, run-queue wait and context switches (voluntary: wake-ups
 involuntary: preemptions; ``e2e/sched_stats.py``), the services' ``/metrics`` latency means, the NN worker's CPU per thread, and where the
 training thread's step goes, wall and CPU ms per step (waiting for the next looked-up
 batch, forward, autograd, gradient send, dense optimizer step, final flush), next to the
-baseline's step. On a shared machine compare the CPU columns and same-run ratios.
+baseline's step. On a shared machine compare the CPU columns and same-run ratios. Each
+finished round is written to the JSON at once (``"partial": true``); a run stopped part-way
+(Ctrl-C, a failing side) reports the rounds that finished and says so (``e2e/rounds.py``).
 Ends with::
 
     RESULT pyrsia_samples_per_s=... baseline_samples_per_s=... ratio=... pyrsia_auc=... baseline_auc=...
@@ -86,10 +88,11 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, cpu_model, write_json
+from _common import REPO, cpu_model, result_path, write_json
 from plots import saved
 
 sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
@@ -97,7 +100,8 @@ sys.path.insert(0, str(REPO / "benchmarks" / "e2e"))
 import torch  # noqa: E402
 from e2e import data as e2e_data  # noqa: E402
 from e2e.report import print_report, save_chart  # noqa: E402
-from e2e_baseline import run_baseline  # noqa: E402
+from e2e.rounds import finished_rounds, run_rounds  # noqa: E402
+from e2e_baseline import run_baselines  # noqa: E402
 from e2e_cli import parse_args  # noqa: E402
 from e2e_embedded import run_pyrsia_embedded  # noqa: E402
 from e2e_runs import BATCH, rank_rows, run_pyrsia  # noqa: E402
@@ -113,30 +117,24 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 # ------------------------------------------------------------------------------- report
 def bench_dataset(
-    name: str, data_path: Path, tmp: Path, args: argparse.Namespace, max_steps: int
+    name: str,
+    data_path: Path,
+    tmp: Path,
+    args: argparse.Namespace,
+    max_steps: int,
+    save_partial: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     """Every side of one data set, ``--repeats`` times at each ``--threads`` count
-    (interleaved, so a load change hits both sides alike), and their summary."""
+    (interleaved, so a load change hits both sides alike), and their summary. Each finished
+    round goes to ``save_partial``; a run stopped part-way is summarized over the finished
+    rounds (``e2e/rounds.py``)."""
     data = e2e_data.load(data_path)
     configs = e2e_data.write_configs(data, tmp)
-    sides = {
-        (n, prio, rb, mt, st): pyrsia_side(n, prio, rb, mt, st)
-        for st in args.settings
-        for n in args.nn_workers
-        for prio in args.cpu_priority
-        for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
-        for mt in args.malloc_tuning
-    }
-    if "services" not in args.modes:
-        sides = {}
-    embedded = (
-        {(mt, st): embedded_side(mt, st) for st in args.settings for mt in args.malloc_tuning}
-        if "embedded" in args.modes
-        else {}
-    )
+    sides, embedded = side_keys(args)
     mode_sides = [*sides.values(), *embedded.values()]
     runs = empty_runs(name, args, mode_sides)
-    for _ in range(args.repeats):  # interleaved, so a load change hits both sides alike
+
+    def one_round() -> None:  # every side once at each thread count
         for threads in args.threads:
             run_round(
                 name,
@@ -151,7 +149,40 @@ def bench_dataset(
                 threads=threads,
                 max_steps=max_steps,
             )
-    return summarize(name, data, args, runs, mode_sides)
+
+    ended = run_rounds(
+        args.repeats,
+        one_round,
+        lambda k: save_partial({"dataset": name, "rounds_done": k, "runs": runs}),
+    )
+    if not ended.complete:
+        print(
+            f"[{name}] stopped after {ended.done} of {ended.planned} round(s) by "
+            f"{ended.stopped_by}: the report covers the finished rounds",
+            flush=True,
+        )
+        runs = finished_rounds(runs, ended.done, len(args.threads))
+    return {**summarize(name, data, args, runs, mode_sides), "rounds": ended.note()}
+
+
+def side_keys(args: argparse.Namespace) -> tuple[dict[tuple, str], dict[tuple, str]]:
+    """The runs keys of the services-mode sides and of the embedded-mode sides the flags ask
+    for, by their (ranks, priority, rank batch, malloc, settings) and (malloc, settings)."""
+    sides = {
+        (n, prio, rb, mt, st): pyrsia_side(n, prio, rb, mt, st)
+        for st in args.settings
+        for n in args.nn_workers
+        for prio in args.cpu_priority
+        for rb in (args.rank_batch if n > 1 else ["whole"])  # one rank: the two are the same
+        for mt in args.malloc_tuning
+    }
+    embedded = {
+        (mt, st): embedded_side(mt, st) for st in args.settings for mt in args.malloc_tuning
+    }
+    return (
+        sides if "services" in args.modes else {},
+        embedded if "embedded" in args.modes else {},
+    )
 
 
 def empty_runs(
@@ -274,36 +305,6 @@ def run_services_sides(
         )
 
 
-def run_baselines(
-    name: str,
-    data: dict[str, Any],
-    args: argparse.Namespace,
-    runs: dict[str, list[dict[str, Any]]],
-    *,
-    threads: int,
-    max_steps: int,
-) -> None:
-    """The baseline at ``threads`` torch threads, and the references the flags ask for
-    (TorchRec, fused Adam, bf16 autocast), each appended to its ``runs``."""
-    print(f"[{name}] baseline, {threads} torch thread(s) ...", flush=True)
-    runs["baseline"].append(run_baseline(data, threads=threads, max_steps=max_steps))
-    if args.torchrec:
-        print(f"[{name}] TorchRec peer, {threads} torch thread(s) ...", flush=True)
-        runs["torchrec"].append(
-            run_baseline(data, threads=threads, max_steps=max_steps, torchrec=True)
-        )
-    if args.fused_adam:
-        print(f"[{name}] baseline with fused Adam (reference) ...", flush=True)
-        runs["baseline_fused_adam"].append(
-            run_baseline(data, threads=threads, max_steps=max_steps, fused_adam=True)
-        )
-    if args.mixed_precision:
-        print(f"[{name}] baseline under bf16 autocast (reference) ...", flush=True)
-        runs["baseline_bf16"].append(
-            run_baseline(data, threads=threads, max_steps=max_steps, bf16=True)
-        )
-
-
 def pyrsia_side(
     nn_workers: int,
     cpu_priority: str = "normal",
@@ -335,24 +336,29 @@ def main(argv: list[str] | None = None) -> int:
     quick_steps = 20
     if args.quick:
         args.threads, args.criteo_rows = args.threads[:1], 0
-    results = []
+    results: list[dict[str, Any]] = []
+    path = result_path("e2e_bench", args.json)
+
+    def save_partial(running: dict[str, Any]) -> None:  # every finished round, on disk at once
+        doc = {"quick": args.quick, "partial": True, "results": results, "running": running}
+        write_json("e2e_bench", doc, path)
+
     with tempfile.TemporaryDirectory(prefix="pyrsia-e2e-") as tmp_name:
         tmp = Path(tmp_name) if args.log_dir is None else args.log_dir
         tmp.mkdir(parents=True, exist_ok=True)
         caps = dict(max_train_rows=quick_steps * BATCH, max_test_rows=8192) if args.quick else {}
         for name in args.datasets:
-            if name == "census":
-                census = e2e_data.prepare("census", tmp / "census.npz", **caps)
-                results.append(bench_dataset("census", census, tmp, args, 0))
-            elif args.criteo_rows:
-                criteo = e2e_data.prepare(
-                    "criteo", tmp / "criteo.npz", criteo_rows=args.criteo_rows
-                )
-                results.append(bench_dataset("criteo", criteo, tmp, args, 0))
+            if name == "criteo" and not args.criteo_rows:
+                continue
+            rows = dict(criteo_rows=args.criteo_rows) if name == "criteo" else caps
+            prepared = e2e_data.prepare(name, tmp / f"{name}.npz", **rows)
+            results.append(bench_dataset(name, prepared, tmp, args, 0, save_partial))
+            if results[-1]["rounds"]["stopped_by"]:  # stopped part-way: report what finished
+                break
         if not results:
             parser.error("nothing to run: --datasets criteo needs --criteo-rows > 0")
     print_report(results)
-    path = write_json("e2e_bench", {"quick": args.quick, "results": results}, args.json)
+    write_json("e2e_bench", {"quick": args.quick, "results": results}, path)
     print(f"\nJSON: {path}")
     saved(save_chart(results, path))
     r = results[0]
