@@ -33,10 +33,6 @@ from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimi
 from pyrsia.shared.wire.batch import IDPart
 
 
-def _to_wire(reply: Any) -> Any:
-    return reply.to_wire()
-
-
 def _as_is(reply: Any) -> Any:
     return reply
 
@@ -48,11 +44,12 @@ class Handler(Generic[Req, Rep]):
     route: Route[Req, Rep]
     answer: Callable[[Worker, Req], Awaitable[Rep]]
     """The work: the worker and the checked request -> the reply."""
+    encode: Callable[[Rep], Any]
+    """HTTP: the reply's wire form (the reply type's own ``to_wire``, called unbound: no
+    extra frame per request)."""
     check: Callable[[Req], Req] | None = None
     """In process: the request object checked as decoding its wire form checks it (None:
     its constructor checks all there is)."""
-    encode: Callable[[Rep], Any] = _to_wire
-    """HTTP: the reply's wire form."""
     before_ready: bool = False
     """HTTP: answered while the worker still waits for its PS replicas."""
 
@@ -63,7 +60,7 @@ async def _lookup(worker: Worker, request: wire.Lookup) -> wire.Embeddings:
     return await worker.lookup(request.batch_id, request.train, request.gathered)
 
 
-def _check_lookup_direct(request: wire.LookupDirect) -> wire.LookupDirect:
+def _check_direct(request: wire.LookupDirect) -> wire.LookupDirect:
     batch = IDPart.from_wire(request.batch.to_wire(), "batch")
     return wire.LookupDirect(batch, request.train, request.gathered)
 
@@ -128,16 +125,16 @@ async def _clear(worker: Worker, request: Empty) -> Any:
 HANDLERS: Mapping[str, Handler[Any, Any]] = {
     handler.route.path: handler
     for handler in (
-        Handler(routes.LOOKUP, _lookup),
-        Handler(routes.LOOKUP_DIRECT, _lookup_direct, check=_check_lookup_direct),
-        Handler(routes.GRADIENTS, _gradients, check=_check_gradients),
-        Handler(routes.SCHEMA, _schema, before_ready=True),
-        Handler(routes.STATS, _stats, before_ready=True),
-        Handler(routes.CONFIGURE, _configure, encode=_as_is),
-        Handler(routes.REGISTER_OPTIMIZER, _register_optimizer, encode=_as_is),
-        Handler(routes.DUMP, _dump, encode=_as_is),
-        Handler(routes.LOAD, _load, encode=_as_is),
-        Handler(routes.CLEAR, _clear, encode=_as_is),
+        Handler(routes.LOOKUP, _lookup, wire.Embeddings.to_wire),
+        Handler(routes.LOOKUP_DIRECT, _lookup_direct, wire.Embeddings.to_wire, _check_direct),
+        Handler(routes.GRADIENTS, _gradients, wire.GradientsApplied.to_wire, _check_gradients),
+        Handler(routes.SCHEMA, _schema, wire.WorkerSchema.to_wire, before_ready=True),
+        Handler(routes.STATS, _stats, wire.WorkerStats.to_wire, before_ready=True),
+        Handler(routes.CONFIGURE, _configure, _as_is),
+        Handler(routes.REGISTER_OPTIMIZER, _register_optimizer, _as_is),
+        Handler(routes.DUMP, _dump, _as_is),
+        Handler(routes.LOAD, _load, _as_is),
+        Handler(routes.CLEAR, _clear, _as_is),
     )
 }
 """Route path -> how the embedding worker answers it: the worker side of every route."""
