@@ -1,6 +1,6 @@
 """The environment variables Pyrsia reads, with their meanings.
 
-The ``ENV_*`` constants of ``pyrsia/shared/constants.py`` are read with ``ast`` (names and
+The ``ENV_*`` constants of ``pyrsia/shared/constants/env_names.py`` are read with ``ast`` (names and
 docstrings); :data:`ENV_MEANINGS` says more where a docstring is not enough, and
 :data:`OTHER_ENV` lists the variables set by launchers and other tools. ``docs/gen_reference.py``
 renders them as ``reference/environment.md``; ``tests/test_docs.py`` checks that every
@@ -13,11 +13,13 @@ from pathlib import Path
 
 __all__ = ["ENV_MEANINGS", "OTHER_ENV", "env_constants"]
 
-CONSTANTS = Path(__file__).resolve().parent.parent / "pyrsia" / "shared" / "constants.py"
+CONSTANTS = (
+    Path(__file__).resolve().parent.parent / "pyrsia" / "shared" / "constants" / "env_names.py"
+)
 """The module whose ``ENV_*`` constants name every variable."""
 
 
-# Variables named in pyrsia/shared/constants.py whose meaning needs more than the constant's own
+# Variables named in pyrsia/shared/constants/env_names.py whose meaning needs more than the constant's own
 # docstring (or that have none). Every ENV_* constant needs one or the other.
 ENV_MEANINGS: dict[str, str] = {
     "PERSIA_REDIS_URL": "the registry's Redis (default `redis://127.0.0.1:6379/0`); put "
@@ -82,7 +84,7 @@ OTHER_ENV: list[tuple[str, str]] = [
 
 
 def env_constants() -> list[tuple[str, str]]:
-    """(variable, docstring) for every ``ENV_*`` constant of ``pyrsia/shared/constants.py``."""
+    """(variable, docstring) for every ``ENV_*`` constant of ``pyrsia/shared/constants/env_names.py``."""
     import ast
 
     tree = ast.parse(CONSTANTS.read_text())

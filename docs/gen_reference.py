@@ -106,7 +106,7 @@ def environment_reference() -> str:
         "# Environment variables",
         "",
         "Generated at build time (`docs/gen_reference.py`) from the `ENV_*` constants of "
-        "`pyrsia/shared/constants.py`. Variables are read when a process or object starts, never at "
+        "`pyrsia/shared/constants/env_names.py`. Variables are read when a process or object starts, never at "
         "import. A flag, where there is one, wins over its variable.",
         "",
     ]

@@ -1,7 +1,8 @@
 """``DataCtx``: how a data loader hands its batches to the running job.
 
-The facade of PERSIA's API over :class:`pyrsia.services.data_loader.sender.BatchSender`,
-which does the network side (where each batch goes, back-pressure, the end-of-stream
+The facade of PERSIA's API over a :class:`pyrsia.shared.batch_sender.BatchSender` (over HTTP
+``pyrsia.services.data_loader.sender.BatchSender``, in embedded mode ``EmbeddedSender``),
+which does the sending side (where each batch goes, back-pressure, the end-of-stream
 notice, and ``--resume``'s skipping of batches already trained; its module docstring
 describes them). ``DataCtx`` reads this replica's place in the job from ``persia.env``,
 checks what the script hands it, and keeps PERSIA's signatures.
@@ -15,8 +16,9 @@ from typing import Any
 
 from persia.embedding.data import PersiaBatch
 from persia.env import get_replica_index, get_replica_size
-from pyrsia.services.data_loader.sender import BatchSender
+from pyrsia.services.data_loader.sender import BatchSender as HttpBatchSender
 from pyrsia.services.embedded.mode import embedded_requested
+from pyrsia.shared.batch_sender import BatchSender
 from pyrsia.shared.constants import DATA_SEND_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
 from pyrsia.shared.errors import DataCtxError, InvalidTypeError
 from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
@@ -61,9 +63,11 @@ class DataCtx:
     def __enter__(self) -> DataCtx:
         end_script_on_persia_errors()  # `python data_loader.py`: a PersiaError is one line
         self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
-        sender_type: Any = BatchSender
+        sender_type: type[BatchSender] = HttpBatchSender
         if embedded_requested():  # the engines are imported only in embedded mode
-            from pyrsia.services.embedded.sender import EmbeddedSender as sender_type
+            from pyrsia.services.embedded.sender import EmbeddedSender
+
+            sender_type = EmbeddedSender
         sender = sender_type(
             self.replica_index,
             self.replica_size,

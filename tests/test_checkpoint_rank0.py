@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.nn_helpers import job_services
-from tests.redis_server import free_port
+from tests.rank_launch import launch_two_ranks
 
 TRAIN_SCRIPT = """
 import sys, torch
@@ -53,61 +48,13 @@ torch.save(model.state_dict(), f"{out}/rank{get_rank()}.pt")
 """
 
 
-def run_group(
-    argv: list[str], *, cwd: Path, env: dict, timeout_s: float
-) -> subprocess.CompletedProcess:
-    """Run the launcher in its own process group; a hang fails the test and kills every rank."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        # torchrun gives each rank its own session; on SIGTERM it stops them itself.
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(
-            f"the ranks hung for {timeout_s:.0f}s (a collective waiting for rank 1?)\n{err[-3000:]}"
-        )
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
 @pytest.mark.slow
 def test_checkpoint_on_rank_zero_only_does_not_hang(redis_server, tmp_path):
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"r0ck-{uuid.uuid4().hex[:8]}"}
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    repo = Path(__file__).resolve().parents[1]
     with job_services(env, tmp_path / "svc"):
-        proc = run_group(
-            [
-                sys.executable,
-                "-m",
-                "persia.launcher",
-                "nn-worker",
-                str(script),
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "--",
-                str(tmp_path),
-                str(free_port()),
-            ],
-            cwd=repo,
-            env={**os.environ, **env, "PYTHONPATH": str(repo)},
-            timeout_s=90,
-        )
+        proc = launch_two_ranks(script, tmp_path, env, timeout_s=90)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("ckpt", "ckpt_end"):
         assert (tmp_path / name / "dense.pt").is_file() and (tmp_path / name / "opt.pt").is_file()

@@ -17,10 +17,11 @@ from pyrsia.services.embedded.transport import InProcessTransport
 from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport
 from pyrsia.shared.config import load_embedding_config, load_global_config
-from pyrsia.shared.embedding_transport import ROUTES, STATS, Route
+from pyrsia.shared.embedding_transport import ROUTES, SCHEMA, STATS, Route
 from pyrsia.shared.errors import MisuseError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry
+from pyrsia.shared.wire.admin import Empty
 from pyrsia.shared.wire.worker import PutBatch
 from tests.test_embedded_client import ADAGRAD, HYPER, arrays, batch
 from tests.test_embedding_worker_service import configs, start_cluster
@@ -67,6 +68,8 @@ async def every_route(client: EmbeddingClient, put, tmp) -> dict[str, Any]:
     await client.configure(HYPER)
     await client.register_optimizer(ADAGRAD)
     out["schema"] = (await client.schema()).schema.to_dict()
+    by_route = await client.call(SCHEMA, Empty())  # any route, without a named method
+    assert by_route.schema.to_dict() == out["schema"] and by_route.ps_replicas == 1
     await put(3, batch(0))  # what a data loader does: the batch's ids buffered on worker 0
     buffered, trainable = await client.lookup(0, 3, True, 6)
     assert trainable and buffered.batch_id == 3

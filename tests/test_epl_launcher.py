@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.nn_helpers import job_services
-from tests.redis_server import free_port
+from tests.rank_launch import launch_two_ranks
 
 TRAIN_SCRIPT = """
 import json, sys, torch
@@ -55,29 +51,8 @@ def test_two_ranks_with_zero_and_amp_keep_identical_dense_parameters(redis_serve
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"epl-{uuid.uuid4().hex[:8]}"}
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    repo = Path(__file__).resolve().parents[1]
     with job_services(env, tmp_path / "svc"):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "persia.launcher",
-                "nn-worker",
-                str(script),
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "--",
-                str(tmp_path),
-                str(free_port()),
-            ],
-            cwd=repo,
-            env={**os.environ, **env, "PYTHONPATH": str(repo)},
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        proc = launch_two_ranks(script, tmp_path, env, timeout_s=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
 

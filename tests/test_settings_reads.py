@@ -178,7 +178,7 @@ def test_yes_no_and_verbose_read_their_words() -> None:
     assert Settings.from_env({"LOG_LEVEL": "Debug"}).verbose
 
 
-# --- timeouts and limits live in constants.py ---------------------------------------------
+# --- timeouts and limits live in constants/ ----------------------------------------------
 _LIMIT_NAME = re.compile(r"^_?(\w*_S|\w*_SECONDS|\w*TIMEOUT\w*|MAX_\w+|MIN_\w+)$")
 _TIME_ARG = re.compile(r"(_s$|_ms$|_seconds$|timeout|interval)")
 LITERAL_ALLOWED = {
@@ -245,14 +245,35 @@ def test_timeouts_and_limits_are_named_in_constants() -> None:
     offenders = []
     for path in _library_files():
         name = path.relative_to(ROOT).as_posix()
-        if name == "pyrsia/shared/constants.py":
+        if name.startswith("pyrsia/shared/constants/"):
             continue
         for line, what in literal_limits(path.read_text()):
             if f"{name} {what}" not in LITERAL_ALLOWED:
                 offenders.append(f"{name}:{line} {what}")
     assert not offenders, (
-        "name these timeouts and limits in pyrsia/shared/constants.py:\n" + "\n".join(offenders)
+        "name these timeouts and limits in pyrsia/shared/constants/ (the module of their topic):\n"
+        + "\n".join(offenders)
     )
+
+
+def test_the_constants_package_re_exports_every_name_of_its_modules() -> None:
+    """``from pyrsia.shared.constants import X`` finds every name of every topic module, and no
+    name is defined by two of them (the package's star imports would hide one)."""
+    import importlib
+    import pkgutil
+
+    import pyrsia.shared.constants as constants
+
+    where: dict[str, str] = {}
+    for info in pkgutil.iter_modules(constants.__path__):
+        module = importlib.import_module(f"{constants.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if name.startswith("_"):
+                continue
+            assert name not in where, f"{name} is defined in {where[name]} and {info.name}"
+            where[name] = info.name
+            assert getattr(constants, name, None) is value, f"{info.name}.{name} not re-exported"
+    assert {"ENV_REDIS_URL", "LOOKUP_TIMEOUT_S", "MAX_BATCH_SIZE", "service_key"} <= set(where)
 
 
 @pytest.mark.parametrize(

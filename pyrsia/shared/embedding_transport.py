@@ -5,10 +5,10 @@ written once against :class:`EmbeddingTransport`, the way httpx's ``Client`` is 
 against ``BaseTransport``; two transports implement it::
 
     EmbeddingClient ── call(worker, route, request) ─┬─▶ HttpEmbeddingTransport
-      lookup, lookup_direct, gradients,               │    (nn_worker/http_transport.py): the
-      configure, register_optimizer, dump,            │    request's wire form, msgpack, POST to
-      load, clear, schema, stats                      │    the worker's route, the answer checked
-                                                      └─▶ InProcessTransport
+      call(route, request), and lookup,               │    (nn_worker/http_transport.py): the
+      lookup_direct, gradients, configure,            │    request's wire form, msgpack, POST to
+      register_optimizer, dump, load, clear,          │    the worker's route, the answer checked
+      schema, stats                                   └─▶ InProcessTransport
                                                            (embedded/transport.py): the request
                                                            object handed to the engines as is
 
@@ -17,10 +17,15 @@ decodes into the reply, its timeout and whether a lost call may be sent again. T
 builds the request object and gets the reply object back; only the HTTP transport encodes
 and decodes, so the in-process transport adds no serialization and no copy.
 
-Adding a route: on the client side, a ``Route`` here and the client method that calls it
-(the HTTP transport needs nothing more); on the worker side, the embedding worker's handler
-(``embedding_worker/server.py``) and the in-process transport's. A transport that lacks a
-route fails when a client is built on it (:func:`check_routes`), naming what it lacks.
+Adding a route takes one place per side. Client side: a ``Route`` here, in :data:`ROUTES`;
+``EmbeddingClient.call(route, request)`` then sends it over either transport (a named client
+method that builds the request from plain arguments is optional). Worker side: its
+``Handler`` in ``HANDLERS`` (``pyrsia/services/embedding_worker/handlers.py``), the one table
+the embedding worker's HTTP server and the in-process transport both dispatch through (a
+route that reaches the PS also needs its method in the worker's ``PSLink``, which the HTTP
+PS client and embedded mode's ``LocalPS`` implement). A route without a handler fails the
+worker's start and the in-process transport's construction, naming it; a transport that
+lacks a route fails when a client is built on it (:func:`check_routes`).
 """
 
 from __future__ import annotations

@@ -1,36 +1,71 @@
-"""One in-process PS replica: the embedding worker's PS interface answered by the PS engine.
+"""One in-process PS replica: the embedding worker's PS link answered by the PS engine.
 
-The embedding worker's ``Worker`` (``pyrsia/services/embedding_worker/replica.py``) calls its
-PS through ``PSClient``'s ``replica_count``, ``lookup`` and ``update``; :class:`LocalPS` has
-them, answered by one :class:`~pyrsia.services.embedding_ps.engine.EmbeddingStore` in this
-process (its kernels release the GIL), with no HTTP and no msgpack.
+The embedding worker's ``Worker`` (``pyrsia/services/embedding_worker/replica.py``) and its
+route handlers reach the PS through
+:class:`~pyrsia.services.embedding_worker.ps_link.PSLink`; :class:`LocalPS` implements it
+with one :class:`~pyrsia.services.embedding_ps.engine.EmbeddingStore` in this process (its
+kernels release the GIL), with no HTTP and no msgpack. Its answers are the ones a PS
+service gives, less the boot id a process restart would change.
+
+One PS replica holds every id, so a checkpoint is written as replica 0 of 1: the files a
+services-mode job with one PS replica writes, and loadable by any number of replicas.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.warm import warm_ps
+from pyrsia.services.embedding_worker.warm import warm_worker
+from pyrsia.shared.embedding_spec import OptimizerSpec, optimizer_to_dict
+from pyrsia.shared.errors import InvalidInputError, PersiaError
 from pyrsia.shared.thread_offload import Offloader
-from pyrsia.shared.wire.ps import UpdateTotals
+from pyrsia.shared.wire.admin import Configure, Directory, RegisterOptimizer
+from pyrsia.shared.wire.ps import PSStats, UpdateTotals
 
 EMBEDDED_ADDRESS = "embedded"
-"""What ``urls`` lists in embedded mode (there is no address: the engines are in process)."""
+"""The address the in-process transport gives its one worker (there is none: the engines
+are in process)."""
+
+
+def _checkpoint_io(fn, directory: str, *args) -> Any:
+    """A dump or load; a path that cannot be used is an InvalidInputError naming ``dir``
+    (the PS service answers it with a 400 naming ``dir`` too)."""
+    try:
+        return fn(directory, *args)
+    except PersiaError:
+        raise
+    except (ValueError, OSError) as exc:
+        why = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)
+        raise InvalidInputError(
+            "dir", f"a directory this process can create, read and write ({why})", directory
+        ) from exc
+
+
+def _warm_kernels(spec: OptimizerSpec) -> None:
+    """Load the compiled kernels of the PS with ``spec`` and of the worker, as the services
+    do when they start: the first updates otherwise loaded them inside the training window
+    (~9 ms of CPU on the Census job)."""
+    warm_ps((spec,))
+    warm_worker()
 
 
 class LocalPS:
-    """One in-process PS replica behind the interface the embedding worker's ``Worker`` calls
-    (``PSClient``'s ``replica_count``, ``lookup`` and ``update``); the store's kernels release
-    the GIL."""
+    """One in-process PS replica behind the embedding worker's ``PSLink``; the store's
+    kernels release the GIL, and unbounded work (dumps, loads, clears) runs on ``offload``'s
+    pool."""
 
-    def __init__(self, store: EmbeddingStore, offload: Offloader):
+    def __init__(self, store: EmbeddingStore, offload: Offloader, checkpoint_workers: int = 1):
         self.store = store
         self.offload = offload
+        self.checkpoint_workers = checkpoint_workers
         self.dropped_updates = 0  # nothing is ever unreachable in process
         self.applied_updates = 0
-        self.urls = [EMBEDDED_ADDRESS]
+        self._warmed: set[OptimizerSpec] = set()
 
     @property
     def replica_count(self) -> int:
@@ -67,3 +102,43 @@ class LocalPS:
         total = await self.offload.run(sum(len(ids) for _, ids, _ in groups), work)
         self.applied_updates += total.applied
         return total, 0
+
+    # --- administration: the PS service's answers, for its one replica -------------------
+    async def configure(self, request: Configure) -> list[Any]:
+        self.store.configure(request.hyperparams)
+        return [{"hyperparams": request.hyperparams.to_dict()}]
+
+    async def register_optimizer(self, request: RegisterOptimizer) -> list[Any]:
+        spec = request.optimizer
+        self.store.register_optimizer(spec)
+        if spec not in self._warmed:  # before the first batch: its kernels, not the window's
+            await self.offload.run(None, _warm_kernels, spec)
+            self._warmed.add(spec)
+        return [{"optimizer": optimizer_to_dict(spec)}]
+
+    async def dump(self, request: Directory) -> list[Any]:
+        store, workers = self.store, self.checkpoint_workers
+        manifest = await self.offload.run(
+            None, _checkpoint_io, store.dump, request.dir, 0, 1, workers
+        )
+        return [{"manifest": manifest}]
+
+    async def load(self, request: Directory) -> list[Any]:
+        store, workers = self.store, self.checkpoint_workers
+        entries = await self.offload.run(
+            None, _checkpoint_io, store.load, request.dir, 0, 1, workers
+        )
+        return [{"entries": entries}]
+
+    async def clear(self) -> list[Any]:
+        await self.offload.run(None, self.store.clear)
+        return [self.store.stats()]
+
+    async def stats(self) -> list[PSStats]:
+        """The store's counters, with its optimizer and hyperparameters (what ``/stats`` of a
+        PS answers)."""
+        store = self.store
+        out = dict(store.stats())
+        out["optimizer"] = optimizer_to_dict(store.optimizer) if store.optimizer else None
+        out["hyperparams"] = store.hyperparams.to_dict()
+        return [PSStats(out["entries"], out["updates_applied"], out)]

@@ -21,6 +21,8 @@ Threads of one embedding-worker process::
     POST /gradients ──fan out to the shards
     GET /health, /metrics; registry heartbeat      metrics push thread (when configured)
 
-Modules: ``main`` (command line), ``server`` (routes), ``buffer``, ``preprocess``,
-``routing``, ``pooling``, ``gathering``, ``kernels``, ``ps_client``.
+Modules: ``main`` (command line), ``server`` (HTTP routes), ``handlers`` (every embedding
+route's handler, for HTTP and in process), ``replica`` (the ``Worker``), ``buffer``,
+``preprocess``, ``routing``, ``pooling``, ``gathering``, ``kernels``, ``ps_link`` (the
+Worker's PS protocol), ``ps_client`` (it over HTTP).
 """

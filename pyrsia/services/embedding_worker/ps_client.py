@@ -1,5 +1,8 @@
 """The embedding worker's view of the PS replicas: addresses, retries, fan-out.
 
+:class:`PSClient` is the HTTP implementation of the embedding worker's
+:class:`~pyrsia.services.embedding_worker.ps_link.PSLink` (services mode).
+
 Addresses come from the registry, or for inference from ``infer_config.servers``
 (replica i at ``servers[i]``, no Redis). When a replica stops answering, the client
 re-reads the registry (the replica may have restarted on another port) and
@@ -20,6 +23,7 @@ import numpy as np
 
 from pyrsia.services.embedding_worker.ps_boots import ReplicaBoots
 from pyrsia.shared.constants import (
+    ADMIN_TIMEOUT_S,
     PS_REDISCOVER_TIMEOUT_S,
     PS_RETRY_WINDOW_S,
     PS_SETUP_REPLAY_TIMEOUT_S,
@@ -29,17 +33,19 @@ from pyrsia.shared.errors import (
     InvalidInputError,
     PersiaError,
     RegistryError,
+    RemoteBadRequestError,
     ServiceUnavailableError,
 )
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry
-from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSUpdate, UpdateTotals
+from pyrsia.shared.wire.admin import Configure, Directory, RegisterOptimizer
+from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
 
 log = logging.getLogger(__name__)
 
 
 class PSClient:
-    """Calls to every PS replica of the job, by replica index."""
+    """Calls to every PS replica of the job, by replica index (a ``PSLink`` over HTTP)."""
 
     def __init__(
         self,
@@ -199,6 +205,37 @@ class PSClient:
                 )
             )
         )
+
+    async def admin(self, path: str, body: Any, *, remember: bool = False) -> list[Any]:
+        """An administration call to every replica (``remember``: replayed to a replica that
+        restarts); a body a PS refuses is an ``InvalidInputError`` naming its field."""
+        if remember:
+            self.remember_setup(path, body)
+        try:
+            return await self.fan_out(path, body, timeout_s=ADMIN_TIMEOUT_S)
+        except RemoteBadRequestError as exc:  # the PS refused the body our caller wrote: a 400
+            field, expected = exc.field or "body", exc.expected or "a body the PS accepts"
+            raise InvalidInputError(field, expected, message=str(exc)) from exc
+
+    async def configure(self, request: Configure) -> list[Any]:
+        return await self.admin("/configure", request.to_wire(), remember=True)
+
+    async def register_optimizer(self, request: RegisterOptimizer) -> list[Any]:
+        return await self.admin("/register_optimizer", request.to_wire(), remember=True)
+
+    async def dump(self, request: Directory) -> list[Any]:
+        return await self.admin("/dump", request.to_wire())
+
+    async def load(self, request: Directory) -> list[Any]:
+        return await self.admin("/load", request.to_wire())
+
+    async def clear(self) -> list[Any]:
+        return await self.admin("/clear", {})
+
+    async def stats(self) -> list[PSStats]:
+        """Every replica's ``/stats``, checked (none before the replicas are known)."""
+        answers = await self.fan_out("/stats")
+        return [PSStats.from_wire(a, f"ps[{i}]") for i, a in enumerate(answers)]
 
     async def lookup(
         self, per_replica: list[list[tuple[int, Any]]], *, train: bool

@@ -1,10 +1,10 @@
 """One embedding worker replica's state and work, without HTTP.
 
-:class:`Worker` holds the replica's buffers, PS client, thread pool and metrics, and does
+:class:`Worker` holds the replica's buffers, PS link, thread pool and metrics, and does
 the work of its routes as plain methods: preprocess a batch's ids (``prepare``), answer a
 lookup (``lookup``, ``lookup_direct``) and turn pooled gradients into per-id PS updates
-(``apply_gradients``). ``server.py`` puts it behind the HTTP routes; the NN worker's
-embedded mode (pyrsia/services/embedded/transport.py) calls it in-process.
+(``apply_gradients``). ``handlers.py`` answers every embedding route with it, behind the
+HTTP routes (``server.py``) and in process (embedded mode, pyrsia/services/embedded/transport.py).
 :func:`worker_metrics` makes the Prometheus metrics it updates.
 """
 
@@ -32,7 +32,7 @@ from pyrsia.services.embedding_worker.persia_metrics import WorkerPersiaMetrics
 from pyrsia.services.embedding_worker.plans import PreparedBatch
 from pyrsia.services.embedding_worker.pooling import pool_backward
 from pyrsia.services.embedding_worker.preprocess import IDColumns, prepare_batch
-from pyrsia.services.embedding_worker.ps_client import PSClient
+from pyrsia.services.embedding_worker.ps_link import PSLink
 from pyrsia.services.embedding_worker.routing import (
     replica_lookups,
     replica_updates,
@@ -76,7 +76,8 @@ class Worker:
     index: int
     schema: EmbeddingSchema
     config: EmbeddingWorkerConfig
-    ps: PSClient
+    ps: PSLink
+    """Its PS replicas: over HTTP (``PSClient``) or in process (embedded mode's ``LocalPS``)."""
     forward: ForwardBuffer
     awaiting: GradientBuffer
     offload: Offloader

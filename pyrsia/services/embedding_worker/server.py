@@ -7,7 +7,9 @@ replica concurrently, pools them per slot and answers one tensor per slot; for a
 training batch the prepared form moves to the gradient buffer until
 ``/gradients`` turns the pooled gradients into per-id updates for the PS.
 Numeric work runs in a thread pool (the kernels release the GIL). The work itself is
-:class:`~pyrsia.services.embedding_worker.replica.Worker`'s (``replica.py``, no HTTP).
+:class:`~pyrsia.services.embedding_worker.replica.Worker`'s (``replica.py``, no HTTP); the
+embedding routes are those of ``handlers.HANDLERS`` (the table embedded mode answers them
+with too), each decoded from its route's request type here and its reply encoded.
 """
 
 from __future__ import annotations
@@ -22,24 +24,17 @@ from typing import Any
 from aiohttp import web
 
 from pyrsia.services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
+from pyrsia.services.embedding_worker.handlers import HANDLERS, Handler, check_handlers
 from pyrsia.services.embedding_worker.ps_client import PSClient
 from pyrsia.services.embedding_worker.replica import Worker, batch_id_count, worker_metrics
 from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
-from pyrsia.shared.constants import ADMIN_TIMEOUT_S, EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
-from pyrsia.shared.errors import ConflictError, InvalidInputError, RemoteBadRequestError
+from pyrsia.shared.constants import EW_INLINE_WORK_MAX_IDS, GRADIENT_BUFFER_FACTOR
+from pyrsia.shared.embedding_transport import STATS
+from pyrsia.shared.errors import ConflictError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from pyrsia.shared.persia_compat import persia_labels
 from pyrsia.shared.thread_offload import Offloader
-from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
-from pyrsia.shared.wire.ps import PSStats
-from pyrsia.shared.wire.worker import (
-    Gradients,
-    Lookup,
-    LookupDirect,
-    PutBatch,
-    WorkerSchema,
-    WorkerStats,
-)
+from pyrsia.shared.wire.worker import PutBatch
 
 log = logging.getLogger(__name__)
 
@@ -63,76 +58,19 @@ async def put_batch(request: web.Request, body: Any) -> dict:
     return {"worker": worker.index, "batch_id": msg.batch_id}
 
 
-@msgpack_handler
-async def lookup(request: web.Request, body: Any) -> dict:
-    """Pooled embeddings of a buffered batch; a training batch then awaits its gradients."""
-    worker = _worker(request)
-    msg = Lookup.from_wire(body)
-    return (await worker.lookup(msg.batch_id, msg.train, msg.gathered)).to_wire()
+def _route(handler: Handler[Any, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The HTTP side of one embedding route: the body decoded (and so checked) into the
+    route's request, answered by ``handler`` on the app's worker, the reply encoded."""
+    decode = handler.route.request.from_wire  # type: ignore[attr-defined]
+    answer, encode, before_ready = handler.answer, handler.encode, handler.before_ready
 
+    async def route(request: web.Request, body: Any) -> Any:
+        worker = request.app[WORKER] if before_ready else _worker(request)
+        return encode(await answer(worker, decode(body)))
 
-@msgpack_handler
-async def lookup_direct(request: web.Request, body: Any) -> dict:
-    """Evaluation / inference path: ids in the request, no buffering; eval never inserts."""
-    worker = _worker(request)
-    msg = LookupDirect.from_wire(body)
-    return (await worker.lookup_direct(msg.batch, msg.train, msg.gathered)).to_wire()
-
-
-@msgpack_handler
-async def gradients(request: web.Request, body: Any) -> dict:
-    """Turn pooled gradients (and a gathered answer's table gradients) into per-id gradients
-    and push them to the PS replicas."""
-    worker = _worker(request)
-    return (await worker.apply_gradients(Gradients.from_wire(body))).to_wire()
-
-
-def _fan_out(path: str, message: type[Configure | RegisterOptimizer | Directory | Empty]):
-    """A route that checks its body once and forwards it to every PS replica."""
-
-    @msgpack_handler
-    async def handler(request: web.Request, body: Any) -> dict:
-        worker = request.app[WORKER]
-        if not worker.ps.urls:
-            require_ready(request)
-        payload = message.from_wire(body).to_wire()
-        if path in ("/configure", "/register_optimizer"):
-            worker.ps.remember_setup(path, payload)
-        try:
-            answers = await worker.ps.fan_out(path, payload, timeout_s=ADMIN_TIMEOUT_S)
-        except RemoteBadRequestError as exc:  # the PS refused the body our caller wrote: a 400
-            field, expected = exc.field or "body", exc.expected or "a body the PS accepts"
-            raise InvalidInputError(field, expected, message=str(exc)) from exc
-        return {"replicas": answers}
-
-    handler.__name__ = path.strip("/")
-    return handler
-
-
-@msgpack_handler
-async def get_schema(request: web.Request, body: Any) -> dict:
-    """The embedding schema and PS replica count this worker serves (``persia-launcher serve``
-    checks it is the exported model's before it takes requests)."""
-    Empty.from_wire(body)
-    worker = request.app[WORKER]
-    return WorkerSchema(worker.schema, worker.ps.replica_count).to_wire()
-
-
-@msgpack_handler
-async def stats(request: web.Request, body: Any) -> dict:
-    """Buffer sizes, drops, and every PS replica's stats."""
-    Empty.from_wire(body)
-    worker = request.app[WORKER]
-    ps_stats = await worker.ps.fan_out("/stats") if worker.ps.urls else []
-    details = {
-        "pending_by_loader": worker.forward.pending_by_loader(),
-        "expired": worker.forward.expired + worker.awaiting.expired,
-        "evicted_awaiting": worker.awaiting.evicted,
-        "dropped_update_ids": worker.ps.dropped_updates,
-        "applied_update_ids": worker.ps.applied_updates,
-    }
-    ps = tuple(PSStats.from_wire(a, f"ps[{i}]") for i, a in enumerate(ps_stats))
-    return WorkerStats(len(worker.forward), len(worker.awaiting), ps, details).to_wire()
+    route.__name__ = handler.route.path.strip("/")
+    route.__doc__ = handler.answer.__doc__
+    return msgpack_handler(route)
 
 
 def _build_worker(
@@ -163,12 +101,11 @@ def _build_worker(
 
 
 def _lifecycle(
-    worker: Worker, ps_wait_timeout_s: float
+    worker: Worker, ps: PSClient, ps_wait_timeout_s: float
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """The app's cleanup context: wait for every PS replica in the background (the app
     turns ready then, or reports why not on /health while it stays up); on exit stop that
     wait, close the PS client's session and the thread pool."""
-    ps = worker.ps
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         async def connect() -> None:
@@ -192,20 +129,11 @@ def _lifecycle(
 
 
 def _routes() -> dict[str, Callable[[web.Request], Awaitable[web.Response]]]:
-    """Every POST route of the worker, by path (the PS admin routes fan out to every replica)."""
-    return {
-        "/batch": put_batch,
-        "/lookup": lookup,
-        "/lookup_direct": lookup_direct,
-        "/gradients": gradients,
-        "/schema": get_schema,
-        "/stats": stats,
-        "/configure": _fan_out("/configure", Configure),
-        "/register_optimizer": _fan_out("/register_optimizer", RegisterOptimizer),
-        "/dump": _fan_out("/dump", Directory),
-        "/load": _fan_out("/load", Directory),
-        "/clear": _fan_out("/clear", Empty),
-    }
+    """Every POST route of the worker, by path: the data loaders' ``/batch``, and every
+    embedding route of ``handlers.HANDLERS`` (the administration routes fan out to every PS
+    replica)."""
+    check_handlers()
+    return {"/batch": put_batch, **{path: _route(h) for path, h in HANDLERS.items()}}
 
 
 def create_app(
@@ -227,8 +155,9 @@ def create_app(
     worker_ref.append(worker)
     app[WORKER] = worker
     app[STATE].set_not_ready("waiting for every embedding PS replica to register")
-    app.cleanup_ctx.append(_lifecycle(worker, ps_wait_timeout_s))
-    for path, handler in _routes().items():
+    app.cleanup_ctx.append(_lifecycle(worker, ps, ps_wait_timeout_s))
+    routes = _routes()
+    for path, handler in routes.items():
         app.router.add_post(path, handler)
-    app.router.add_get("/stats", stats)
+    app.router.add_get(STATS.path, routes[STATS.path])
     return app

@@ -1,8 +1,9 @@
 """Calls from an NN worker (or an inference client) to the embedding workers.
 
 :class:`EmbeddingClient` is written once against the embedding transport protocol
-(:mod:`pyrsia.shared.embedding_transport`): it builds each route's request, validating what
-the caller passed, and returns the route's checked reply, whatever carries it. Services
+(:mod:`pyrsia.shared.embedding_transport`): :meth:`EmbeddingClient.call` sends any route's
+request object and returns the route's checked reply, whatever carries it; the named methods
+build a route's request from plain arguments, validating what the caller passed. Services
 mode's :class:`EmbeddingWorkerClient` runs it over HTTP (``http_transport``); embedded mode
 runs it over the in-process transport (``pyrsia/services/embedded/transport.py``).
 
@@ -23,7 +24,7 @@ import numpy as np
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport, normalize_address
 from pyrsia.shared import embedding_transport as routes
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
-from pyrsia.shared.embedding_transport import EmbeddingTransport, check_routes
+from pyrsia.shared.embedding_transport import EmbeddingTransport, Rep, Req, Route, check_routes
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
@@ -73,7 +74,16 @@ class EmbeddingClient:
         """Return once every worker is ready (services: they wait for their PS)."""
         await self.transport.wait_ready(timeout_s)
 
-    # --- data path ----------------------------------------------------------------------
+    # --- any route ----------------------------------------------------------------------
+    async def call(
+        self, route: Route[Req, Rep], request: Req, worker: int = 0, batch_size: int | None = None
+    ) -> Rep:
+        """Send ``request`` on ``route`` to embedding worker ``worker`` (the administration
+        routes: worker 0, which forwards them to every PS replica); the route's reply.
+        ``batch_size``: the rows an embeddings reply must have."""
+        return await self.transport.call(worker, route, request, batch_size)
+
+    # --- data path (the transport called directly: no extra frame per batch) -------------
     async def lookup(
         self, worker: int, batch_id: int, train: bool, batch_size: int, *, gathered: bool = False
     ) -> tuple[Embeddings, bool]:
@@ -127,28 +137,28 @@ class EmbeddingClient:
     # --- administration (worker 0 fans these out to every PS replica) --------------------
     async def configure(self, hyperparams: dict) -> Any:
         params = EmbeddingHyperparams.from_dict(hyperparams, field="hyperparams")
-        return await self.transport.call(0, routes.CONFIGURE, Configure(params))
+        return await self.call(routes.CONFIGURE, Configure(params))
 
     async def register_optimizer(self, optimizer: dict) -> Any:
         spec = optimizer_from_dict(optimizer, field="optimizer")
-        return await self.transport.call(0, routes.REGISTER_OPTIMIZER, RegisterOptimizer(spec))
+        return await self.call(routes.REGISTER_OPTIMIZER, RegisterOptimizer(spec))
 
     async def dump(self, directory: str) -> Any:
-        return await self.transport.call(0, routes.DUMP, Directory(directory))
+        return await self.call(routes.DUMP, Directory(directory))
 
     async def load(self, directory: str) -> Any:
-        return await self.transport.call(0, routes.LOAD, Directory(directory))
+        return await self.call(routes.LOAD, Directory(directory))
 
     async def clear(self) -> Any:
-        return await self.transport.call(0, routes.CLEAR, Empty())
+        return await self.call(routes.CLEAR, Empty())
 
     async def schema(self) -> WorkerSchema:
         """The embedding schema worker 0 serves and its PS replica count."""
-        return await self.transport.call(0, routes.SCHEMA, Empty())
+        return await self.call(routes.SCHEMA, Empty())
 
     async def stats(self) -> WorkerStats:
         """Worker 0's buffers and every PS replica's counters."""
-        return await self.transport.call(0, routes.STATS, Empty())
+        return await self.call(routes.STATS, Empty())
 
     def close(self) -> None:
         """Release what the transport owns (embedded mode: the engines' threads and store)."""
