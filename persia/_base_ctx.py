@@ -13,6 +13,7 @@ from persia import _current_ctx
 from persia.errors import MisuseError
 from pyrsia.services.nn_worker.precision import check_ctx_args
 from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
+from pyrsia.shared.settings import Settings, current
 
 _logger = logging.getLogger("persia.ctx")
 
@@ -63,6 +64,15 @@ class BaseCtx:
         self._token: contextvars.Token | None = None
         self._entered = False
         self._common_context: Any = None
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        """This process's settings: read when the context is entered, or when it connects
+        outside ``with`` (PERSIA's API is an entry point), and passed down from here."""
+        if self._settings is None:
+            self._settings = current()
+        return self._settings
 
     @property
     def common_context(self):
@@ -96,14 +106,15 @@ class BaseCtx:
             )
         if self.device_id is not None:
             torch.cuda.set_device(self.device_id)
-        end_script_on_persia_errors()  # `python train.py`: a PersiaError is one line
+        self._settings = current()  # entered: this process's settings, read now
+        end_script_on_persia_errors(self.settings)  # `python train.py`: one line per error
         self._enter()
         self._entered = True
         self._token = _current_ctx.enter(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        note_failure(exc)  # before _exit closes this rank's servers
+        note_failure(exc, self.settings)  # before _exit closes this rank's servers
         try:
             self._exit(failed=exc_type is not None)
             if self._common_context is not None:

@@ -22,6 +22,7 @@ from pyrsia.shared.batch_sender import BatchSender
 from pyrsia.shared.constants import DATA_SEND_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
 from pyrsia.shared.errors import DataCtxError, InvalidTypeError
 from pyrsia.shared.failure_report import end_script_on_persia_errors, note_failure
+from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,18 @@ class DataCtx:
         self._sender: BatchSender | None = None
         self._sent_batches: weakref.WeakSet[PersiaBatch] = weakref.WeakSet()
         self._count = 0
+        self.settings: Settings | None = None
+        """This process's settings, read when the context is entered (PERSIA's API is an
+        entry point) and passed to the sender."""
         self.skipped = 0
 
     # --- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> DataCtx:
-        end_script_on_persia_errors()  # `python data_loader.py`: a PersiaError is one line
+        settings = self.settings = current()
+        end_script_on_persia_errors(settings)  # `python data_loader.py`: one line per error
         self.replica_index, self.replica_size = get_replica_index(), get_replica_size()
         sender_type: type[BatchSender] = HttpBatchSender
-        if embedded_requested():  # the engines are imported only in embedded mode
+        if embedded_requested(settings.environ):  # the engines are imported only in embedded mode
             from pyrsia.services.embedded.sender import EmbeddedSender
 
             sender_type = EmbeddedSender
@@ -74,13 +79,15 @@ class DataCtx:
             wait_timeout_s=self.wait_timeout_s,
             send_timeout_s=self.send_timeout_s,
             max_inflight=self.max_inflight,
+            settings=settings,
         )
         sender.open()
         self._sender = sender
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        note_failure(exc)
+        if self.settings is not None:  # set by __enter__
+            note_failure(exc, self.settings)
         sender, self._sender = self._sender, None
         if sender is None:
             return

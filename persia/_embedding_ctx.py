@@ -117,7 +117,7 @@ class EmbeddingCtx(BaseCtx):
 
     # --- connection ---------------------------------------------------------------------
     def _open_session(self) -> Session:
-        return open_session()
+        return open_session(self.settings)
 
     def _enter(self) -> None:
         parent = cnt_ctx()

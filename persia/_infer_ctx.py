@@ -38,7 +38,7 @@ class InferCtx(EmbeddingCtx):
         ]
 
     def _open_session(self) -> Session:
-        return open_session(addresses=self.embedding_worker_address_list)
+        return open_session(self.settings, addresses=self.embedding_worker_address_list)
 
     def wait_for_serving(self, timeout_s: float | None = None) -> None:
         """Wait until every embedding worker reports ready (and so its PS replicas)."""

@@ -11,15 +11,20 @@ from __future__ import annotations
 from pyrsia.services.embedded.mode import embedded_requested
 from pyrsia.services.nn_worker.session import Session
 from pyrsia.shared.constants import DEFAULT_WAIT_TIMEOUT_S
+from pyrsia.shared.settings import Settings
 
 
 def open_session(
-    *, addresses: list[str] | None = None, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+    settings: Settings,
+    *,
+    addresses: list[str] | None = None,
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
 ) -> Session:
     """A registry-backed (``addresses=None``) or fixed-address session; with
-    ``PERSIA_EMBEDDED=1`` and no addresses, the in-process engines' session instead."""
-    if addresses is None and embedded_requested():
+    ``PERSIA_EMBEDDED=1`` and no addresses, the in-process engines' session instead.
+    ``settings``: the process's, from the context that opens it."""
+    if addresses is None and embedded_requested(settings.environ):
         from pyrsia.services.embedded.job import EmbeddedSession  # engines: only here
 
-        return EmbeddedSession.open(wait_timeout_s=wait_timeout_s)
-    return Session.open(addresses=addresses, wait_timeout_s=wait_timeout_s)
+        return EmbeddedSession.open(settings, wait_timeout_s=wait_timeout_s)
+    return Session.open(settings, addresses=addresses, wait_timeout_s=wait_timeout_s)

@@ -190,7 +190,7 @@ class TrainCtx(EmbeddingCtx):
         # from the NN worker's first training seconds).
         warm_in_background()
         # the step's buffers stay in the heap (pyrsia/shared/allocator.py)
-        _logger.info("freed heap memory: %s", keep_freed_memory())
+        _logger.info("freed heap memory: %s", keep_freed_memory(self.settings))
         self.world_size = env.get_world_size() or 1
         self.rank_id = env.get_rank() or 0
         super()._enter()  # connects and configures the embedding hyperparameters
@@ -235,9 +235,9 @@ class TrainCtx(EmbeddingCtx):
 
     def _start_checkpointing(self) -> None:
         """Periodic checkpoints from global_config.yml; with ``--resume``, load the last one."""
-        config = job_checkpoint.checkpointing_config()
+        config = job_checkpoint.checkpointing_config(self.settings)
         self._checkpointer = PeriodicCheckpointer(config, self.rank_id, self.world_size)
-        if job_checkpoint.resume_requested():
+        if job_checkpoint.resume_requested(self.settings):
             step = self._checkpointer.resume(self)
             if step is not None:
                 self.update_times = step
@@ -258,6 +258,7 @@ class TrainCtx(EmbeddingCtx):
             tensorboard_dir=self.tensorboard_dir,
             rank_id=self.rank_id,
             settings=self.session.settings,
+            environment=self.settings,
         )
         self._step_hooks.append(hook)
 

@@ -17,7 +17,7 @@ from pyrsia.services.nn_worker.step import HookHandle, StepEvent, TrainingStep
 from pyrsia.services.nn_worker.tensorboard import TensorBoardLog, run_dir
 from pyrsia.shared.constants import ENV_TENSORBOARD_DIR
 from pyrsia.shared.registry import RegistrySettings
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 
 def start_tensorboard(
@@ -26,12 +26,13 @@ def start_tensorboard(
     stats: RankStats,
     settings: RegistrySettings | None,
     has_scaler: bool,
+    env: Settings,
 ) -> TensorBoardLog | None:
     """This rank's curves of ``stats``, their writer started; None when no directory is set.
 
-    ``settings``: the job's registry (None with addresses or in embedded mode: no PS curves).
+    ``settings``: the job's registry (None with addresses or in embedded mode: no PS curves);
+    ``env``: the context's settings (``PERSIA_TENSORBOARD_DIR``, the job id).
     """
-    env = current()
     root = tensorboard_dir or env.text(ENV_TENSORBOARD_DIR) or None
     if root is None:
         return None
@@ -58,6 +59,7 @@ class RankReport:
         tensorboard_dir: str | os.PathLike | None,
         rank_id: int,
         settings: RegistrySettings | None,
+        environment: Settings,
     ) -> HookHandle:
         """Feed ``stats`` (and the curves, when a directory is set) from ``step``; the hook's
         handle. Call it after the checkpoint's hook: ``/metrics`` shows a step once complete."""
@@ -68,7 +70,9 @@ class RankReport:
         stats.in_flight = lambda: engine.in_flight
         self.stats = stats
         has_scaler = step.precision.scaler is not None
-        self.tensorboard = start_tensorboard(tensorboard_dir, rank_id, stats, settings, has_scaler)
+        self.tensorboard = start_tensorboard(
+            tensorboard_dir, rank_id, stats, settings, has_scaler, environment
+        )
         return step.add_hook("step_boundary", self.record_step)
 
     def record_step(self, event: StepEvent) -> None:

@@ -21,8 +21,7 @@ import torch
 from torch.distributed.constants import default_pg_timeout
 
 from pyrsia.shared.errors import ConfigError, InvalidInputError
-from pyrsia.shared.process_env import export
-from pyrsia.shared.settings import current
+from pyrsia.shared.process_env import export, prepend_path
 
 __all__ = [
     "BaguaDistributedOption",
@@ -305,7 +304,7 @@ class BaguaDistributedOption(DistributedBaseOption):
             import importlib.resources
 
             net = importlib.resources.files("bagua_core") / "data" / "bagua-net"
-            export({"LD_LIBRARY_PATH": f"{net}:{current().text('LD_LIBRARY_PATH')}"})
+            prepend_path("LD_LIBRARY_PATH", str(net))
         bagua_api.init_process_group()
         algorithm, optimizer = self._algorithm(bagua_api.algorithms, model, optimizer)
         return model.with_bagua([optimizer], algorithm), optimizer

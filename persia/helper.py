@@ -52,8 +52,8 @@ from pyrsia.shared.constants import (
     REDIS_START_TIMEOUT_S,
 )
 from pyrsia.shared.errors import InvalidInputError, ServiceUnavailableError
-from pyrsia.shared.process_env import child_environment, export, unset
-from pyrsia.shared.settings import current
+from pyrsia.shared.process_env import export, unset
+from pyrsia.shared.settings import Settings, current
 
 __all__ = ["PersiaServiceCtx", "ensure_persia_service"]
 
@@ -186,7 +186,8 @@ class PersiaServiceCtx:
         self._procs.append((what, proc))
         return proc
 
-    def _start_redis(self, env: dict[str, str]) -> None:
+    def _start_redis(self, env: dict[str, str]) -> str:
+        """A private redis-server on a free port; its URL."""
         from pyrsia.shared.redis_local import find_redis_server
 
         port = find_free_port(self.nats_server_port)
@@ -219,10 +220,11 @@ class PersiaServiceCtx:
                     break
             except OSError:
                 time.sleep(REDIS_PROBE_INTERVAL_S)
-        export({ENV_REDIS_URL: f"redis://127.0.0.1:{port}/0"})
+        return f"redis://127.0.0.1:{port}/0"
 
-    def _start_services(self, role: str, module: str, count: int, first_port: int) -> None:
-        env = child_environment()
+    def _start_services(
+        self, role: str, module: str, count: int, first_port: int, env: dict[str, str]
+    ) -> None:
         port = first_port
         for index in range(count):
             what = f"{role}[{index}]"
@@ -257,34 +259,44 @@ class PersiaServiceCtx:
 
     def __enter__(self) -> PersiaServiceCtx:
         self._tmp = tempfile.TemporaryDirectory(prefix="persia-helper-")
-        settings = current()
+        settings = current()  # PERSIA's API, entered: this process's settings, read now
         self._saved_env = {key: settings.environ.get(key) for key in _ENV_SET}
+        env = dict(settings.environ)  # the services' environment, built here
         try:
+            handed: dict[str, str] = {}
             if not settings.text(ENV_REDIS_URL).strip():
-                self._start_redis(child_environment())
+                handed[ENV_REDIS_URL] = self._start_redis(env)
             embedding_path = self.embedding_config_path or _write_yaml(
                 self.embedding_config, self._tmp.name, "embedding_config.yml"
             )
             global_path = self.global_config_path or _write_yaml(
                 self.global_config, self._tmp.name, "global_config.yml"
             )
-            export({ENV_EMBEDDING_CONFIG: str(embedding_path), ENV_GLOBAL_CONFIG: str(global_path)})
+            handed.update(
+                {ENV_EMBEDDING_CONFIG: str(embedding_path), ENV_GLOBAL_CONFIG: str(global_path)}
+            )
+            env.update(handed)
+            # the contexts the user's functions enter in this process read these (PERSIA's API)
+            export(handed)
             self._start_services(
                 "embedding PS",
                 "pyrsia.services.embedding_ps",
                 self.embedding_parameter_replica_num,
                 self.embedding_parameter_server_port,
+                env,
             )
             self._start_services(
                 "embedding worker",
                 "pyrsia.services.embedding_worker",
                 self.embedding_worker_replica_num,
                 self.embedding_worker_port,
+                env,
             )
             if self.data_loader_func is not None or self.nn_worker_func is not None:
                 from pyrsia.shared.runtime import get_runtime
 
-                get_runtime()  # started here, before two threads could both start it
+                # started here, before two threads could both start it
+                get_runtime(Settings.from_env(env))
             for func, name in (
                 (self.data_loader_func, "persia-data-loader"),
                 (self.nn_worker_func, "persia-nn-worker"),

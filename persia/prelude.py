@@ -176,8 +176,10 @@ class PersiaCommonContext:
             return self._borrowed.session
         if self._session is None:
             from persia._session_open import open_session
+            from pyrsia.shared.settings import current
 
-            self._session = open_session()
+            # PERSIA's API: a common context built alone connects with this process's settings
+            self._session = open_session(current())
         return self._session
 
     def close(self) -> None:

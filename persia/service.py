@@ -15,7 +15,7 @@ import logging
 
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER
 from pyrsia.shared.errors import PersiaError
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings, current
 
 __all__ = ["get_embedding_worker_services"]
 
@@ -26,28 +26,29 @@ DEFAULT_EMBEDDING_WORKER_SERVICE = "embedding_worker:8887"
 _logger = logging.getLogger(__name__)
 
 
-def _registered() -> list[str]:
+def _registered(settings: Settings) -> list[str]:
     from pyrsia.shared.registry import Registry, RegistrySettings
     from pyrsia.shared.runtime import get_runtime
 
     async def discover() -> list[str]:
-        registry = Registry(RegistrySettings.from_env())
+        registry = Registry(RegistrySettings.from_env(settings))
         try:
             found = await registry.discover(ROLE_EMBEDDING_WORKER)
         finally:
             await registry.close()
         return [found[i].address for i in sorted(found)]
 
-    return get_runtime().run(discover())
+    return get_runtime(settings).run(discover())
 
 
 def get_embedding_worker_services() -> list[str]:
     """``host:port`` of every embedding worker (environment, then the registry, then PERSIA's default)."""
-    raw = current().text(ENV_EMBEDDING_WORKER_SERVICE).strip()
+    settings = current()  # PERSIA's API: this process's settings, read when asked
+    raw = settings.text(ENV_EMBEDDING_WORKER_SERVICE).strip()
     if raw:
         return [part.strip() for part in raw.split(",") if part.strip()]
     try:
-        addresses = _registered()
+        addresses = _registered(settings)
     except (PersiaError, OSError) as exc:
         _logger.info("registry not readable (%s)", exc)
         addresses = []

@@ -16,6 +16,7 @@ import pytest
 
 from pyrsia.shared import allocator
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,8 +27,9 @@ STEPS_SCRIPT = """
 import json, resource, sys
 import numpy as np
 from pyrsia.shared.allocator import keep_freed_memory
+from pyrsia.shared.settings import Settings
 
-outcome = keep_freed_memory() if sys.argv[1] == "call" else "not called"
+outcome = keep_freed_memory(Settings.from_env()) if sys.argv[1] == "call" else "not called"
 
 def step():
     blocks = [np.ones(1536 * 256, dtype=np.float32) for _ in range(64)]
@@ -86,16 +88,16 @@ def test_opting_out_and_the_users_own_settings_leave_malloc_alone():
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "on"])
-def test_a_bad_setting_is_refused_by_name(monkeypatch, value):
-    monkeypatch.setenv("PERSIA_MALLOC_TUNING", value)
+def test_a_bad_setting_is_refused_by_name(value):
+    settings = Settings.from_env({"PERSIA_MALLOC_TUNING": value})
     with pytest.raises(ConfigError, match=f"PERSIA_MALLOC_TUNING must be 0 or 1, got '{value}'"):
-        allocator.malloc_tuning_enabled()
+        allocator.malloc_tuning_enabled(settings)
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("", True), ("1", True), (" 0 ", False)])
-def test_the_setting_defaults_to_on(monkeypatch, value, enabled):
-    monkeypatch.setenv("PERSIA_MALLOC_TUNING", value)
-    assert allocator.malloc_tuning_enabled() is enabled
+def test_the_setting_defaults_to_on(value, enabled):
+    settings = Settings.from_env({"PERSIA_MALLOC_TUNING": value})
+    assert allocator.malloc_tuning_enabled(settings) is enabled
 
 
 @pytest.mark.parametrize("command", ["embedding-parameter-server", "embedding-worker"])

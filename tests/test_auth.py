@@ -20,6 +20,7 @@ from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import AuthError, ConfigError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.runtime import shutdown_runtime
+from pyrsia.shared.settings import Settings
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.service_procs import REPO
 
@@ -117,7 +118,7 @@ def token_ps(services, monkeypatch):
 async def test_every_route_needs_the_token(token_ps):
     anonymous = HttpClient(retries=0, auth_token=None)
     wrong = HttpClient(retries=0, auth_token="w" * 32)
-    right = HttpClient(retries=0)  # PERSIA_AUTH_TOKEN from the environment
+    right = HttpClient(retries=0, auth_token=TOKEN)
     try:
         for client in (anonymous, wrong):
             for path in [*PS_ROUTES, "/health", "/metrics"]:
@@ -194,19 +195,20 @@ def test_a_whole_job_runs_with_a_token(redis_server, tmp_path):
     assert sorted(seen) == list(range(n_batches))
 
 
-async def test_ingress_refuses_public_bind_without_token(registry_settings, monkeypatch):
+async def test_ingress_refuses_public_bind_without_token(registry_settings):
+    from dataclasses import replace
+
     from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 
-    monkeypatch.delenv("PERSIA_AUTH_TOKEN", raising=False)
-    monkeypatch.setenv("PERSIA_INSECURE", "0")
-    ingress = Ingress(
-        BatchQueue(1, rank=0, world_size=1), registry_settings=registry_settings, host="0.0.0.0"
-    )
-    with pytest.raises(ConfigError, match="--insecure"):
-        await ingress.start()
-    monkeypatch.setenv("PERSIA_INSECURE", "maybe")
-    with pytest.raises(ConfigError, match="PERSIA_INSECURE"):
-        await ingress.start()
+    for insecure, refusal in (("0", "--insecure"), ("maybe", "PERSIA_INSECURE")):
+        environment = Settings.from_env({"PERSIA_INSECURE": insecure})
+        ingress = Ingress(
+            BatchQueue(1, rank=0, world_size=1),
+            registry_settings=replace(registry_settings, environment=environment),
+            host="0.0.0.0",
+        )
+        with pytest.raises(ConfigError, match=refusal):
+            await ingress.start()
 
 
 def test_nn_worker_launcher_checks_the_bind_rule_once(tmp_path, monkeypatch, capsys):

@@ -22,6 +22,7 @@ from pyrsia.shared.constants import ENV_EMBEDDED, ENV_EMBEDDING_CONFIG, ENV_GLOB
 from pyrsia.shared.errors import MisuseError
 from pyrsia.shared.registry import Registry
 from pyrsia.shared.runtime import get_runtime
+from pyrsia.shared.settings import Settings
 from tests.test_data_ctx import start_ingress
 from tests.test_embedded_client import HYPER, arrays, batch
 from tests.test_embedding_worker_service import configs, start_cluster
@@ -68,7 +69,14 @@ def test_one_sender_over_both_transports_delivers_the_same_stream(
     try:
         client = EmbeddingWorkerClient(runtime.client, registry=registry)
         runtime.run(client.connect())
-        sender = BatchSender(0, 1, wait_timeout_s=30, send_timeout_s=30, max_inflight=2)
+        sender = BatchSender(
+            0,
+            1,
+            wait_timeout_s=30,
+            send_timeout_s=30,
+            max_inflight=2,
+            settings=Settings.from_env(env),
+        )
         want = send_and_read(sender, queue, client)
     finally:
         runtime.run(ingress.stop())
@@ -77,10 +85,12 @@ def test_one_sender_over_both_transports_delivers_the_same_stream(
     for key, value in embedded.items():
         monkeypatch.setenv(key, value)
     reset_embedded_job()
-    session = EmbeddedSession.open()
+    session = EmbeddedSession.open(Settings.from_env())
     try:
         queue = session.ingress(rank=0, world_size=1, capacity=16, reproducible=True)
-        sender = EmbeddedSender(0, 1, wait_timeout_s=30, send_timeout_s=30, max_inflight=2)
+        sender = EmbeddedSender(
+            0, 1, wait_timeout_s=30, send_timeout_s=30, max_inflight=2, settings=Settings.from_env()
+        )
         got = send_and_read(sender, queue, session.client)
     finally:
         session.close()
@@ -97,4 +107,6 @@ def test_one_sender_over_both_transports_delivers_the_same_stream(
 
 def test_a_sender_with_no_transport_says_so():
     with pytest.raises(MisuseError, match="BatchSender needs a transport"):
-        batch_sender.BatchSender(0, 1, wait_timeout_s=1, send_timeout_s=1, max_inflight=1)
+        batch_sender.BatchSender(
+            0, 1, wait_timeout_s=1, send_timeout_s=1, max_inflight=1, settings=Settings.from_env({})
+        )

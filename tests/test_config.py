@@ -24,6 +24,7 @@ from pyrsia.shared.config import (
     parse_global_config,
 )
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import Settings
 
 DATA = Path(__file__).parent / "data"
 
@@ -150,8 +151,7 @@ MISSPELT = {
 }
 
 
-def test_an_unknown_key_is_an_error_naming_the_closest_key(monkeypatch):
-    monkeypatch.delenv("PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS", raising=False)
+def test_an_unknown_key_is_an_error_naming_the_closest_key():
     with pytest.raises(ConfigError) as err:
         parse_global_config(MISSPELT, source="global_config.yml")
     message = str(err.value)
@@ -166,7 +166,7 @@ def test_an_unknown_key_is_an_error_naming_the_closest_key(monkeypatch):
         parse_embedding_config({"slots_config": {"age": {"dim": 8, "pooling": "sum"}}})
 
 
-def test_unknown_keys_can_be_allowed_for_forward_compatibility(monkeypatch):
+def test_unknown_keys_can_be_allowed_for_forward_compatibility():
     """strict=False, or $PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS=1: a warning and the key ignored;
     strict=True wins over the variable."""
     with pytest.warns(
@@ -175,11 +175,13 @@ def test_unknown_keys_can_be_allowed_for_forward_compatibility(monkeypatch):
     ):
         cfg = parse_global_config(MISSPELT, strict=False)
     assert cfg.common_config.checkpointing_config.checkpoint_every_n_steps == 0
-    monkeypatch.setenv("PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS", "1")
+    allowed = Settings.from_env({"PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS": "1"})
     with pytest.warns(ConfigWarning):
-        parse_global_config(MISSPELT)
+        parse_global_config(MISSPELT, settings=allowed)
     with pytest.raises(ConfigError):
-        parse_global_config(MISSPELT, strict=True)
+        parse_global_config(MISSPELT, strict=True, settings=allowed)
+    with pytest.raises(ConfigError):  # no settings: the default, errors
+        parse_global_config(MISSPELT)
 
 
 def test_the_flags_set_strictness():

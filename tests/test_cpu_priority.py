@@ -21,6 +21,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import UsageError
+from pyrsia.shared.settings import Settings
 from tests.service_procs import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,15 +126,16 @@ def test_a_bad_flag_value_is_refused_by_argparse():
     assert "--cpu-priority" in done.stderr and "'high'" in done.stderr
 
 
-def test_the_flag_wins_over_the_environment(monkeypatch):
-    monkeypatch.setenv(ENV_CPU_PRIORITY, "background")
-    assert resolve_cpu_priority("normal") == "normal"
-    assert resolve_cpu_priority(None) == "background"
-    monkeypatch.setenv(ENV_CPU_PRIORITY, "")
-    assert resolve_cpu_priority(None) == "normal"
-    monkeypatch.setenv(ENV_CPU_PRIORITY, "low")
+def _env(value: str) -> Settings:
+    return Settings.from_env({ENV_CPU_PRIORITY: value})
+
+
+def test_the_flag_wins_over_the_environment():
+    assert resolve_cpu_priority("normal", _env("background")) == "normal"
+    assert resolve_cpu_priority(None, _env("background")) == "background"
+    assert resolve_cpu_priority(None, _env("")) == "normal"
     with pytest.raises(UsageError, match=ENV_CPU_PRIORITY):
-        resolve_cpu_priority(None)
+        resolve_cpu_priority(None, _env("low"))
 
 
 def test_one_thread_moves_to_the_idle_class_and_back_alone():
@@ -153,11 +155,9 @@ def test_one_thread_moves_to_the_idle_class_and_back_alone():
         other.join()
 
 
-def test_an_embedded_default_applies_only_without_the_variable(monkeypatch):
-    monkeypatch.delenv(ENV_CPU_PRIORITY, raising=False)
-    assert resolve_cpu_priority(None, default="background") == "background"
-    monkeypatch.setenv(ENV_CPU_PRIORITY, "normal")
-    assert resolve_cpu_priority(None, default="background") == "normal"
+def test_an_embedded_default_applies_only_without_the_variable():
+    assert resolve_cpu_priority(None, Settings.from_env({}), default="background") == "background"
+    assert resolve_cpu_priority(None, _env("normal"), default="background") == "normal"
 
 
 # One busy loop per core that sleeps 1 ms of every 10: the cores are never free for more

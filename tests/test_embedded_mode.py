@@ -24,6 +24,7 @@ from pyrsia.shared.constants import (
     ENV_GLOBAL_CONFIG,
 )
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import Settings
 from tests.nn_helpers import EMBEDDING_CONFIG, make_batch
 
 
@@ -79,7 +80,9 @@ def embedded_env(tmp_path, monkeypatch):
 
 def _send(batches, errors: list) -> None:
     try:
-        sender = EmbeddedSender(0, 1, wait_timeout_s=30, send_timeout_s=30, max_inflight=4)
+        sender = EmbeddedSender(
+            0, 1, wait_timeout_s=30, send_timeout_s=30, max_inflight=4, settings=Settings.from_env()
+        )
         sender.open()
         for b in batches:
             sender.send(b)
@@ -92,7 +95,7 @@ def _send(batches, errors: list) -> None:
 def test_batches_reach_the_training_loop_in_order_through_the_bounds(embedded_env):
     """12 batches through a queue of 2 and a forward buffer of 3: every one arrives, in batch
     order, and its buffered embeddings are those of a direct lookup of the same ids."""
-    session = EmbeddedSession.open()
+    session = EmbeddedSession.open(Settings.from_env())
     client, runtime = session.client, session.runtime
     runtime.run(client.configure({"emb_initialization": [-0.1, 0.1]}))
     runtime.run(client.register_optimizer({"type": "sgd", "lr": 0.1}))
@@ -138,9 +141,9 @@ def test_a_failing_data_loader_ends_the_training_loops_stream_with_its_error(emb
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_DATALOADER_ENTRY, str(script))
         reset_embedded_job()
-        session = EmbeddedSession.open()  # starts the loader thread
+        session = EmbeddedSession.open(Settings.from_env())  # starts the loader thread
     queue = session.ingress(rank=0, world_size=1, capacity=4, reproducible=False)
-    get_embedded_job().join_loader(30)
+    get_embedded_job(Settings.from_env()).join_loader(30)
     with pytest.raises(RuntimeError, match="no such data file"):
         session.runtime.run(queue.get(), timeout_s=30)
     session.close()
@@ -148,12 +151,16 @@ def test_a_failing_data_loader_ends_the_training_loops_stream_with_its_error(emb
 
 def test_embedded_mode_has_one_loader_and_one_rank(embedded_env):
     with pytest.raises(ConfigError, match="replica 1 of 2"):
-        EmbeddedSender(1, 2, wait_timeout_s=1, send_timeout_s=1, max_inflight=1)
-    session = EmbeddedSession.open()
+        EmbeddedSender(
+            1, 2, wait_timeout_s=1, send_timeout_s=1, max_inflight=1, settings=Settings.from_env()
+        )
+    session = EmbeddedSession.open(Settings.from_env())
     with pytest.raises(ConfigError, match="one NN-worker rank, not 2"):
         session.ingress(rank=0, world_size=2, capacity=4, reproducible=False)
     session.close()
-    sender = EmbeddedSender(0, 1, wait_timeout_s=0.2, send_timeout_s=1, max_inflight=1)
+    sender = EmbeddedSender(
+        0, 1, wait_timeout_s=0.2, send_timeout_s=1, max_inflight=1, settings=Settings.from_env()
+    )
     with pytest.raises(Exception, match="no training loop took batches"):
         sender.open()  # no StreamingDataset opened a queue
 
@@ -161,7 +168,7 @@ def test_embedded_mode_has_one_loader_and_one_rank(embedded_env):
 def test_embedded_mode_needs_the_embedding_config(embedded_env, monkeypatch):
     monkeypatch.delenv(ENV_EMBEDDING_CONFIG)
     with pytest.raises(ConfigError, match="PERSIA_EMBEDDING_CONFIG"):
-        get_embedded_job()
+        get_embedded_job(Settings.from_env())
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
@@ -177,12 +184,12 @@ def test_the_engine_threads_run_in_the_idle_class_while_a_context_is_open(embedd
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_DATALOADER_ENTRY, str(script))
         reset_embedded_job()
-        training = EmbeddedSession.open()
+        training = EmbeddedSession.open(Settings.from_env())
     loop_thread = training.runtime.native_id
-    get_embedded_job().join_loader(30)
+    get_embedded_job(Settings.from_env()).join_loader(30)
     assert seen.read_text() == str(os.SCHED_IDLE)
     assert os.sched_getscheduler(loop_thread) == os.SCHED_IDLE
-    evaluation = EmbeddedSession.open()
+    evaluation = EmbeddedSession.open(Settings.from_env())
     evaluation.close()
     evaluation.close()  # closing twice counts once
     assert os.sched_getscheduler(loop_thread) == os.SCHED_IDLE
@@ -197,7 +204,7 @@ def test_persia_cpu_priority_normal_keeps_the_engine_threads_in_the_default_clas
 ):
     monkeypatch.setenv(ENV_CPU_PRIORITY, "normal")
     reset_embedded_job()
-    session = EmbeddedSession.open()
+    session = EmbeddedSession.open(Settings.from_env())
     try:
         assert os.sched_getscheduler(session.runtime.native_id) == os.SCHED_OTHER
     finally:

@@ -18,6 +18,7 @@ from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.embedding_transport import ROUTES, STATS, Route
 from pyrsia.shared.errors import MisuseError
 from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.settings import Settings
 from tests.test_embedding_worker_service import configs
 
 __all__ = ["configs"]  # the fixture, re-used
@@ -55,6 +56,7 @@ async def test_both_transports_serve_every_route_of_the_table(configs):
             config=config.embedding_worker_config,
             ps=ps,
             ps_wait_timeout_s=1,
+            settings=Settings.from_env({}),
         )
         posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}
     finally:

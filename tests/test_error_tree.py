@@ -13,6 +13,7 @@ from aiohttp import web
 from pyrsia.shared import errors
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.http_server import make_app, msgpack_handler
+from pyrsia.shared.settings import Settings
 
 LOCAL_AND_REMOTE = [
     (errors.NotFoundError, errors.RemoteNotFoundError, 404),
@@ -36,7 +37,7 @@ async def refusing_server():
     async def refuse(request: web.Request, body: object) -> dict:
         raise by_status[int(request.match_info["status"])]("refused here")
 
-    app = make_app("refuser", auth_token=None)
+    app = make_app("refuser", auth_token=None, settings=Settings.from_env({}))
     app.router.add_post("/refuse/{status}", msgpack_handler(refuse))
     runner = web.AppRunner(app)
     await runner.setup()

@@ -9,6 +9,7 @@ import pytest
 
 from pyrsia.shared import failure_report as fr
 from pyrsia.shared.errors import RegistryError
+from pyrsia.shared.settings import Settings
 
 
 def _raised_in_script(tmp_path, code: str) -> BaseException:
@@ -36,13 +37,13 @@ def test_a_user_exception_names_its_line_and_the_known_fix(tmp_path):
     assert fr.exit_code(exc) == 1 and fr.exit_code(RegistryError("x")) == 2
 
 
-def test_report_writes_the_log_and_the_record_and_prints_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PERSIA_LOG_DIR", str(tmp_path))
+def test_report_writes_the_log_and_the_record_and_prints_one_line(tmp_path, capsys):
+    settings = Settings.from_env({"PERSIA_LOG_DIR": str(tmp_path)})
     exc = RegistryError("cannot reach Redis at redis://127.0.0.1:1/0: start one")
     try:
         raise exc
     except RegistryError:
-        code = fr.report(exc, "embedding_worker/0")
+        code = fr.report(exc, settings, "embedding_worker/0")
     assert code == 2
     log = tmp_path / "embedding_worker-0.log"
     assert capsys.readouterr().err == (
@@ -54,16 +55,13 @@ def test_report_writes_the_log_and_the_record_and_prints_one_line(tmp_path, monk
     assert record["process"] == "embedding_worker/0" and record["code"] == 2
 
 
-def test_run_blames_the_earliest_record_and_a_noted_failure_keeps_its_time(
-    tmp_path, monkeypatch, capsys
-):
-    monkeypatch.setenv("PERSIA_LOG_DIR", str(tmp_path))
-    monkeypatch.setenv("PERSIA_PROCESS", "nn_worker/0")
+def test_run_blames_the_earliest_record_and_a_noted_failure_keeps_its_time(tmp_path, capsys):
+    settings = Settings.from_env({"PERSIA_LOG_DIR": str(tmp_path), "PERSIA_PROCESS": "nn_worker/0"})
     first = RuntimeError("boom")
-    fr.note_failure(first)  # leaves its `with` block: the time it failed
+    fr.note_failure(first, settings)  # leaves its `with` block: the time it failed
     later = ConnectionError("ingress gone")
-    fr.report(later, "data_loader/0")
-    fr.report(first)  # the rank's own report, written after the loader's
+    fr.report(later, settings, "data_loader/0")
+    fr.report(first, settings)  # the rank's own report, written after the loader's
     capsys.readouterr()
     blamed = fr.first_failure(tmp_path)
     assert blamed is not None and blamed.process == "nn_worker/0"
@@ -78,7 +76,6 @@ def test_run_blames_the_earliest_record_and_a_noted_failure_keeps_its_time(
 
 @pytest.mark.parametrize("name", ["", "python"])
 def test_a_script_run_by_hand_is_named_after_its_file(monkeypatch, name):
-    monkeypatch.delenv("PERSIA_PROCESS", raising=False)
     monkeypatch.setattr(fr, "_NAME", [])  # no service named itself in this process
     monkeypatch.setattr("sys.argv", ["/somewhere/train.py"])
-    assert fr.process_name(name or None) == (name or "train.py")
+    assert fr.process_name(Settings.from_env({}), name or None) == (name or "train.py")

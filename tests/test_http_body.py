@@ -10,6 +10,7 @@ from pyrsia.shared.constants import INFLIGHT_BYTES_RETRY_AFTER_S
 from pyrsia.shared.errors import ConfigError, ServiceUnavailableError
 from pyrsia.shared.http_body import InflightBytes, body_timeout_s, max_inflight_request_bytes
 from pyrsia.shared.http_server import make_app
+from pyrsia.shared.settings import Settings
 
 MiB = 1 << 20
 
@@ -53,30 +54,28 @@ async def test_a_cancelled_waiter_lets_the_next_one_in():
     assert budget.held == 3
 
 
-def test_the_bound_is_at_least_one_cap_and_a_smaller_setting_is_refused(monkeypatch):
-    monkeypatch.delenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", raising=False)
-    default = max_inflight_request_bytes(64 * MiB)
+def _inflight(value: str) -> Settings:
+    return Settings.from_env({"PYRSIA_MAX_INFLIGHT_REQUEST_BYTES": value})
+
+
+def test_the_bound_is_at_least_one_cap_and_a_smaller_setting_is_refused():
+    default = max_inflight_request_bytes(64 * MiB, Settings.from_env({}))
     assert 64 * MiB <= default <= 128 * MiB
-    monkeypatch.setenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", str(32 * MiB))
+    small = _inflight(str(32 * MiB))
     with pytest.raises(
         ConfigError, match="PYRSIA_MAX_INFLIGHT_REQUEST_BYTES.*under the per-request cap"
     ):
-        max_inflight_request_bytes(64 * MiB)
+        max_inflight_request_bytes(64 * MiB, small)
     with pytest.raises(ConfigError, match="PYRSIA_MAX_INFLIGHT_REQUEST_BYTES"):
-        make_app("t", client_max_size=64 * MiB, auth_token=None)
-    monkeypatch.setenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", "lots")
+        make_app("t", client_max_size=64 * MiB, auth_token=None, settings=small)
     with pytest.raises(ConfigError, match="expected a positive integer"):
-        max_inflight_request_bytes(MiB)
-    monkeypatch.setenv("PYRSIA_MAX_INFLIGHT_REQUEST_BYTES", str(96 * MiB))
-    assert max_inflight_request_bytes(64 * MiB) == 96 * MiB
+        max_inflight_request_bytes(MiB, _inflight("lots"))
+    assert max_inflight_request_bytes(64 * MiB, _inflight(str(96 * MiB))) == 96 * MiB
 
 
-def test_body_timeout_setting(monkeypatch):
-    monkeypatch.delenv("PYRSIA_BODY_TIMEOUT_S", raising=False)
-    assert body_timeout_s() == 30.0
-    monkeypatch.setenv("PYRSIA_BODY_TIMEOUT_S", "2.5")
-    assert body_timeout_s() == 2.5
+def test_body_timeout_setting():
+    assert body_timeout_s(Settings.from_env({})) == 30.0
+    assert body_timeout_s(Settings.from_env({"PYRSIA_BODY_TIMEOUT_S": "2.5"})) == 2.5
     for bad in ("0", "-1", "soon", "nan"):
-        monkeypatch.setenv("PYRSIA_BODY_TIMEOUT_S", bad)
         with pytest.raises(ConfigError, match="PYRSIA_BODY_TIMEOUT_S: expected a positive number"):
-            body_timeout_s()
+            body_timeout_s(Settings.from_env({"PYRSIA_BODY_TIMEOUT_S": bad}))

@@ -14,6 +14,7 @@ from pyrsia.shared.codec import packb
 from pyrsia.shared.errors import AuthError, NotFoundError, ServiceUnavailableError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.http_server import make_app, msgpack_handler
+from pyrsia.shared.settings import Settings
 from tests.redis_server import free_port
 
 
@@ -21,7 +22,7 @@ class Peer:
     """A real aiohttp app on a free loopback port that remembers the connections it saw."""
 
     def __init__(self, token: str | None = None):
-        self.app = make_app("peer", auth_token=token)
+        self.app = make_app("peer", auth_token=token, settings=Settings.from_env({}))
         self.connections: set[tuple] = set()
         self.open_now = 0
         self.most_open = 0

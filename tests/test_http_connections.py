@@ -207,11 +207,17 @@ def test_a_bad_connection_flag_is_refused_naming_it(flag, value):
     assert f"{flag} must be positive" in proc.stderr
 
 
-async def test_the_nn_worker_ingress_closes_a_stalled_head(registry_settings, monkeypatch):
-    from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+async def test_the_nn_worker_ingress_closes_a_stalled_head(registry_settings):
+    from dataclasses import replace
 
-    monkeypatch.setenv("PYRSIA_HEADER_TIMEOUT_S", "0.3")
-    ingress = Ingress(BatchQueue(1, rank=0, world_size=1), registry_settings=registry_settings)
+    from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+    from pyrsia.shared.settings import Settings
+
+    environment = Settings.from_env({"PYRSIA_HEADER_TIMEOUT_S": "0.3"})
+    ingress = Ingress(
+        BatchQueue(1, rank=0, world_size=1),
+        registry_settings=replace(registry_settings, environment=environment),
+    )
     address = await ingress.start()
     try:
         host, port = address.rsplit(":", 1)

@@ -9,6 +9,7 @@ import pytest
 from pyrsia.shared import job_checkpoint as jc
 from pyrsia.shared.config import parse_global_config
 from pyrsia.shared.errors import ConfigError
+from pyrsia.shared.settings import Settings
 
 
 def _checkpointing(**keys):
@@ -39,12 +40,10 @@ def test_bad_checkpoint_settings_name_the_key(keys, message):
         _checkpointing(**keys)
 
 
-def test_resume_flag_env_is_validated(monkeypatch):
-    monkeypatch.setenv("PERSIA_RESUME", "1")
-    assert jc.resume_requested()
-    monkeypatch.setenv("PERSIA_RESUME", "yes")
+def test_resume_flag_env_is_validated():
+    assert jc.resume_requested(Settings.from_env({"PERSIA_RESUME": "1"}))
     with pytest.raises(ConfigError, match="PERSIA_RESUME: expected 0 or 1"):
-        jc.resume_requested()
+        jc.resume_requested(Settings.from_env({"PERSIA_RESUME": "yes"}))
 
 
 def _write(root, step, ranks, *, commit=True):
@@ -81,17 +80,17 @@ def test_prune_keeps_the_newest_and_drops_stale_incomplete_dirs(tmp_path):
     ]
 
 
-def test_a_resumed_data_loader_replica_skips_its_own_trained_batches(tmp_path, monkeypatch):
+def test_a_resumed_data_loader_replica_skips_its_own_trained_batches(tmp_path):
     from pyrsia.shared.constants import ENV_GLOBAL_CONFIG
 
     glob = tmp_path / "global_config.yml"
     glob.write_text(f"common_config:\n  checkpointing_config:\n    checkpoint_dir: {tmp_path}\n")
-    monkeypatch.setenv(ENV_GLOBAL_CONFIG, str(glob))
-    assert jc.resumed_batch_ids(0, 1) == frozenset()  # no checkpoint yet: send everything
+    settings = Settings.from_env({ENV_GLOBAL_CONFIG: str(glob)})
+    assert jc.resumed_batch_ids(0, 1, settings) == frozenset()  # no checkpoint: send everything
     _write(tmp_path, 100, {0: [0, 2, 4, 5], 1: [1, 3, 7]})
-    assert jc.resumed_batch_ids(0, 1) == {0, 1, 2, 3, 4, 5, 7}  # embedded: the one loader
-    assert jc.resumed_batch_ids(0, 2) == {0, 2, 4}  # replica 0 of 2 sends ids 0, 2, 4, ...
-    assert jc.resumed_batch_ids(1, 2) == {1, 3, 5, 7}
+    assert jc.resumed_batch_ids(0, 1, settings) == {0, 1, 2, 3, 4, 5, 7}  # embedded: one loader
+    assert jc.resumed_batch_ids(0, 2, settings) == {0, 2, 4}  # replica 0 of 2: ids 0, 2, 4, ...
+    assert jc.resumed_batch_ids(1, 2, settings) == {1, 3, 5, 7}
 
 
 async def test_reproducible_order_steps_over_batches_trained_before_the_resume():

@@ -25,6 +25,7 @@ from pyrsia.shared.config_schema import MetricsConfig
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.metrics_push import MetricsPusher, MetricsPushSettings, push_settings
+from pyrsia.shared.settings import Settings
 from tests.redis_server import free_port
 from tests.service_procs import ServiceProc
 
@@ -148,31 +149,31 @@ def test_services_push_to_the_gateway_and_still_serve_metrics(redis_server, tmp_
         assert "metrics push" not in ps.log_text()  # no push failed
 
 
-def test_gateway_variable_alone_does_not_push(monkeypatch, caplog):
+def _gateway(address: str | None) -> Settings:
+    return Settings.from_env({} if address is None else {"PERSIA_METRICS_GATEWAY_ADDR": address})
+
+
+def test_gateway_variable_alone_does_not_push(caplog):
     # enable_metrics is false by default (PERSIA's server default): no pushing without it.
     caplog.set_level(logging.INFO, logger="pyrsia.shared.metrics_push")
-    monkeypatch.setenv("PERSIA_METRICS_GATEWAY_ADDR", "127.0.0.1:9091")
-    assert push_settings(MetricsConfig()) is None
+    assert push_settings(MetricsConfig(), _gateway("127.0.0.1:9091")) is None
     assert "enable_metrics is false" in caplog.text
 
 
-def test_push_settings_validation(monkeypatch):
+def test_push_settings_validation():
     enabled = MetricsConfig(enable_metrics=True, job_name="train_job", push_interval_seconds=5)
-    monkeypatch.delenv("PERSIA_METRICS_GATEWAY_ADDR", raising=False)
-    assert push_settings(enabled) is None  # /metrics only
-    monkeypatch.setenv("PERSIA_METRICS_GATEWAY_ADDR", "metrics-gateway:9091")
-    assert push_settings(enabled) == MetricsPushSettings(
+    assert push_settings(enabled, _gateway(None)) is None  # /metrics only
+    assert push_settings(enabled, _gateway("metrics-gateway:9091")) == MetricsPushSettings(
         "http://metrics-gateway:9091", "train_job", 5.0
     )
     for bad in ("metrics-gateway", "ftp://gw:9091", "gw:port"):
-        monkeypatch.setenv("PERSIA_METRICS_GATEWAY_ADDR", bad)
         with pytest.raises(ConfigError, match="PERSIA_METRICS_GATEWAY_ADDR"):
-            push_settings(enabled)
-    monkeypatch.setenv("PERSIA_METRICS_GATEWAY_ADDR", "gw:9091")
+            push_settings(enabled, _gateway(bad))
+    gateway = _gateway("gw:9091")
     with pytest.raises(ConfigError, match="job_name"):
-        push_settings(MetricsConfig(enable_metrics=True, job_name="a/b"))
+        push_settings(MetricsConfig(enable_metrics=True, job_name="a/b"), gateway)
     with pytest.raises(ConfigError, match="push_interval_seconds"):
-        push_settings(MetricsConfig(enable_metrics=True, push_interval_seconds=0))
+        push_settings(MetricsConfig(enable_metrics=True, push_interval_seconds=0), gateway)
 
 
 def test_unreachable_gateway_warns_once_and_recovers(caplog):

@@ -119,14 +119,17 @@ def test_several_nodes_with_a_loopback_master_addr_are_refused_on_node_0(master,
     there (127.0.0.1, or a hostname Debian maps to 127.0.1.1) leaves the other nodes waiting
     with no error, so node 0 refuses at once naming the address (tests/cluster shows the
     127.0.1.1 case across real network namespaces)."""
-    from pyrsia.services.nn_worker.launch import _check_security, build_parser
+    from pyrsia.services.nn_worker.launch import RankOptions, _check_security, build_parser
     from pyrsia.shared.errors import UsageError
+    from pyrsia.shared.settings import Settings
 
-    monkeypatch.setenv("PERSIA_AUTH_TOKEN", "t" * 32)
+    settings = Settings.from_env({"PERSIA_AUTH_TOKEN": "t" * 32})
     args = build_parser().parse_args(
         ["train.py", "--nnodes", "2", "--node-rank", "0", "--master-addr", master]
     )
+    ranks = RankOptions.from_flags(args, settings)
     with pytest.raises(UsageError, match="resolves to a loopback address on node 0.*127.0.0.1"):
-        _check_security(args)
+        _check_security(ranks, args.insecure, args.max_request_bytes, settings)
     one_node = build_parser().parse_args(["train.py", "--master-addr", master])
-    _check_security(one_node)  # one node: loopback is the right place
+    one = RankOptions.from_flags(one_node, settings)
+    _check_security(one, one_node.insecure, one_node.max_request_bytes, settings)  # loopback ok

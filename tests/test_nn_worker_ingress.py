@@ -17,7 +17,8 @@ from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
 from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
-from pyrsia.shared.registry import Registry
+from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.ingress import IngressBatch
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
@@ -140,7 +141,7 @@ async def test_ingress_registers_answers_http_and_deregisters(registry_settings)
 async def _feed(n_batches: int) -> None:
     """A fake data loader: ``n_batches`` id parts to the embedding worker, their dense parts to
     rank 0's ingress, then ``/done``."""
-    registry = Registry()
+    registry = Registry(RegistrySettings.from_env(Settings.from_env()))
     client = HttpClient()
     try:
         worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]

@@ -21,7 +21,8 @@ from pyrsia.services.nn_worker.tensorboard import TensorBoardLog
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.http_client import HttpClient
-from pyrsia.shared.registry import Registry
+from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.settings import Settings
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.test_metrics_push import recording_gateway, wait_for
 
@@ -253,7 +254,7 @@ def test_a_rank_serves_and_pushes_its_training_metrics(redis_server, tmp_path):
 async def _feed_rank0(batches) -> None:
     """Send each batch's ids to the embedding worker and its dense part to rank 0's ingress,
     then tell rank 0 the stream is done."""
-    registry, client = Registry(), HttpClient()
+    registry, client = Registry(RegistrySettings.from_env(Settings.from_env())), HttpClient()
     try:
         worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
         rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
@@ -274,7 +275,7 @@ async def _feed_rank0(batches) -> None:
 
 
 async def _rank_url() -> str:
-    registry = Registry()
+    registry = Registry(RegistrySettings.from_env(Settings.from_env()))
     try:
         return (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0].url
     finally:

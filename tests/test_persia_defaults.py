@@ -17,6 +17,7 @@ from pyrsia.services.embedding_ps.main import build_parser as ps_parser
 from pyrsia.services.embedding_worker.main import build_parser as worker_parser
 from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import RegistrySettings
+from pyrsia.shared.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,13 +29,19 @@ def test_default_ports_are_persias(monkeypatch):
     assert ps_parser().parse_args([]).port == 8888  # PERSIA's embedding server
 
 
-def test_bind_loopback_by_default_and_all_interfaces_when_told(monkeypatch):
-    monkeypatch.delenv("PERSIA_BIND_HOST", raising=False)
-    assert ps_parser().parse_args([]).host == "127.0.0.1"
-    assert worker_parser().parse_args([]).host == "127.0.0.1"
-    monkeypatch.setenv("PERSIA_BIND_HOST", "0.0.0.0")
-    assert ps_parser().parse_args([]).host == "0.0.0.0"
-    assert worker_parser().parse_args(["--host", "10.0.0.5"]).host == "10.0.0.5"
+def test_bind_loopback_by_default_and_all_interfaces_when_told():
+    from pyrsia.shared.cli import ServerOptions
+
+    def host(parser, flags: list[str], environ: dict[str, str]) -> str:
+        args = parser().parse_args(flags)
+        options = ServerOptions.from_replica_flags(args, Settings.from_env(environ))
+        return options.host
+
+    token = {"PERSIA_AUTH_TOKEN": "t" * 32}  # a non-loopback bind needs it
+    assert host(ps_parser, [], {}) == "127.0.0.1"
+    assert host(worker_parser, [], {}) == "127.0.0.1"
+    assert host(ps_parser, [], {"PERSIA_BIND_HOST": "0.0.0.0", **token}) == "0.0.0.0"
+    assert host(worker_parser, ["--host", "10.0.0.5"], token) == "10.0.0.5"
 
 
 def test_containers_bind_all_interfaces():
@@ -146,16 +153,15 @@ def test_bagua_options_that_cannot_reach_bagua_are_refused(algorithm, options, r
 
 # --- NATS ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["PERSIA_NATS_URL", "PERSIA_NATS_IP"])
-def test_nats_without_redis_is_one_clear_line(monkeypatch, name):
-    monkeypatch.delenv("PERSIA_REDIS_URL", raising=False)
-    monkeypatch.setenv(name, "nats://persia-nats-service:4222")
+def test_nats_without_redis_is_one_clear_line(name):
+    nats = {name: "nats://persia-nats-service:4222"}
     with pytest.raises(RegistryError) as info:
-        RegistrySettings.from_env()
+        RegistrySettings.from_env(Settings.from_env(nats))
     message = str(info.value)
     assert "\n" not in message
     assert name in message and "Redis" in message and "PERSIA_REDIS_URL=redis://" in message
-    monkeypatch.setenv("PERSIA_REDIS_URL", "redis://somewhere:6379/0")
-    assert RegistrySettings.from_env().redis_url == "redis://somewhere:6379/0"
+    both = Settings.from_env({**nats, "PERSIA_REDIS_URL": "redis://somewhere:6379/0"})
+    assert RegistrySettings.from_env(both).redis_url == "redis://somewhere:6379/0"
 
 
 def test_service_started_with_nats_only_exits_with_that_line(tmp_path):

@@ -15,6 +15,7 @@ from persia import env
 from persia.ctx import BaseCtx, PreprocessMode, _prepare_feature
 from persia.data import DataLoader, StreamingDataset
 from persia.embedding.data import IDTypeFeature, Label, PersiaBatch
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.nn_helpers import environ, job_services
 
@@ -187,6 +188,6 @@ def test_metrics_default_is_persias_and_true_without_a_gateway_only_logs_info(ca
         ).common_config.metrics_config.enable_metrics
         is False
     )
-    with environ(PERSIA_METRICS_GATEWAY_ADDR=None), caplog.at_level("DEBUG"):
-        assert push_settings(MetricsConfig(enable_metrics=True)) is None
+    with caplog.at_level("DEBUG"):
+        assert push_settings(MetricsConfig(enable_metrics=True), Settings.from_env({})) is None
     assert caplog.records and all(r.levelno <= logging.INFO for r in caplog.records)

@@ -14,6 +14,7 @@ from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots, confi
 from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT, ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import InvalidInputError, RemoteBadRequestError, UsageError
 from pyrsia.shared.http_client import HttpClient
+from pyrsia.shared.settings import Settings
 
 HYPER = {"emb_initialization": [-0.1, 0.1], "admit_probability": 1.0, "weight_bound": 10.0}
 IDS = np.arange(1, 101, dtype=np.uint64)
@@ -29,20 +30,20 @@ async def client():
 def test_the_default_roots_are_the_working_directory_and_the_jobs_checkpoint_dir(
     tmp_path, monkeypatch
 ):
-    monkeypatch.delenv(ENV_CHECKPOINT_ROOT, raising=False)
     monkeypatch.chdir(tmp_path)
     cwd = Path(os.path.realpath(tmp_path))
-    assert checkpoint_roots(None) == (cwd,)
-    assert checkpoint_roots(None, "/data/ckpt") == (cwd, Path("/data/ckpt"))
-    assert checkpoint_roots(None, "periodic") == (cwd,)  # under the working directory already
-    monkeypatch.setenv(ENV_CHECKPOINT_ROOT, "")  # empty, as .honcho.env lists it: the default
-    assert checkpoint_roots(None) == (cwd,)
+    unset = Settings.from_env({})
+    assert checkpoint_roots(None, unset) == (cwd,)
+    assert checkpoint_roots(None, unset, "/data/ckpt") == (cwd, Path("/data/ckpt"))
+    assert checkpoint_roots(None, unset, "periodic") == (cwd,)  # under the working directory
+    empty = Settings.from_env({ENV_CHECKPOINT_ROOT: ""})  # as .honcho.env lists it: the default
+    assert checkpoint_roots(None, empty) == (cwd,)
     (tmp_path / "r").mkdir()
-    monkeypatch.setenv(ENV_CHECKPOINT_ROOT, str(tmp_path / "r"))  # one root, set: only that one
-    assert checkpoint_roots(None, "/data/ckpt") == (cwd / "r",)
-    assert checkpoint_roots("/") == (Path("/"),)  # the explicit way to allow any path
+    one = Settings.from_env({ENV_CHECKPOINT_ROOT: str(tmp_path / "r")})  # set: only that one
+    assert checkpoint_roots(None, one, "/data/ckpt") == (cwd / "r",)
+    assert checkpoint_roots("/", one) == (Path("/"),)  # the explicit way to allow any path
     with pytest.raises(UsageError, match="--checkpoint-root"):
-        checkpoint_roots(str(tmp_path / "missing"))
+        checkpoint_roots(str(tmp_path / "missing"), unset)
 
 
 def test_a_path_outside_every_root_is_refused_naming_the_path_and_the_roots(tmp_path):

@@ -15,31 +15,34 @@ from pyrsia.services.embedding_ps.parallel import MAX_THREADS, usable_cores
 from pyrsia.shared.config import EmbeddingParameterServerConfig
 from pyrsia.shared.constants import ENV_PS_THREADS, PS_PARALLEL_MIN_CORES
 from pyrsia.shared.errors import ConfigError, UsageError
+from pyrsia.shared.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_flag_then_environment_then_cores(monkeypatch):
-    monkeypatch.delenv(ENV_PS_THREADS, raising=False)
+def _threads(raw: str | None) -> Settings:
+    return Settings.from_env({} if raw is None else {ENV_PS_THREADS: raw})
+
+
+def test_flag_then_environment_then_cores():
     cores = usable_cores()
-    assert ps_threads(None) == (1 if cores < PS_PARALLEL_MIN_CORES else min(cores, MAX_THREADS))
-    monkeypatch.setenv(ENV_PS_THREADS, "3")
-    assert ps_threads(None) == 3
-    assert ps_threads(5) == 5
+    expected = 1 if cores < PS_PARALLEL_MIN_CORES else min(cores, MAX_THREADS)
+    assert ps_threads(None, _threads(None)) == expected
+    assert ps_threads(None, _threads("3")) == 3
+    assert ps_threads(5, _threads("3")) == 5
 
 
 @pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5", str(MAX_THREADS + 1)])
-def test_a_bad_environment_value_is_a_config_error_naming_the_variable(monkeypatch, raw):
-    monkeypatch.setenv(ENV_PS_THREADS, raw)
+def test_a_bad_environment_value_is_a_config_error_naming_the_variable(raw):
     with pytest.raises(ConfigError, match=f"^{ENV_PS_THREADS}: expected"):
-        ps_threads(None)
+        ps_threads(None, _threads(raw))
 
 
 @pytest.mark.parametrize("flag", [0, -1, MAX_THREADS + 1])
-def test_a_bad_flag_is_a_usage_error_naming_the_flag(monkeypatch, flag):
-    monkeypatch.setenv(ENV_PS_THREADS, "2")  # the flag is checked, not the variable
+def test_a_bad_flag_is_a_usage_error_naming_the_flag(flag):
+    # the flag is checked, not the variable
     with pytest.raises(UsageError, match=r"^--threads: expected an integer in \[1, 64\]"):
-        ps_threads(flag)
+        ps_threads(flag, _threads("2"))
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from pyrsia.services.nn_worker.ps_curves import PSCurves
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams
 from pyrsia.shared.registry import RegistrySettings
+from pyrsia.shared.settings import Settings
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 
 STEPS = 6
@@ -98,7 +99,7 @@ def test_a_silent_ps_is_left_out_of_the_point(redis_server, tmp_path, caplog):
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"psc-{uuid.uuid4().hex[:8]}"}
     with environ(**env), job_services(env, tmp_path / "svc", ps_replicas=2) as procs:
         ps = [p for p in procs if p.role == ROLE_EMBEDDING_PS]
-        curves = PSCurves(RegistrySettings.from_env())
+        curves = PSCurves(RegistrySettings.from_env(Settings.from_env(env)))
         assert set(curves.poll()) == {"ps/entries"}  # both answer: no rate from one reading
         silent = ps[1]
         os.kill(silent.proc.pid, signal.SIGSTOP)

@@ -117,11 +117,9 @@ def test_verbose_shows_the_traceback_too(tmp_path):
 def test_a_bad_wait_timeout_is_named():
     from pyrsia.shared.errors import ConfigError
     from pyrsia.shared.registry import wait_timeout_s
+    from pyrsia.shared.settings import Settings
 
-    os.environ["PERSIA_WAIT_TIMEOUT_S"] = "soon"
-    try:
-        with pytest.raises(ConfigError, match="PERSIA_WAIT_TIMEOUT_S: expected a positive"):
-            wait_timeout_s(120.0)
-    finally:
-        del os.environ["PERSIA_WAIT_TIMEOUT_S"]
-    assert wait_timeout_s(120.0) == 120.0
+    bad = Settings.from_env({"PERSIA_WAIT_TIMEOUT_S": "soon"})
+    with pytest.raises(ConfigError, match="PERSIA_WAIT_TIMEOUT_S: expected a positive"):
+        wait_timeout_s(120.0, bad)
+    assert wait_timeout_s(120.0, Settings.from_env({})) == 120.0

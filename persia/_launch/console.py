@@ -16,6 +16,7 @@ import time
 from typing import IO
 
 from pyrsia.shared.constants import PROGRESS_INTERVAL_S, PROGRESS_STOP_TIMEOUT_S, ROLE_NN_WORKER
+from pyrsia.shared.settings import Settings
 
 __all__ = ["NAMES", "Output", "Progress", "progress_text", "pump_lines"]
 
@@ -115,9 +116,10 @@ class Progress(threading.Thread):
     """Reads the NN-worker ranks' /metrics every second: updates the live line, and says once
     how long after the start the first training step came."""
 
-    def __init__(self, out: Output, started: float):
+    def __init__(self, out: Output, started: float, settings: Settings):
+        """``settings``: the job's, as its children get them (the Redis URL and job id)."""
         super().__init__(name="run-progress", daemon=True)
-        self.out, self.started = out, started
+        self.out, self.started, self.settings = out, started, settings
         self._done = threading.Event()
         self.first_step_s: float | None = None
 
@@ -138,11 +140,11 @@ class Progress(threading.Thread):
 
         from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
         from pyrsia.shared.errors import RegistryError
-        from pyrsia.shared.registry import Registry
+        from pyrsia.shared.registry import Registry, RegistrySettings
 
-        token = auth_token_from_env()
+        token = auth_token_from_env(self.settings)
         headers = {AUTH_HEADER: auth_header_value(token)} if token else {}
-        registry = Registry()
+        registry = Registry(RegistrySettings.from_env(self.settings))
         timeout = aiohttp.ClientTimeout(total=PROGRESS_INTERVAL_S * 2)
         last: list[dict[str, float]] | None = None
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:

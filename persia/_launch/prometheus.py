@@ -44,6 +44,7 @@ from pyrsia.shared.constants import PROMETHEUS_TARGETS_INTERVAL_S as DEFAULT_INT
 from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.watch and args.output == "-":
         print("error: --watch needs --output FILE (Prometheus reads a file)", file=sys.stderr)
         return 2
-    configure_logging("prometheus-targets")
+    environment = current()  # an entry point
+    configure_logging("prometheus-targets", None, environment.log_level)
     try:
-        settings = RegistrySettings.from_env()
+        settings = RegistrySettings.from_env(environment)
         if args.watch:
             return asyncio.run(_watch(settings, Path(args.output), args.interval))
         text = asyncio.run(_once(settings))

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from persia._launch.children import Child, Job, StopSignals, free_port, start_redis, watch
@@ -66,8 +67,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.failure_report import FailureRecord, first_failure
-from pyrsia.shared.process_env import child_environment, export
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings, current
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,37 +120,84 @@ def build_parser() -> argparse.ArgumentParser:
 # --- the job --------------------------------------------------------------------------
 
 
-def _check(args: argparse.Namespace) -> tuple[Path, Path, Path, Path | None]:
-    train = resolve_file(args.nn_worker, "--nn-worker", ENV_NN_WORKER_ENTRY, required=True)
-    loader = resolve_file(args.data_loader, "--data-loader", ENV_DATALOADER_ENTRY, required=True)
-    emb = resolve_file(
-        args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=True
-    )
-    glob = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
-    if args.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
-    args.embedded = bool(args.embedded) or embedded_requested()
-    if args.embedded and args.nproc_per_node != 1:
-        raise UsageError(
-            f"--embedded runs one NN-worker rank in one process, not --nproc-per-node "
-            f"{args.nproc_per_node}: drop --embedded (or unset ${ENV_EMBEDDED}) for several ranks"
+@dataclass(frozen=True)
+class RunOptions:
+    """``run``'s flags resolved against its settings and checked once, in :func:`main`."""
+
+    train: Path
+    loader: Path
+    emb: Path
+    glob: Path | None
+    strict: bool | None
+    embedded: bool
+    nproc_per_node: int
+    verbose: bool
+    stop_timeout: float
+    progress: bool | None
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, settings: Settings) -> RunOptions:
+        """The options of ``args`` over ``settings``; the config files are loaded once here,
+        so a bad one is one line before anything starts."""
+        train = resolve_file(
+            args.nn_worker, "--nn-worker", ENV_NN_WORKER_ENTRY, required=True, settings=settings
         )
-    if not args.stop_timeout > 0:
-        raise UsageError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
-    from pyrsia.shared.config import load_embedding_config, load_global_config
+        loader = resolve_file(
+            args.data_loader,
+            "--data-loader",
+            ENV_DATALOADER_ENTRY,
+            required=True,
+            settings=settings,
+        )
+        emb = resolve_file(
+            args.embedding_config,
+            "--embedding-config",
+            ENV_EMBEDDING_CONFIG,
+            required=True,
+            settings=settings,
+        )
+        glob = resolve_file(
+            args.global_config,
+            "--global-config",
+            ENV_GLOBAL_CONFIG,
+            required=False,
+            settings=settings,
+        )
+        if args.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+        embedded = bool(args.embedded) or embedded_requested(settings.environ)
+        if embedded and args.nproc_per_node != 1:
+            raise UsageError(
+                f"--embedded runs one NN-worker rank in one process, not --nproc-per-node "
+                f"{args.nproc_per_node}: drop --embedded (or unset ${ENV_EMBEDDED}) for several "
+                "ranks"
+            )
+        if not args.stop_timeout > 0:
+            raise UsageError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
+        from pyrsia.shared.config import load_embedding_config, load_global_config
 
-    # checked here once: a bad file is one line before anything starts
-    load_embedding_config(emb, strict=args.strict_config)
-    if glob is not None:
-        load_global_config(glob, strict=args.strict_config)
-    return train, loader, emb, glob  # type: ignore[return-value]
+        load_embedding_config(emb, strict=args.strict_config, settings=settings)
+        if glob is not None:
+            load_global_config(glob, strict=args.strict_config, settings=settings)
+        return cls(
+            train,  # type: ignore[arg-type]  # required=True: never None
+            loader,  # type: ignore[arg-type]
+            emb,  # type: ignore[arg-type]
+            glob,
+            args.strict_config,
+            embedded,
+            args.nproc_per_node,
+            args.verbose,
+            args.stop_timeout,
+            args.progress,
+        )
 
 
-def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str, str]:
-    """The children's environment: this process's, plus the job id (a fresh ``run-<8 hex>``
+def _job_env(args: RunOptions, settings: Settings) -> dict[str, str]:
+    """The children's environment: this process's (``settings``), plus the job id (a fresh ``run-<8 hex>``
     unless set), a free port for torch's rendezvous, ``--verbose`` and the configs' absolute
     paths (the children may run in another directory)."""
-    env = child_environment()
+    env = dict(settings.environ)
     env.setdefault(ENV_JOB_ID, f"run-{uuid.uuid4().hex[:8]}")
     env.update(PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
     if args.verbose:
@@ -158,19 +205,19 @@ def _job_env(args: argparse.Namespace, emb: Path, glob: Path | None) -> dict[str
     if not env.get(ENV_LOG_DIR):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in env[ENV_JOB_ID])
         env[ENV_LOG_DIR] = tempfile.mkdtemp(prefix=f"persia-{safe}-")
-    env[ENV_EMBEDDING_CONFIG] = str(emb.resolve())
-    if glob is not None:
-        env[ENV_GLOBAL_CONFIG] = str(glob.resolve())
+    env[ENV_EMBEDDING_CONFIG] = str(args.emb.resolve())
+    if args.glob is not None:
+        env[ENV_GLOBAL_CONFIG] = str(args.glob.resolve())
     return env
 
 
-def _start_children(job: Job, args: argparse.Namespace, train: Path, loader: Path) -> Child:
+def _start_children(job: Job, args: RunOptions) -> Child:
     """Start the embedding PS, the embedding worker, the NN worker and the data loader, in
     that order, as ``persia-launcher`` subcommands; the NN worker's child, whose exit ends
     the job."""
     launcher = [sys.executable, "-m", "persia.launcher"]
     strict = {None: [], True: ["--strict-config"], False: ["--allow-unknown-config-keys"]}[
-        args.strict_config
+        args.strict
     ]
     for name, sub in (
         ("embedding_parameter_server", "embedding-parameter-server"),
@@ -179,34 +226,33 @@ def _start_children(job: Job, args: argparse.Namespace, train: Path, loader: Pat
         job.start(name, [*launcher, sub, "--port", "0", *strict])
     nn = job.start(
         "nn_worker",
-        [*launcher, "nn-worker", str(train), "--nproc-per-node", str(args.nproc_per_node)],
+        [*launcher, "nn-worker", str(args.train), "--nproc-per-node", str(args.nproc_per_node)],
     )
-    job.start("data_loader", [*launcher, "data-loader", str(loader)])
+    job.start("data_loader", [*launcher, "data-loader", str(args.loader)])
     return nn
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    settings = current()  # an entry point: `persia-launcher run`
     try:
-        train, loader, emb, glob = _check(args)
+        args = RunOptions.from_flags(build_parser().parse_args(argv), settings)
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
     tty = sys.stdout.isatty()
     out = Output(sys.stdout, live=tty if args.progress is None else args.progress, color=tty)
-    env = _job_env(args, emb, glob)
+    env = _job_env(args, settings)
     job = Job(out, env)
     signals = StopSignals()
     started = time.monotonic()
     progress: Progress | None = None
     if args.embedded:
-        return _run_embedded(args, job, env, train, loader, signals, started)
+        return _run_embedded(args, job, env, signals, started, settings)
     try:
         if not env.get(ENV_REDIS_URL):
             env[ENV_REDIS_URL] = start_redis(job)
-        export({ENV_REDIS_URL: env[ENV_REDIS_URL], ENV_JOB_ID: env[ENV_JOB_ID]})
         out.line("run", f"job {env[ENV_JOB_ID]} on {_display(env[ENV_REDIS_URL])}")
-        nn = _start_children(job, args, train, loader)
-        progress = Progress(out, started)
+        nn = _start_children(job, args)
+        progress = Progress(out, started, Settings.from_env(env))
         progress.start()
         failed = watch(job, nn, signals.received)
     except UsageError as exc:
@@ -221,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     job.stop(("embedding_worker", "embedding_parameter_server"), args.stop_timeout)
     job.stop(("redis",), args.stop_timeout)
     signals.restore()  # a second Ctrl-C during the stop above changed nothing
-    _tidy_log_dir(env)
+    _tidy_log_dir(env, settings)
     took = time.monotonic() - started
     if signals.signum is not None:
         out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")
@@ -239,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     return _blame(job, first, code if code >= 0 else 128 - code) if code else 0
 
 
-def _tidy_log_dir(env: dict[str, str]) -> None:
-    """The log folder ``run`` made, removed when no process wrote to it (nothing failed)."""
-    if current().is_set(ENV_LOG_DIR):
+def _tidy_log_dir(env: dict[str, str], settings: Settings) -> None:
+    """The log folder ``run`` made, removed when no process wrote to it (nothing failed);
+    one the user set (in ``settings``) is left."""
+    if settings.is_set(ENV_LOG_DIR):
         return  # the user's folder
     try:
         Path(env[ENV_LOG_DIR]).rmdir()
@@ -262,27 +309,26 @@ def _blame(job: Job, first: FailureRecord | None, code: int) -> int:
 
 
 def _run_embedded(
-    args: argparse.Namespace,
+    args: RunOptions,
     job: Job,
     env: dict[str, str],
-    train: Path,
-    loader: Path,
     signals: StopSignals,
     started: float,
+    settings: Settings,
 ) -> int:
     """The whole job in one child: train.py as a rank (pyrsia.services.nn_worker.rank_entry),
     the engines and data_loader.py inside it; its exit code is ``run``'s."""
-    env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(loader.resolve())})
+    env.update({ENV_EMBEDDED: "1", ENV_DATALOADER_ENTRY: str(args.loader.resolve())})
     job.out.line("run", f"job {env[ENV_JOB_ID]} embedded: one process, no Redis")
     nn = job.start(
         "nn_worker",
-        [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry", str(train)],
+        [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry", str(args.train)],
     )
     watch(job, nn, signals.received)
     job.out.end_status()
     job.stop(("nn_worker",), args.stop_timeout)
     signals.restore()
-    _tidy_log_dir(env)
+    _tidy_log_dir(env, settings)
     took = time.monotonic() - started
     if signals.signum is not None:
         job.out.line("run", f"stopped by {signal.Signals(signals.signum).name} after {took:.0f}s")

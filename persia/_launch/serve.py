@@ -19,21 +19,19 @@ import logging
 from pathlib import Path
 
 from persia.service import ENV_EMBEDDING_WORKER_SERVICE
-from persia.serving.artifact import load_model
+from persia.serving.artifact import ServingModel, load_model
 from persia.serving.private_worker import PrivateWorker
 from persia.serving.server import create_app
 from pyrsia.shared.cli import (
+    ServerOptions,
     add_server_security_flags,
     add_unknown_keys_flags,
-    check_server_security_flags,
     fail,
     resolve_file,
 )
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.constants import (
-    DEFAULT_BIND_HOST,
     DEFAULT_WAIT_TIMEOUT_S,
-    ENV_BIND_HOST,
     ENV_EMBEDDING_CONFIG,
     ENV_GLOBAL_CONFIG,
     MAX_BATCH_SIZE,
@@ -44,7 +42,7 @@ from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
 from pyrsia.shared.http_server import serve
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.service_runner import run
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +98,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--host",
-        default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST),
+        default=None,
         help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1)",
     )
     p.add_argument(
@@ -129,50 +127,67 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    for flag, value in (
-        ("--max-batch-size", args.max_batch_size),
-        ("--max-inflight", args.max_inflight),
-        ("--threads", args.threads),
-    ):
+def _check_numbers(port: int, counts: dict[str, int], wait_timeout: float) -> None:
+    """``--port``, the ``counts`` (flag: value, each at least 1) and ``--wait-timeout``."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {port}")
+    for flag, value in counts.items():
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
-    if not args.wait_timeout > 0:
-        raise UsageError(f"--wait-timeout must be > 0, got {args.wait_timeout}")
-    # a non-loopback --host needs PERSIA_AUTH_TOKEN (then every route answers 401 without
-    # it) or --insecure, as for the PS and the embedding worker
-    check_server_security_flags(args)
+    if not wait_timeout > 0:
+        raise UsageError(f"--wait-timeout must be > 0, got {wait_timeout}")
+
+
+def _config_files(
+    emb_flag: str | None,
+    glob_flag: str | None,
+    strict: bool | None,
+    model: ServingModel,
+    settings: Settings,
+) -> tuple[Path, Path]:
+    """The embedding and global config files (the flags, their variables, else the model's
+    own), loaded and checked: the embedding config must be the one the model was exported
+    with."""
+    emb_path = (
+        resolve_file(
+            emb_flag, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False, settings=settings
+        )
+        or model.embedding_config_path
+    )
+    if load_embedding_config(emb_path, strict=strict, settings=settings) != model.schema:
+        raise UsageError(
+            f"{emb_path}: not the embedding config the model at {model.path} was exported with (slots, dims or pooling differ)"
+        )
+    glob_path = (
+        resolve_file(
+            glob_flag, "--global-config", ENV_GLOBAL_CONFIG, required=False, settings=settings
+        )
+        or model.global_config_path
+    )
+    load_global_config(glob_path, strict=strict, settings=settings)
+    return Path(emb_path), Path(glob_path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _check_numbers(args)
+        counts = {"--max-batch-size": args.max_batch_size, "--max-inflight": args.max_inflight}
+        _check_numbers(args.port, {**counts, "--threads": args.threads}, args.wait_timeout)
+        # a non-loopback --host needs PERSIA_AUTH_TOKEN (then every route answers 401 without
+        # it) or --insecure, as for the PS and the embedding worker
+        server = ServerOptions.from_flags(args, current())  # an entry point
+        settings = server.settings
         model = load_model(args.model)
-        emb_path = (
-            resolve_file(
-                args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False
-            )
-            or model.embedding_config_path
+        emb_path, glob_path = _config_files(
+            args.embedding_config, args.global_config, args.strict_config, model, settings
         )
-        if load_embedding_config(emb_path, strict=args.strict_config) != model.schema:
-            raise UsageError(
-                f"{emb_path}: not the embedding config the model at {args.model} was exported with (slots, dims or pooling differ)"
-            )
-        glob_path = (
-            resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
-            or model.global_config_path
-        )
-        load_global_config(glob_path, strict=args.strict_config)
         workers = args.embedding_worker or [
-            a.strip() for a in current().text(ENV_EMBEDDING_WORKER_SERVICE).split(",") if a.strip()
+            a.strip() for a in settings.text(ENV_EMBEDDING_WORKER_SERVICE).split(",") if a.strip()
         ]
     except (UsageError, ConfigError, InvalidInputError) as exc:
         return fail(str(exc))
-    configure_logging("serve", 0)
-    private = None if workers else PrivateWorker(Path(emb_path), Path(glob_path))
+    configure_logging("serve", 0, settings.log_level)
+    private = None if workers else PrivateWorker(emb_path, glob_path)
     try:
         app = create_app(
             model,
@@ -181,13 +196,14 @@ def main(argv: list[str] | None = None) -> int:
             max_inflight=args.max_inflight,
             threads=args.threads,
             wait_timeout_s=args.wait_timeout,
-            max_request_bytes=args.max_request_bytes,
+            max_request_bytes=server.max_request_bytes,
+            settings=settings,
         )
     except InvalidInputError as exc:
         return fail(str(exc))
     if private is not None:
         private.install(app)
-    run(lambda: serve(app, args.host, args.port))  # exits the process after the drain
+    run(lambda: serve(app, server.host, args.port), settings)  # exits the process after the drain
     return 0
 
 

@@ -53,6 +53,7 @@ from pyrsia.shared.constants import STATUS_SCRAPE_TIMEOUT_S as SCRAPE_TIMEOUT_S
 from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.metrics_text import auth_headers, fetch_samples
 from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.settings import current
 
 SERVER_ROLES = (ROLE_EMBEDDING_PS, ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER)
 """Registered roles that serve /health and /metrics, in the order shown."""
@@ -146,7 +147,9 @@ async def snapshot(settings: RegistrySettings, timeout_s: float = SCRAPE_TIMEOUT
     finally:
         await registry.close()
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers()) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, headers=auth_headers(settings.environment)
+    ) as session:
         await asyncio.gather(*(_scrape(session, p) for p in processes if p.address))
     return Snapshot(settings.job_id, settings.display_url, processes, time.time())
 
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         width=args.width,
         force_terminal=False if args.no_color else None,
     )
-    settings = RegistrySettings.from_env()
+    settings = RegistrySettings.from_env(current())  # an entry point
     try:
         if args.watch:
             try:

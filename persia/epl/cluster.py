@@ -14,8 +14,7 @@ import logging
 import torch
 
 from persia.epl.config import KEYS, Config
-from pyrsia.shared.process_env import export
-from pyrsia.shared.settings import current
+from pyrsia.shared.process_env import replace
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ def apply_cluster_config(config: Config) -> list[str]:
     """Apply the cluster keys of ``config``; returns the keys reported as having no effect."""
     devices = config.get("cluster.run_visible_devices")
     if devices:
-        previous = current().environ.get("CUDA_VISIBLE_DEVICES")
+        previous = replace("CUDA_VISIBLE_DEVICES", devices)
         if previous != devices:
             if torch.cuda.is_initialized():
                 log.warning(
@@ -35,7 +34,6 @@ def apply_cluster_config(config: Config) -> list[str]:
                     "so CUDA_VISIBLE_DEVICES only reaches child processes; call epl.init() first",
                     devices,
                 )
-            export({"CUDA_VISIBLE_DEVICES": devices})
             log.info("cluster.run_visible_devices: CUDA_VISIBLE_DEVICES=%s", devices)
     ignored = []
     for key in NO_EFFECT_KEYS:

@@ -29,7 +29,7 @@ from persia import env
 from persia.hb._options import Options
 from pyrsia.shared.constants import HB_LEAVE_BARRIER_S as LEAVE_BARRIER_S
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,12 @@ class Context:
             if self._options is None:
                 self._options = Options()
             return self._options
+
+    @property
+    def settings(self) -> Settings:
+        """This process's settings, read now: HybridBackend's API reads the environment when
+        asked, as PERSIA's ``persia.env`` getters do (an entry point)."""
+        return current()
 
     @property
     def rank(self) -> int:
@@ -92,7 +98,7 @@ class Context:
             return True
         if self.world_size <= 1:
             return False
-        settings = current()
+        settings = self.settings
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not settings.is_set(k)]
         if missing:
             raise ConfigError(

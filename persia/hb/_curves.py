@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pyrsia.services.nn_worker.tensorboard import run_dir
 from pyrsia.shared.constants import ENV_TENSORBOARD_DIR
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 __all__ = ["EvalCurves"]
 
@@ -28,10 +28,9 @@ class EvalCurves:
         self._writer = None
 
     @classmethod
-    def from_env(cls, rank: int, settings: Settings | None = None) -> EvalCurves | None:
-        """The curves of ``rank`` when ``PERSIA_TENSORBOARD_DIR`` is set (in ``settings``,
-        default this process's); else None."""
-        settings = settings or current()
+    def from_env(cls, rank: int, settings: Settings) -> EvalCurves | None:
+        """The curves of ``rank`` when ``PERSIA_TENSORBOARD_DIR`` is set in ``settings``; else
+        None."""
         root = settings.text(ENV_TENSORBOARD_DIR)
         if not root:
             return None

@@ -82,7 +82,7 @@ class PSConnection:
             if self._session is not None:
                 return self._session
             optimizer = self._choose_optimizer()
-            session = open_session()
+            session = open_session(context.settings)
             try:
                 client, run = session.client, session.runtime.run
                 run(client.wait_ready())

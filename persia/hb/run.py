@@ -18,13 +18,14 @@ import shutil
 import sys
 
 from pyrsia.services.nn_worker.launch import (
+    RankOptions,
     add_rank_flags,
-    check_rank_flags,
     run_ranks,
     torchrun_args,
 )
 from pyrsia.shared.cli import fail
 from pyrsia.shared.errors import UsageError
+from pyrsia.shared.settings import current
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,14 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    args.script_args = args.args
+    settings = current()  # an entry point: `python -m persia.hb.run`
     try:
-        check_rank_flags(args)
+        ranks = RankOptions.from_flags(args, settings)
         if shutil.which(args.command) is None:
             raise UsageError(f"{args.command}: command not found")
     except UsageError as exc:
         return fail(str(exc))
-    return run_ranks(torchrun_args(args, args.command, no_python=True))
+    return run_ranks(torchrun_args(ranks, [args.command, *args.args], no_python=True), settings)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ class EvaluationHook:
         self.steps = _positive(steps, "steps")
         self.history: list[tuple[int, dict[str, float]]] = []
         self._last = -1
-        self.curves = EvalCurves.from_env(context.rank) if context.is_chief else None
+        self.curves = (
+            EvalCurves.from_env(context.rank, context.settings) if context.is_chief else None
+        )
 
     def after_step(self, step: int) -> None:
         if self.every_n_iter is not None and step % self.every_n_iter == 0:

@@ -49,6 +49,7 @@ from pyrsia.shared.config import (
     load_global_config,
 )
 from pyrsia.shared.errors import InvalidInputError
+from pyrsia.shared.settings import Settings, current
 
 __all__ = ["ServingModel", "export_model", "load_model"]
 
@@ -112,24 +113,27 @@ def _check_examples(example_inputs: object) -> tuple[list[torch.Tensor], list[to
     return [t.detach().cpu() for t in non_id], [t.detach().cpu().float() for t in emb]
 
 
-def _schema(embedding_config: str | Path | EmbeddingSchema) -> tuple[EmbeddingSchema, str]:
+def _schema(
+    embedding_config: str | Path | EmbeddingSchema, settings: Settings
+) -> tuple[EmbeddingSchema, str]:
     """The schema and the YAML text to copy into the artifact."""
     if isinstance(embedding_config, EmbeddingSchema):
         return embedding_config, yaml.safe_dump(embedding_config.to_dict(), sort_keys=False)
     if isinstance(embedding_config, (str, Path)):
-        return load_embedding_config(embedding_config), Path(embedding_config).read_text("utf-8")
+        schema = load_embedding_config(embedding_config, settings=settings)
+        return schema, Path(embedding_config).read_text("utf-8")
     raise InvalidInputError(
         "embedding_config", "a path to embedding_config.yml or an EmbeddingSchema", embedding_config
     )
 
 
-def _global(global_config: str | Path | GlobalConfig | None) -> str:
+def _global(global_config: str | Path | GlobalConfig | None, settings: Settings) -> str:
     if global_config is None:
         global_config = default_global_config()
     if isinstance(global_config, GlobalConfig):
         return yaml.safe_dump(global_config.to_dict(), sort_keys=False)
     if isinstance(global_config, (str, Path)):
-        load_global_config(global_config)  # validated before it is copied
+        load_global_config(global_config, settings=settings)  # validated before it is copied
         return Path(global_config).read_text("utf-8")
     raise InvalidInputError(
         "global_config", "a path to global_config.yml, a GlobalConfig or None", global_config
@@ -282,8 +286,9 @@ def export_model(
     """
     _check_sources(model, embedding_checkpoint_dir, ctx)
     non_id, emb = _check_examples(example_inputs)
-    schema, embedding_yaml = _schema(embedding_config)
-    global_yaml = _global(global_config)
+    settings = current()  # a public entry point: PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS, read now
+    schema, embedding_yaml = _schema(embedding_config, settings)
+    global_yaml = _global(global_config, settings)
     slots = _slots(schema, id_slots, emb)
     names = _non_id_names(non_id_names, len(non_id))
     export_dir, tmp = _staging_dir(export_dir, overwrite)
@@ -355,7 +360,8 @@ def load_model(export_dir: str | Path, *, map_location: str | torch.device = "cp
             f"{len(manifests)} (the parts in {EMBEDDING_DIR}/)",
             signature.embedding_replica_count,
         )
-    schema = load_embedding_config(path / EMBEDDING_CONFIG_FILE)
+    # a public entry point: PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS, read now
+    schema = load_embedding_config(path / EMBEDDING_CONFIG_FILE, settings=current())
     if schema != signature.embedding_schema:
         raise InvalidInputError(
             EMBEDDING_CONFIG_FILE,

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from persia.serving.artifact import ServingModel
 from pyrsia.services.nn_worker.embedding_client import EmbeddingWorkerClient
+from pyrsia.shared.auth import auth_token_from_env
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.constants import (
     DEFAULT_WAIT_TIMEOUT_S,
@@ -41,6 +42,7 @@ from pyrsia.shared.constants import SERVE_SCHEMA_TIMEOUT_S as SCHEMA_TIMEOUT_S
 from pyrsia.shared.errors import BackPressureError, PersiaError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.http_server import METRICS, STATE, make_app, read_body, require_ready
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.serve import PredictAnswer, PredictRequest
 from pyrsia.shared.wire.worker import WorkerSchema
 
@@ -210,13 +212,16 @@ def create_app(
     threads: int = SERVE_THREADS,
     wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     max_request_bytes: int | None = None,
+    settings: Settings,
 ) -> web.Application:
     """The serve app: ``model`` answered through the embedding workers at ``embedding_workers``.
 
     ``max_request_bytes`` caps request bodies (413 beyond; default ``PYRSIA_MAX_MESSAGE_BYTES``
-    or 1 GiB); with ``PERSIA_AUTH_TOKEN`` set every route needs the token (401 otherwise).
+    or 1 GiB); with ``PERSIA_AUTH_TOKEN`` set every route needs the token (401 otherwise), and
+    the calls to the embedding workers send it. ``settings``: the process's, with its flags.
     """
-    app = make_app("serve", client_max_size=max_request_bytes)
+    app = make_app("serve", client_max_size=max_request_bytes, settings=settings)
+    token = auth_token_from_env(settings)
     state = ServeState(
         model, embedding_workers, max_batch=max_batch, max_inflight=max_inflight, threads=threads
     )
@@ -226,7 +231,7 @@ def create_app(
     app[STATE].details["model"] = str(model.path)
 
     async def lifecycle(app: web.Application):
-        state.http = HttpClient()
+        state.http = HttpClient(auth_token=token)
         state.client = EmbeddingWorkerClient(
             state.http, addresses=state.addresses, wait_timeout_s=wait_timeout_s
         )

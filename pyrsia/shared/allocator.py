@@ -39,7 +39,7 @@ from pyrsia.shared.constants import (
     MALLOC_TRIM_THRESHOLD_BYTES,
 )
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -48,17 +48,16 @@ M_MMAP_THRESHOLD = -3
 USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
-def malloc_tuning_enabled() -> bool:
+def malloc_tuning_enabled(settings: Settings) -> bool:
     """``PERSIA_MALLOC_TUNING``: 1 (the default when unset or empty) or 0."""
-    value = current().text(ENV_MALLOC_TUNING).strip() or "1"
+    value = settings.text(ENV_MALLOC_TUNING).strip() or "1"
     if value not in ("0", "1"):
         raise ConfigError(f"{ENV_MALLOC_TUNING} must be 0 or 1, got {value!r}")
     return value == "1"
 
 
-def user_malloc_settings() -> str | None:
+def user_malloc_settings(settings: Settings) -> str | None:
     """The environment variable through which the user tuned malloc already, if any."""
-    settings = current()
     for name in USER_MALLOC_ENV:
         if settings.is_set(name):
             return name
@@ -68,15 +67,16 @@ def user_malloc_settings() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def keep_freed_memory() -> str:
-    """Apply the thresholds once per process; returns what was done, for the caller's log
-    (``"kept (...)"``, ``"off (...)"``, ``"left to the environment (...)"``, ...).
+def keep_freed_memory(settings: Settings) -> str:
+    """Apply the thresholds once per process (``settings``: the process's, from its entry
+    point); returns what was done, for the caller's log (``"kept (...)"``, ``"off (...)"``,
+    ``"left to the environment (...)"``, ...).
 
     Raises :class:`~pyrsia.shared.errors.ConfigError` on a bad ``PERSIA_MALLOC_TUNING``.
     """
-    if not malloc_tuning_enabled():
+    if not malloc_tuning_enabled(settings):
         outcome = f"off ({ENV_MALLOC_TUNING}=0)"
-    elif (name := user_malloc_settings()) is not None:
+    elif (name := user_malloc_settings(settings)) is not None:
         outcome = f"left to the environment ({name} is set)"
     elif not sys.platform.startswith("linux"):
         outcome = "not applicable (not Linux)"

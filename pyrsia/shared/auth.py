@@ -24,7 +24,7 @@ import socket
 
 from pyrsia.shared.constants import ENV_AUTH_TOKEN, ENV_INSECURE, MIN_AUTH_TOKEN_CHARS
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 AUTH_HEADER = "Authorization"
 AUTH_SCHEME = "Bearer"
@@ -41,16 +41,16 @@ def check_token(token: str, source: str = ENV_AUTH_TOKEN) -> str:
     return token
 
 
-def auth_token_from_env(settings: Settings | None = None) -> str | None:
-    """The job's shared token (``PERSIA_AUTH_TOKEN`` of ``settings``, default this process's),
+def auth_token_from_env(settings: Settings) -> str | None:
+    """The job's shared token (``PERSIA_AUTH_TOKEN`` of ``settings``),
     or None when unset or empty."""
-    raw = (settings or current()).text(ENV_AUTH_TOKEN)
+    raw = settings.text(ENV_AUTH_TOKEN)
     return check_token(raw) if raw else None
 
 
-def insecure_from_env(settings: Settings | None = None) -> bool:
+def insecure_from_env(settings: Settings) -> bool:
     """``PERSIA_INSECURE``: 1/true/yes/on or 0/false/no/off (unset = false)."""
-    return (settings or current()).yes_no(ENV_INSECURE)
+    return settings.yes_no(ENV_INSECURE)
 
 
 def auth_header_value(token: str) -> str:

@@ -38,6 +38,7 @@ from pyrsia.shared import job_checkpoint
 from pyrsia.shared.errors import MisuseError
 from pyrsia.shared.runtime import get_runtime
 from pyrsia.shared.send_window import SendWindow
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.validate import positive_int
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,12 @@ class BatchTransport(Protocol):
 class BatchSender:
     """Sends one data-loader replica's batches: open, send, send, ..., finish (or abort).
 
-    Over ``transport``, or else over a new ``transport_type(replica_index, replica_size)``
-    (each mode's sender names its transport type there).
+    Over ``transport``, or else over a new ``transport_type(replica_index, replica_size,
+    settings)`` (each mode's sender names its transport type there). ``settings``: the
+    process's, from the ``DataCtx`` that sends (``--resume``, the registry, the token).
     """
 
-    transport_type: ClassVar[Callable[[int, int], BatchTransport] | None] = None
+    transport_type: ClassVar[Callable[[int, int, Settings], BatchTransport] | None] = None
 
     def __init__(
         self,
@@ -88,13 +90,15 @@ class BatchSender:
         wait_timeout_s: float,
         send_timeout_s: float,
         max_inflight: int,
+        settings: Settings,
         transport: BatchTransport | None = None,
     ):
         if transport is None:
             if self.transport_type is None:
                 raise MisuseError(f"{type(self).__name__} needs a transport (a BatchTransport)")
-            transport = self.transport_type(replica_index, replica_size)
+            transport = self.transport_type(replica_index, replica_size, settings)
         self.transport = transport
+        self.settings = settings
         self.replica_index = replica_index
         self.replica_size = replica_size
         self.wait_timeout_s = wait_timeout_s
@@ -112,8 +116,10 @@ class BatchSender:
     # --- lifecycle ---------------------------------------------------------------------
     def open(self) -> None:
         """Read the resume point (``--resume``) and find the peers."""
-        if job_checkpoint.resume_requested():
-            self._skip = job_checkpoint.resumed_batch_ids(self.replica_index, self.replica_size)
+        if job_checkpoint.resume_requested(self.settings):
+            self._skip = job_checkpoint.resumed_batch_ids(
+                self.replica_index, self.replica_size, self.settings
+            )
         self._workers, self._ranks = self.transport.open(self.wait_timeout_s)
 
     def finish(self) -> None:

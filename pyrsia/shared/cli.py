@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env
@@ -35,9 +36,8 @@ from pyrsia.shared.failure_report import report
 from pyrsia.shared.http_body import body_timeout_s, max_inflight_request_bytes
 from pyrsia.shared.http_connections import ConnectionLimits
 from pyrsia.shared.http_server import max_message_bytes
-from pyrsia.shared.process_env import export
 from pyrsia.shared.redaction import redact
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 EXIT_USAGE = 2
 
@@ -95,16 +95,21 @@ def add_replica_flags(parser: argparse.ArgumentParser, *, port_default: int = 0)
     )
     parser.add_argument(
         "--host",
-        default=current().text(ENV_BIND_HOST, DEFAULT_BIND_HOST),
+        default=None,
         help="address to bind (default $PERSIA_BIND_HOST or 127.0.0.1; 0.0.0.0 in containers)",
     )
     add_server_security_flags(parser)
 
 
+ENV_FLAGS = "environment_flags"
+"""The namespace attribute where :class:`_ToEnvironment` collects ``{variable: value}``."""
+
+
 class _ToEnvironment(argparse.Action):
-    """Store a positive number and export it as ``env``, where every app of this process
-    (``pyrsia.shared.http_server.make_app``, also in child processes such as NN-worker ranks) reads
-    it: the flag wins over the variable, with no plumbing through each service."""
+    """Store a positive number and note it under ``env`` in ``args.environment_flags``: the
+    entry point lays those over its settings (:func:`flag_settings`), so the flag wins over
+    the variable wherever the settings go (``make_app``), and a launcher exports them to the
+    child processes it starts (NN-worker ranks)."""
 
     def __init__(self, *args, env: str, **kwargs):
         self.env = env
@@ -114,7 +119,14 @@ class _ToEnvironment(argparse.Action):
         if not values > 0:  # type: ignore[operator]
             parser.error(f"{option_string} must be positive, got {values}")
         setattr(namespace, self.dest, values)
-        export({self.env: str(values)})
+        flags = dict(getattr(namespace, ENV_FLAGS, None) or {})
+        flags[self.env] = str(values)
+        setattr(namespace, ENV_FLAGS, flags)
+
+
+def flag_settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    """``settings`` with the values of the flags that stand for variables set over them."""
+    return settings.with_values(getattr(args, ENV_FLAGS, None) or {})
 
 
 def add_server_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -190,53 +202,76 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_server_security_flags(args: argparse.Namespace) -> None:
-    """Resolve ``args.auth_token``, ``args.insecure`` and ``args.max_request_bytes`` from the
-    flags and environment, and refuse a non-loopback ``--host`` without a token."""
-    settings = current()  # after parsing: the flags above are exported by now
-    try:
-        args.auth_token = auth_token_from_env(settings)
-        if args.insecure is None:
-            args.insecure = insecure_from_env(settings)
-        if args.max_request_bytes is None:
-            args.max_request_bytes = max_message_bytes(settings)
-        check_bind(args.host, token=args.auth_token, insecure=args.insecure)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from exc
-    if args.max_request_bytes <= 0:
-        raise UsageError(
-            f"--max-request-bytes must be a positive number of bytes, got {args.max_request_bytes}"
-        )
-    try:  # checked here, so that a bad value is one line and exit 2, not a traceback
-        max_inflight_request_bytes(args.max_request_bytes, settings)
-        body_timeout_s(settings)
-        ConnectionLimits.from_env(settings)
-    except ConfigError as exc:
-        raise UsageError(
-            f"{exc} (--max-inflight-request-bytes, --body-timeout-s, --header-timeout-s, "
-            "--idle-timeout-s, --max-connections)"
-        ) from exc
+@dataclass(frozen=True)
+class ServerOptions:
+    """A server's flags resolved against its settings, checked once at its entry point.
 
+    ``settings`` is the process's, with the flags that stand for variables laid over them
+    (:func:`flag_settings`): what the code below the entry point reads its limits from.
+    """
 
-def check_replica_flags(args: argparse.Namespace) -> None:
-    if args.replica_size < 1:
-        raise UsageError(f"--replica-size must be >= 1, got {args.replica_size}")
-    if not 0 <= args.replica_index < args.replica_size:
-        raise UsageError(
-            f"--replica-index must be in [0, {args.replica_size - 1}] for --replica-size "
-            f"{args.replica_size}, got {args.replica_index}"
+    settings: Settings
+    host: str
+    auth_token: str | None
+    insecure: bool
+    max_request_bytes: int
+    replica_index: int = 0
+    replica_size: int = 1
+    port: int = 0
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, settings: Settings) -> ServerOptions:
+        """``--host``, ``--insecure`` and ``--max-request-bytes`` (else their variables) and
+        the limit flags, checked: a non-loopback ``--host`` without a token is refused."""
+        settings = flag_settings(args, settings)
+        host = (
+            args.host if args.host is not None else settings.text(ENV_BIND_HOST, DEFAULT_BIND_HOST)
         )
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    check_server_security_flags(args)
+        try:
+            token = auth_token_from_env(settings)
+            insecure = insecure_from_env(settings) if args.insecure is None else args.insecure
+            cap = args.max_request_bytes
+            if cap is None:
+                cap = max_message_bytes(settings)
+            check_bind(host, token=token, insecure=insecure)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
+        if cap <= 0:
+            raise UsageError(f"--max-request-bytes must be a positive number of bytes, got {cap}")
+        try:  # checked here, so that a bad value is one line and exit 2, not a traceback
+            max_inflight_request_bytes(cap, settings)
+            body_timeout_s(settings)
+            ConnectionLimits.from_env(settings)
+        except ConfigError as exc:
+            raise UsageError(
+                f"{exc} (--max-inflight-request-bytes, --body-timeout-s, --header-timeout-s, "
+                "--idle-timeout-s, --max-connections)"
+            ) from exc
+        return cls(settings, host, token, bool(insecure), cap)
+
+    @classmethod
+    def from_replica_flags(cls, args: argparse.Namespace, settings: Settings) -> ServerOptions:
+        """:meth:`from_flags` plus ``--replica-index``, ``--replica-size`` and ``--port``."""
+        if args.replica_size < 1:
+            raise UsageError(f"--replica-size must be >= 1, got {args.replica_size}")
+        if not 0 <= args.replica_index < args.replica_size:
+            raise UsageError(
+                f"--replica-index must be in [0, {args.replica_size - 1}] for --replica-size "
+                f"{args.replica_size}, got {args.replica_index}"
+            )
+        if not 0 <= args.port <= 65535:
+            raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+        server = cls.from_flags(args, settings)
+        return replace(
+            server, replica_index=args.replica_index, replica_size=args.replica_size, port=args.port
+        )
 
 
 def resolve_file(
-    flag_value: str | None, flag: str, env: str, *, required: bool, settings: Settings | None = None
+    flag_value: str | None, flag: str, env: str, *, required: bool, settings: Settings
 ) -> Path | None:
-    """The file named by ``flag`` or else ``$env`` (of ``settings``, default this process's);
+    """The file named by ``flag`` or else ``$env`` (of ``settings``);
     a missing file is a UsageError naming both."""
-    settings = settings or current()
     if flag_value:
         path, source = Path(flag_value), flag
     elif settings.is_set(env):
@@ -250,12 +285,18 @@ def resolve_file(
     return path
 
 
-def global_config_from_flags(args: argparse.Namespace) -> GlobalConfig:
-    """``--global-config`` or ``$PERSIA_GLOBAL_CONFIG`` loaded, else the built-in defaults."""
-    path = resolve_file(args.global_config, "--global-config", ENV_GLOBAL_CONFIG, required=False)
+def global_config_from_flags(
+    flag_value: str | None, strict: bool | None, settings: Settings
+) -> GlobalConfig:
+    """``--global-config`` or ``$PERSIA_GLOBAL_CONFIG`` of ``settings`` loaded (``strict``:
+    ``--strict-config`` / ``--allow-unknown-config-keys``, None when neither was given), else
+    the built-in defaults."""
+    path = resolve_file(
+        flag_value, "--global-config", ENV_GLOBAL_CONFIG, required=False, settings=settings
+    )
     if path is None:
         return default_global_config()
-    return load_global_config(path, strict=args.strict_config)
+    return load_global_config(path, strict=strict, settings=settings)
 
 
 def fail(message: str) -> int:
@@ -264,14 +305,14 @@ def fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def verbose() -> bool:
+def verbose(settings: Settings) -> bool:
     """``$PERSIA_VERBOSE`` is 1 (``--verbose``) or ``LOG_LEVEL`` is debug: show tracebacks."""
-    return current().verbose
+    return settings.verbose
 
 
-def fail_known(exc: BaseException) -> int:
+def fail_known(exc: BaseException, settings: Settings) -> int:
     """End a process on ``exc``: one line naming this process (``error: nn_worker/0: ...``),
     the traceback in its log file, and on stderr too when it is the user script's own
     exception or when :func:`verbose`; the exit code (2 for a known error, else 1).
-    See ``pyrsia/shared/failure_report.py``."""
-    return report(exc, show_traceback=verbose())
+    ``settings``: the process's, from its entry point. See ``pyrsia/shared/failure_report.py``."""
+    return report(exc, settings, show_traceback=verbose(settings))

@@ -50,6 +50,7 @@ from pyrsia.shared.embedding_schema import EMBEDDING_EXTRA_KEYS, parse_embedding
 from pyrsia.shared.errors import ConfigWarning
 from pyrsia.shared.global_schema import GLOBAL_EXTRA_KEYS, parse_global_config
 from pyrsia.shared.options import unknown_keys_allowed
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.yaml_file import read_yaml
 
 __all__ = [
@@ -78,13 +79,20 @@ PERSIA_EXTRA_KEYS = {**EMBEDDING_EXTRA_KEYS, **GLOBAL_EXTRA_KEYS}
 does with each (so that those files load with unknown keys being errors)."""
 
 
-def load_embedding_config(path: str | Path, *, strict: bool | None = None) -> EmbeddingSchema:
-    """Load and validate ``embedding_config.yml``."""
+def load_embedding_config(
+    path: str | Path, *, strict: bool | None = None, settings: Settings | None = None
+) -> EmbeddingSchema:
+    """Load and validate ``embedding_config.yml``. ``strict`` None: unknown keys are errors
+    unless ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` of ``settings`` (the entry point's) allows
+    them."""
     data, source = read_yaml(path)
-    return parse_embedding_config(data, source=source, strict=strict)
+    return parse_embedding_config(data, source=source, strict=strict, settings=settings)
 
 
-def load_global_config(path: str | Path, *, strict: bool | None = None) -> GlobalConfig:
-    """Load and validate ``global_config.yml`` (an empty file gives the defaults)."""
+def load_global_config(
+    path: str | Path, *, strict: bool | None = None, settings: Settings | None = None
+) -> GlobalConfig:
+    """Load and validate ``global_config.yml`` (an empty file gives the defaults); ``strict``
+    and ``settings`` as for :func:`load_embedding_config`."""
     data, source = read_yaml(path)
-    return parse_global_config(data, source=source, strict=strict)
+    return parse_global_config(data, source=source, strict=strict, settings=settings)

@@ -27,7 +27,7 @@ import os
 
 from pyrsia.shared.constants import ENV_CPU_PRIORITY
 from pyrsia.shared.errors import UsageError
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,12 @@ def add_cpu_priority_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_cpu_priority(
-    flag: str | None, default: str = "normal", settings: Settings | None = None
-) -> str:
-    """The flag's value, else ``$PERSIA_CPU_PRIORITY`` of ``settings`` (default: this
-    process's; validated), else ``default``."""
+def resolve_cpu_priority(flag: str | None, settings: Settings, default: str = "normal") -> str:
+    """The flag's value, else ``$PERSIA_CPU_PRIORITY`` of ``settings`` (validated), else
+    ``default``."""
     if flag is not None:
         return flag
-    value = (settings or current()).text(ENV_CPU_PRIORITY).strip() or default
+    value = settings.text(ENV_CPU_PRIORITY).strip() or default
     if value not in CPU_PRIORITIES:
         raise UsageError(
             f"{ENV_CPU_PRIORITY} must be one of {', '.join(CPU_PRIORITIES)}, got {value!r}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from pyrsia.shared.errors import ConfigError, OptionError
 from pyrsia.shared.options import Section, did_you_mean, strict_default
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.yaml_file import show_value as _show
 
 __all__ = [
@@ -216,13 +217,17 @@ def _parse_groups(top: Section, slot_names: list[str]) -> tuple[tuple[str, tuple
 
 
 def parse_embedding_config(
-    data: object, *, source: str = "<dict>", strict: bool | None = None
+    data: object,
+    *,
+    source: str = "<dict>",
+    strict: bool | None = None,
+    settings: Settings | None = None,
 ) -> EmbeddingSchema:
     """Validate an already-loaded ``embedding_config.yml`` (a mapping) into an :class:`EmbeddingSchema`.
 
     ``strict``: unknown keys are errors (True) or warnings (False); None: errors unless
-    ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is set."""
-    strict = strict_default(strict)
+    ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is set in ``settings`` (the entry point's)."""
+    strict = strict_default(strict, settings)
     top = Section(data, source, "", strict)
     bits = top.integer("feature_index_prefix_bit", 8, minimum=1, maximum=63)
     raw_slots = top.raw("slots_config")

@@ -37,7 +37,7 @@ from types import TracebackType
 from pyrsia.shared.constants import ENV_LOG_DIR, ENV_PROCESS
 from pyrsia.shared.errors import ConfigError, PersiaError, RegistryError
 from pyrsia.shared.redaction import redact
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 KNOWN_ERRORS = (ConfigError, RegistryError)
 """Errors whose message says the cause and the fix (a bad config or flag, Redis unreachable,
@@ -70,20 +70,21 @@ def name_this_process(name: str) -> None:
     _NAME[:] = [name]
 
 
-def process_name(default: str | None = None) -> str:
-    """This process's name in error lines: ``default``, else ``$PERSIA_PROCESS`` (a launcher
-    running a user script), else the service's own name, else the script's file name."""
+def process_name(settings: Settings, default: str | None = None) -> str:
+    """This process's name in error lines: ``default``, else ``$PERSIA_PROCESS`` of
+    ``settings`` (a launcher running a user script), else the service's own name, else the
+    script's file name."""
     return (
         default
-        or current().text(ENV_PROCESS)
+        or settings.text(ENV_PROCESS)
         or (_NAME[0] if _NAME else None)
         or Path(sys.argv[0] or "python").name
     )
 
 
-def log_dir() -> Path:
-    """Where tracebacks and failure records go (created on first use)."""
-    settings = current()
+def log_dir(settings: Settings) -> Path:
+    """Where tracebacks and failure records go (created on first use): ``$PERSIA_LOG_DIR`` of
+    ``settings``, else ``persia-<job id>`` in the system's temporary folder."""
     raw = settings.text(ENV_LOG_DIR)
     if raw:
         return Path(raw)
@@ -91,8 +92,8 @@ def log_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"persia-{job}"
 
 
-def log_path(process: str) -> Path:
-    return log_dir() / f"{process.replace('/', '-')}.log"
+def log_path(process: str, settings: Settings) -> Path:
+    return log_dir(settings) / f"{process.replace('/', '-')}.log"
 
 
 def _user_frame(tb: TracebackType | None) -> traceback.FrameSummary | None:
@@ -145,6 +146,7 @@ def _script_frames(exc: BaseException) -> list[str]:
 
 def report(
     exc: BaseException,
+    settings: Settings,
     process: str | None = None,
     *,
     show_traceback: bool = False,
@@ -154,12 +156,12 @@ def report(
     under ``persia-launcher run``, the traceback on stderr when it is not a PersiaError (or
     ``show_traceback``), then one line; returns the exit code (2 known, else 1).
     ``user_script``: the traceback shown starts at the script's first frame (False: a
-    service's own crash, shown whole)."""
-    process = process_name(process)
+    service's own crash, shown whole). ``settings``: the process's, from its entry point."""
+    process = process_name(settings, process)
     code = exit_code(exc)
     message = describe(exc)
     full = "".join(traceback.format_exception(exc))
-    path: Path | None = log_path(process)
+    path: Path | None = log_path(process, settings)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
@@ -167,7 +169,7 @@ def report(
             f.write(redact(full))
     except OSError:
         path = None
-    _write_record(process, message, code, path, getattr(exc, _SEEN_AT, None))
+    _write_record(settings, process, message, code, path, getattr(exc, _SEEN_AT, None))
     if show_traceback or not isinstance(exc, PersiaError):
         shown = _script_frames(exc) if user_script else traceback.format_exception(exc)
         sys.stderr.write(redact("".join(shown)))
@@ -194,7 +196,7 @@ class FailureRecord:
 _SEEN_AT = "_pyrsia_failed_at"
 
 
-def note_failure(exc: BaseException | None) -> None:
+def note_failure(exc: BaseException | None, settings: Settings) -> None:
     """Record ``exc`` as this process's failure the moment it leaves a context's ``with``
     block, before the context's clean-up closes the servers that peers would otherwise find
     gone first (and report as the first failure); :func:`report` keeps this time."""
@@ -204,15 +206,21 @@ def note_failure(exc: BaseException | None) -> None:
         setattr(exc, _SEEN_AT, time.time())
     except AttributeError:
         return
-    process = process_name()
-    _write_record(process, describe(exc), exit_code(exc), log_path(process), getattr(exc, _SEEN_AT))
+    process = process_name(settings)
+    path = log_path(process, settings)
+    _write_record(settings, process, describe(exc), exit_code(exc), path, getattr(exc, _SEEN_AT))
 
 
 def _write_record(
-    process: str, message: str, code: int, path: Path | None, seen_at: float | None = None
+    settings: Settings,
+    process: str,
+    message: str,
+    code: int,
+    path: Path | None,
+    seen_at: float | None = None,
 ) -> None:
     """Under ``persia-launcher run`` (``$PERSIA_LOG_DIR`` set): the record, written whole."""
-    folder = current().text(ENV_LOG_DIR)
+    folder = settings.text(ENV_LOG_DIR)
     if not folder:
         return
     record = {
@@ -251,18 +259,20 @@ def first_failure(folder: Path) -> FailureRecord | None:
     return min(records, key=lambda r: r.time, default=None)
 
 
-def started_by_hand() -> bool:
-    """A user script run as ``python train.py``: no launcher or service named this process."""
-    return not _NAME and not current().is_set(ENV_PROCESS)
+def started_by_hand(settings: Settings) -> bool:
+    """A user script run as ``python train.py``: no launcher or service named this process
+    (``$PERSIA_PROCESS`` of ``settings`` unset)."""
+    return not _NAME and not settings.is_set(ENV_PROCESS)
 
 
-def end_script_on_persia_errors(depth: int = 2) -> None:
+def end_script_on_persia_errors(settings: Settings, depth: int = 2) -> None:
     """For a script started by hand (its ``__main__`` code entered a context): a PersiaError
     leaving the script is one line naming the script, its traceback goes to the log file,
     and the process ends at once, skipping interpreter finalization (which could hang in
     redis's connection ``__del__`` on an import lock). Any other exception is printed as
-    Python prints it. ``depth``: frames between the script and this call."""
-    if not started_by_hand() or sys.excepthook in _HOOKS:
+    Python prints it. ``depth``: frames between the script and this call; ``settings``: the
+    context's, from which the hook names the process and its log folder."""
+    if not started_by_hand(settings) or sys.excepthook in _HOOKS:
         return
     if sys._getframe(depth).f_globals.get("__name__") != "__main__":
         return  # a library or a test entered the context: its own process, its own hooks
@@ -272,7 +282,7 @@ def end_script_on_persia_errors(depth: int = 2) -> None:
         if not isinstance(exc, PersiaError):
             previous(exc_type, exc, tb)
             return
-        code = report(exc)
+        code = report(exc, settings)
         import atexit
 
         from pyrsia.shared.process_exit import exit_now

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyrsia.shared.constants import MAX_CHECKPOINT_WORKERS
 from pyrsia.shared.options import Section, strict_default
+from pyrsia.shared.settings import Settings
 
 __all__ = [
     "GLOBAL_EXTRA_KEYS",
@@ -263,13 +264,17 @@ def _parse_worker(s: Section) -> EmbeddingWorkerConfig:
 
 
 def parse_global_config(
-    data: object, *, source: str = "<dict>", strict: bool | None = None
+    data: object,
+    *,
+    source: str = "<dict>",
+    strict: bool | None = None,
+    settings: Settings | None = None,
 ) -> GlobalConfig:
     """Validate an already-loaded ``global_config.yml`` (a mapping, or None for all defaults).
 
     ``strict``: unknown keys are errors (True) or warnings (False); None: errors unless
-    ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is set."""
-    top = Section(data, source, "", strict_default(strict))
+    ``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is set in ``settings`` (the entry point's)."""
+    top = Section(data, source, "", strict_default(strict, settings))
     cfg = GlobalConfig(
         common_config=_parse_common(top.section("common_config")),
         embedding_parameter_server_config=_parse_ps(

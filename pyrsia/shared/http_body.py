@@ -54,7 +54,7 @@ from pyrsia.shared.errors import (
     ProtocolError,
     ServiceUnavailableError,
 )
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 _CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
@@ -243,7 +243,7 @@ def physical_memory_bytes() -> int | None:
     return total
 
 
-def max_inflight_request_bytes(cap: int, settings: Settings | None = None) -> int:
+def max_inflight_request_bytes(cap: int, settings: Settings) -> int:
     """The in-flight bound for a service whose per-request cap is ``cap``.
 
     ``PYRSIA_MAX_INFLIGHT_REQUEST_BYTES`` if set (at least ``cap``: a smaller bound would
@@ -252,7 +252,7 @@ def max_inflight_request_bytes(cap: int, settings: Settings | None = None) -> in
     1/``INFLIGHT_BYTES_MEMORY_SHARE`` of the memory (a decoded body takes about its size
     again, so bodies then use at most about a quarter), and never less than ``cap``.
     """
-    value = (settings or current()).positive(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
+    value = settings.positive(ENV_MAX_INFLIGHT_REQUEST_BYTES, int)
     if value is not None:
         if value < cap:
             raise ConfigError(
@@ -268,8 +268,8 @@ def max_inflight_request_bytes(cap: int, settings: Settings | None = None) -> in
     return max(cap, default)
 
 
-def body_timeout_s(settings: Settings | None = None) -> float:
-    """``PYRSIA_BODY_TIMEOUT_S`` of ``settings`` (default: this process's) if set, else
+def body_timeout_s(settings: Settings) -> float:
+    """``PYRSIA_BODY_TIMEOUT_S`` of ``settings`` if set, else
     ``BODY_TIMEOUT_S``."""
-    value = (settings or current()).positive(ENV_BODY_TIMEOUT_S, float)
+    value = settings.positive(ENV_BODY_TIMEOUT_S, float)
     return BODY_TIMEOUT_S if value is None else float(value)

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+from pyrsia.shared.auth import AUTH_HEADER, auth_header_value
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.constants import (
     BACKPRESSURE_BACKOFF_MAX_S,
@@ -87,14 +87,11 @@ def _remote_error(url: str, status: int, raw: bytes) -> PersiaError:
     return _BY_STATUS.get(status, RemoteError)(message, peer_status=status, body=body)
 
 
-_FROM_ENV = "from the environment"
-
-
 class HttpClient:
     """A pooled aiohttp session bound to the running event loop, created lazily.
 
-    ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``, read when the client is made) is sent
-    as ``Authorization: Bearer <token>`` on every request. Plain ``http://`` calls go
+    ``auth_token`` (the job's ``PERSIA_AUTH_TOKEN``, which the entry point reads from its
+    settings; None: no token) is sent as ``Authorization: Bearer <token>`` on every request. Plain ``http://`` calls go
     through ``pyrsia.shared.http_conn``'s lean keep-alive pool (``lean=False``: through aiohttp,
     like every other URL).
     """
@@ -105,7 +102,7 @@ class HttpClient:
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
         pool_limit: int = CONNECTION_POOL_LIMIT,
-        auth_token: str | None = _FROM_ENV,
+        auth_token: str | None = None,
         lean: bool = True,
         stall_report_s: float = STALL_REPORT_S,
     ):
@@ -120,7 +117,7 @@ class HttpClient:
         self._pool_limit = pool_limit
         self._session: aiohttp.ClientSession | None = None
         self._pool: ConnectionPool | None = None  # plain http: pyrsia.shared.http_conn
-        token = auth_token_from_env() if auth_token is _FROM_ENV else auth_token
+        token = auth_token
         self._headers = {"Content-Type": MSGPACK_CONTENT_TYPE}
         if token is not None:
             self._headers[AUTH_HEADER] = auth_header_value(token)

@@ -48,7 +48,7 @@ from pyrsia.shared.constants import (
     MAX_CONNECTIONS_CAP,
 )
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,9 @@ class ConnectionLimits:
                 raise ConfigError(f"{name}: expected a positive value, got {getattr(self, name)}")
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None) -> ConnectionLimits:
-        """The limits from ``settings`` (default: this process's), each defaulting as the
+    def from_env(cls, settings: Settings) -> ConnectionLimits:
+        """The limits from ``settings``, each defaulting as the
         module docstring says."""
-        settings = settings or current()
         header = settings.positive(ENV_HEADER_TIMEOUT_S, float)
         idle = settings.positive(ENV_IDLE_TIMEOUT_S, float)
         most = settings.positive(ENV_MAX_CONNECTIONS, int, "")

@@ -57,7 +57,7 @@ from pyrsia.shared.http_middleware import (
 )
 from pyrsia.shared.redaction import redact_value
 from pyrsia.shared.service_state import METRICS, STATE, ServiceState
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +142,9 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
 
 
-def max_message_bytes(settings: Settings | None = None) -> int:
-    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` of ``settings`` (default: this
-    process's) if set, else ``MAX_MESSAGE_BYTES``."""
-    raw = (settings or current()).text(ENV_MAX_MESSAGE_BYTES)
+def max_message_bytes(settings: Settings) -> int:
+    """The body size cap: ``PYRSIA_MAX_MESSAGE_BYTES`` of ``settings`` if set, else ``MAX_MESSAGE_BYTES``."""
+    raw = settings.text(ENV_MAX_MESSAGE_BYTES)
     if not raw:
         return MAX_MESSAGE_BYTES
     try:
@@ -165,7 +164,7 @@ def make_app(
     *,
     client_max_size: int | None = None,
     auth_token: str | None = _FROM_ENV,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> web.Application:
     """An aiohttp app with health, metrics, error handling and drain support.
 
@@ -176,9 +175,8 @@ def make_app(
     ``auth_token`` (default: ``PERSIA_AUTH_TOKEN``) makes every route require it (401).
     ``PYRSIA_HEADER_TIMEOUT_S``, ``PYRSIA_IDLE_TIMEOUT_S`` and ``PYRSIA_MAX_CONNECTIONS``
     bound the connections ``serve`` holds (``pyrsia.shared.http_connections``).
-    Every variable is read from ``settings`` (default: this process's, read now).
+    Every variable is read from ``settings``, the process's, passed down from its entry point.
     """
-    settings = settings or current()
     client_max_size = client_max_size or max_message_bytes(settings)
     inflight = InflightBytes(max_inflight_request_bytes(client_max_size, settings))
     timeout_s = body_timeout_s(settings)

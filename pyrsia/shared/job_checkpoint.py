@@ -34,7 +34,7 @@ import numpy as np
 from pyrsia.shared.config import CheckpointingConfig, load_global_config
 from pyrsia.shared.constants import ENV_GLOBAL_CONFIG, ENV_RESUME
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +48,21 @@ DATA_SUBDIR = "data"
 _STEP_DIR = re.compile(r"^step_(\d{10})$")
 
 
-def resume_requested() -> bool:
-    """True when the launcher was given ``--resume`` (it sets ``PERSIA_RESUME=1``)."""
-    raw = current().text(ENV_RESUME)
+def resume_requested(settings: Settings) -> bool:
+    """True when the launcher was given ``--resume`` (it sets ``PERSIA_RESUME=1`` in the
+    environment of the script it runs, read into ``settings``)."""
+    raw = settings.text(ENV_RESUME)
     if raw not in ("", "0", "1"):
         raise ConfigError(f"{ENV_RESUME}: expected 0 or 1, got {raw!r}")
     return raw == "1"
 
 
-def checkpointing_config() -> CheckpointingConfig:
+def checkpointing_config(settings: Settings) -> CheckpointingConfig:
     """``common_config.checkpointing_config`` of ``$PERSIA_GLOBAL_CONFIG`` (defaults without it)."""
-    path = current().text(ENV_GLOBAL_CONFIG)
+    path = settings.text(ENV_GLOBAL_CONFIG)
     if not path:
         return CheckpointingConfig()
-    return load_global_config(path).common_config.checkpointing_config
+    return load_global_config(path, settings=settings).common_config.checkpointing_config
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -144,11 +145,11 @@ def trained_batch_ids(directory: Path) -> np.ndarray:
     return np.unique(np.concatenate(parts).astype(np.uint64, copy=False))
 
 
-def resumed_batch_ids(replica_index: int, replica_size: int) -> frozenset[int]:
+def resumed_batch_ids(replica_index: int, replica_size: int, settings: Settings) -> frozenset[int]:
     """What a data loader replica skips on ``--resume``: the ids of its batches (``id %
     replica_size == replica_index``) trained into the newest complete checkpoint under
     ``checkpointing_config.checkpoint_dir``; none when there is no such checkpoint (logged)."""
-    config = checkpointing_config()
+    config = checkpointing_config(settings)
     directory = latest_complete(config.checkpoint_dir) if config.checkpoint_dir else None
     if directory is None:
         log.warning("--resume: no complete checkpoint found; sending every batch")

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyrsia.shared.settings import current
+from numba.core import config as numba_config
 
 
 def fingerprint(paths: Sequence[Path]) -> str:
@@ -38,7 +38,7 @@ def drop_if_inlined_changed(module_file: str, inlined: Sequence[str]) -> bool:
     With no fingerprint yet, what is cached is dropped once: nothing says which sources it
     was built from.
     """
-    if current().is_set("NUMBA_CACHE_DIR"):
+    if numba_config.CACHE_DIR:  # NUMBA_CACHE_DIR, as numba read it
         return False
     source = Path(module_file)
     cache = source.parent / "__pycache__"

@@ -31,7 +31,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import ConfigError
 from pyrsia.shared.http_server import METRICS
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,13 @@ def _check_gateway(raw: str) -> str:
     return url
 
 
-def push_settings(config: MetricsConfig) -> MetricsPushSettings | None:
-    """Push settings from the global config and ``PERSIA_METRICS_GATEWAY_ADDR``, or None.
+def push_settings(config: MetricsConfig, settings: Settings) -> MetricsPushSettings | None:
+    """Push settings from the global config and ``PERSIA_METRICS_GATEWAY_ADDR`` of
+    ``settings``, or None.
 
     Raises ConfigError naming the variable or key when a value cannot work.
     """
-    raw = current().text(ENV_METRICS_GATEWAY_ADDR).strip()
+    raw = settings.text(ENV_METRICS_GATEWAY_ADDR).strip()
     if not config.enable_metrics:
         if raw:
             log.info(

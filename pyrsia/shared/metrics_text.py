@@ -10,6 +10,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyrsia.shared.auth import AUTH_HEADER, auth_header_value, auth_token_from_env
+from pyrsia.shared.settings import Settings
 
 __all__ = ["Samples", "auth_headers", "fetch_samples", "parse_samples", "sample_sum"]
 
@@ -32,9 +33,10 @@ def sample_sum(samples: Samples, metric: str, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
-def auth_headers() -> dict[str, str]:
-    """The job's auth header (``PERSIA_AUTH_TOKEN``), or none: services answer 401 without it."""
-    token = auth_token_from_env()
+def auth_headers(settings: Settings) -> dict[str, str]:
+    """The job's auth header (``PERSIA_AUTH_TOKEN`` of ``settings``), or none: services
+    answer 401 without it."""
+    token = auth_token_from_env(settings)
     return {AUTH_HEADER: auth_header_value(token)} if token else {}
 
 

@@ -55,7 +55,7 @@ from pyrsia.shared.option_kinds import (
     mismatch,
     parse_env,
 )
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.yaml_file import show_value
 
 __all__ = [
@@ -184,11 +184,10 @@ class KeyTable:
         return parse_env(key.kind, key.env, text) if text.strip() else ...  # type: ignore[arg-type]
 
     def resolve(
-        self, given: Mapping[str, Any], environ: Mapping[str, str] | None = None
+        self, given: Mapping[str, Any], environ: Mapping[str, str]
     ) -> tuple[dict[str, Any], list[str]]:
-        """Every key's value (given in code, else from the environment, else the default)
-        and the names whose value came from the environment."""
-        environ = current().environ if environ is None else environ
+        """Every key's value (given in code, else from ``environ``, the caller's settings,
+        else the default) and the names whose value came from the environment."""
         for name in given:
             self.lookup(name)
         values: dict[str, Any] = {}
@@ -218,14 +217,17 @@ class KeyTable:
 # --------------------------------------------------------------------------- YAML sections
 
 
-def unknown_keys_allowed() -> bool:
-    """``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` is 1 (true, yes, on)."""
-    return current().text(ENV_ALLOW_UNKNOWN_CONFIG_KEYS).strip().lower() in TRUE_WORDS
+def unknown_keys_allowed(settings: Settings) -> bool:
+    """``$PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS`` of ``settings`` is 1 (true, yes, on)."""
+    return settings.text(ENV_ALLOW_UNKNOWN_CONFIG_KEYS).strip().lower() in TRUE_WORDS
 
 
-def strict_default(strict: bool | None) -> bool:
-    """``strict`` as given, or by default: unknown keys are errors unless allowed."""
-    return (not unknown_keys_allowed()) if strict is None else strict
+def strict_default(strict: bool | None, settings: Settings | None = None) -> bool:
+    """``strict`` as given, or by default: unknown keys are errors unless ``settings`` (the
+    caller's entry point's) allow them; without settings, errors."""
+    if strict is not None:
+        return strict
+    return settings is None or not unknown_keys_allowed(settings)
 
 
 class Section:

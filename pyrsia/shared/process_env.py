@@ -22,12 +22,19 @@ def export_default(name: str, value: str) -> None:
     os.environ.setdefault(name, value)
 
 
+def replace(name: str, value: str) -> str | None:
+    """Set ``name`` to ``value``; returns the value it had (None: unset)."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    return previous
+
+
+def prepend_path(name: str, entry: str) -> None:
+    """Put ``entry`` first in the ``:``-separated list ``name`` (``LD_LIBRARY_PATH``)."""
+    os.environ[name] = f"{entry}:{os.environ.get(name, '')}"
+
+
 def unset(names: Iterable[str]) -> None:
     """Remove each of ``names`` from this process's environment (absent ones are skipped)."""
     for name in names:
         os.environ.pop(name, None)
-
-
-def child_environment() -> dict[str, str]:
-    """A copy of this process's environment, for a child process to be started with."""
-    return dict(os.environ)

@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     restart = RESTART_FLAG in args
     args = [a for a in args if a != RESTART_FLAG]
-    from pyrsia.shared.cli import verbose
+    from pyrsia.shared.settings import current
 
-    loud = verbose()
+    loud = current().verbose  # `python -m pyrsia.shared.redis_local`: an entry point
     binary = find_redis_server()
     defaults = ["--save", "", "--appendonly", "no", *quiet_args(args, verbose=loud)]
     if "--bind" not in args:

@@ -48,9 +48,8 @@ from pyrsia.shared.registry_settings import (
     RegistrySettings,
     redis_fix,
     unreachable_error,
-    wait_timeout_s,
+    wait_timeout_s,  # noqa: F401 - imported from here too
 )
-from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +111,12 @@ class Registry:
 
     def __init__(
         self,
-        settings: RegistrySettings | None = None,
+        settings: RegistrySettings,
         *,
         ttl_s: float = REGISTRATION_TTL_S,
         heartbeat_s: float = HEARTBEAT_INTERVAL_S,
     ):
-        self.settings = settings or RegistrySettings.from_env()
+        self.settings = settings
         self.ttl_s = ttl_s
         self.heartbeat_s = heartbeat_s
         try:
@@ -145,7 +144,7 @@ class Registry:
         A refused password is not waited for: it will not become right.
         """
         if wait_s > 0:
-            wait_s = wait_timeout_s(wait_s)
+            wait_s = self.settings.wait_timeout_s(wait_s)
         deadline = time.monotonic() + wait_s
         report = _WaitReport()
         while True:
@@ -168,8 +167,8 @@ class Registry:
                     continue
                 error = exc
                 break
-        given = current().redis_url_given
-        if not given and started_by_hand():
+        given = self.settings.url_given
+        if not given and started_by_hand(self.settings.environment):
             raise RegistryError(
                 f"started without the launcher, and no Redis answers at "
                 f"{self.settings.display_url} ({ENV_REDIS_URL} is unset): start the job with "
@@ -305,7 +304,7 @@ class Registry:
         it logs what it still waits for; on timeout the error names the role, the indices
         still missing and what to check. ``$PERSIA_WAIT_TIMEOUT_S`` replaces ``timeout_s``.
         """
-        timeout_s = wait_timeout_s(timeout_s)
+        timeout_s = self.settings.wait_timeout_s(timeout_s)
         deadline = time.monotonic() + timeout_s
         report = _WaitReport()
         while True:

@@ -10,14 +10,14 @@ password as ``***``, and what to do). ``pyrsia.shared.registry`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import AuthenticationError, ResponseError
 
 from pyrsia.shared.constants import DEFAULT_JOB_ID, DEFAULT_REDIS_URL, ENV_REDIS_URL
 from pyrsia.shared.errors import RegistryError
 from pyrsia.shared.redaction import redact_url
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 _REDIS_FIX = f"; start a Redis there or point {ENV_REDIS_URL} at one every process can reach"
 
@@ -32,6 +32,19 @@ class RegistrySettings:
 
     redis_url: str = DEFAULT_REDIS_URL
     job_id: str = DEFAULT_JOB_ID
+    environment: Settings = field(default_factory=Settings, compare=False, repr=False)
+    """The process settings these came from: whether ``PERSIA_REDIS_URL`` was given, and
+    ``PERSIA_WAIT_TIMEOUT_S`` (checked when a wait reads it). Default: no variable set."""
+
+    @property
+    def url_given(self) -> bool:
+        """Whether ``PERSIA_REDIS_URL`` is set (not the default)."""
+        return self.environment.redis_url_given
+
+    def wait_timeout_s(self, default_s: float) -> float:
+        """``$PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else
+        ``default_s``."""
+        return self.environment.wait_timeout_s(default_s)
 
     @property
     def display_url(self) -> str:
@@ -42,22 +55,21 @@ class RegistrySettings:
         return f"RegistrySettings(redis_url={self.display_url!r}, job_id={self.job_id!r})"
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None) -> RegistrySettings:
-        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` of ``settings`` (default:
-        this process's, read now, not at import).
+    def from_env(cls, settings: Settings) -> RegistrySettings:
+        """Settings from ``PERSIA_REDIS_URL`` and ``PERSIA_JOB_ID`` of ``settings`` (the
+        process's, passed down from its entry point).
 
         A PERSIA deployment sets ``PERSIA_NATS_URL`` (or ``PERSIA_NATS_IP``) instead; without
         ``PERSIA_REDIS_URL`` that is a RegistryError saying, in one line, what to set.
         """
-        settings = settings or current()
         settings.check_no_nats_without_redis()
-        return cls(redis_url=settings.redis_url, job_id=settings.job_id)
+        return cls(redis_url=settings.redis_url, job_id=settings.job_id, environment=settings)
 
 
-def wait_timeout_s(default_s: float, settings: Settings | None = None) -> float:
-    """``$PERSIA_WAIT_TIMEOUT_S`` of ``settings`` (default: this process's) when set (a
+def wait_timeout_s(default_s: float, settings: Settings) -> float:
+    """``$PERSIA_WAIT_TIMEOUT_S`` of ``settings`` when set (a
     positive number of seconds), else ``default_s``."""
-    return (settings or current()).wait_timeout_s(default_s)
+    return settings.wait_timeout_s(default_s)
 
 
 def redis_fix(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from pyrsia.shared.auth import auth_token_from_env
 from pyrsia.shared.constants import (
     GIL_SWITCH_INTERVAL_S,
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
@@ -36,6 +37,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import MisuseError, RuntimeClosedError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.serial_ops import run_torch_ops_serially_on_this_thread
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,9 @@ def shorten_gil_switch_interval() -> None:
 class Runtime:
     """An event loop in a daemon thread plus the process's HTTP client."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth_token: str | None = None) -> None:
+        """``auth_token``: the job's ``PERSIA_AUTH_TOKEN``, sent by :attr:`client`."""
+        self._auth_token = auth_token
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -90,7 +94,7 @@ class Runtime:
             loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
-        self._client = HttpClient()
+        self._client = HttpClient(auth_token=self._auth_token)
         self._started.set()
         try:
             loop.run_forever()
@@ -185,15 +189,18 @@ _runtime_pid: int | None = None
 _runtime_lock = threading.Lock()
 
 
-def get_runtime() -> Runtime:
+def get_runtime(settings: Settings | None = None) -> Runtime:
     """This process's runtime, started on first use and stopped at interpreter exit.
 
-    A forked child gets a fresh runtime (threads do not survive ``fork``).
+    The first call makes it: its HTTP client sends ``PERSIA_AUTH_TOKEN`` of ``settings`` (the
+    caller's entry point's; None: no token). A context opening its session passes them;
+    later calls get the running one. A forked child gets a fresh runtime (threads do not
+    survive ``fork``).
     """
     global _runtime, _runtime_pid
     with _runtime_lock:
         if _runtime is None or _runtime_pid != os.getpid() or _runtime._closed:
-            _runtime = Runtime()
+            _runtime = Runtime(None if settings is None else auth_token_from_env(settings))
             _runtime_pid = os.getpid()
             atexit.register(_runtime.stop)
         runtime = _runtime

@@ -19,15 +19,15 @@ from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.metrics_push import MetricsPushSettings, push_settings
 from pyrsia.shared.process_exit import exit_now
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def advertise_host(bind_host: str) -> str:
-    """The host other services should dial: ``PERSIA_ADVERTISE_HOST``, else the bind host,
-    else (when bound to all interfaces) this machine's host name."""
-    explicit = current().text(ENV_ADVERTISE_HOST)
+def advertise_host(bind_host: str, settings: Settings) -> str:
+    """The host other services should dial: ``PERSIA_ADVERTISE_HOST`` of ``settings``, else
+    the bind host, else (when bound to all interfaces) this machine's host name."""
+    explicit = settings.text(ENV_ADVERTISE_HOST)
     if explicit:
         return explicit
     if bind_host in ("0.0.0.0", "::", ""):
@@ -38,6 +38,7 @@ def advertise_host(bind_host: str) -> str:
 async def run_service(
     app: web.Application,
     *,
+    settings: Settings,
     role: str,
     replica_index: int,
     replica_size: int,
@@ -48,7 +49,8 @@ async def run_service(
 ) -> None:
     """Serve ``app`` until SIGTERM, registered as ``role/replica_index`` while it runs.
 
-    ``registry`` (default: one from the environment) is closed when the service stops.
+    ``registry`` (default: one from ``settings``, the process's) is closed when the service
+    stops.
     ``use_registry=False`` serves without Redis (inference with ``infer_config.servers``:
     peers are dialled at fixed addresses).
     """
@@ -57,7 +59,7 @@ async def run_service(
         await serve(app, host, port)
         return
     if registry is None:
-        registry = Registry(RegistrySettings.from_env())
+        registry = Registry(RegistrySettings.from_env(settings))
     await registry.ping(wait_s=REDIS_STARTUP_WAIT_S)
 
     async def on_started(bound_port: int) -> None:
@@ -65,7 +67,7 @@ async def run_service(
             role=role,
             replica_index=replica_index,
             replica_size=replica_size,
-            address=f"{advertise_host(host)}:{bound_port}",
+            address=f"{advertise_host(host, settings)}:{bound_port}",
             pid=os.getpid(),
         )
         await registry.register(record)
@@ -78,21 +80,21 @@ async def run_service(
 
 
 def start_process(
-    role: str, replica_index: int, cpu_priority: str, metrics: MetricsConfig
+    role: str, replica_index: int, cpu_priority: str, metrics: MetricsConfig, settings: Settings
 ) -> MetricsPushSettings | None:
     """A service process's set-up once its flags and configs are read: log lines named
     after ``role`` and ``replica_index``, its CPU class, freed heap memory kept for reuse
     (``pyrsia/shared/allocator.py``); returns its metrics push settings (None: no push).
-    Raises ConfigError naming a push setting that cannot work."""
-    configure_logging(role, replica_index)
+    Raises ConfigError naming a push setting that cannot work. ``settings``: the process's."""
+    configure_logging(role, replica_index, settings.log_level)
     name_this_process(f"{role}/{replica_index}")
     apply_cpu_priority(cpu_priority)
-    settings = push_settings(metrics)
-    log.info("freed heap memory: %s", keep_freed_memory())
-    return settings
+    pushed = push_settings(metrics, settings)
+    log.info("freed heap memory: %s", keep_freed_memory(settings))
+    return pushed
 
 
-def run(main_coro_factory) -> None:
+def run(main_coro_factory, settings: Settings) -> None:
     """Run a service's async main on uvloop; exit code 0 right after a clean drain.
 
     Once the service has drained, cleaned up and deregistered, the process leaves with
@@ -111,7 +113,7 @@ def run(main_coro_factory) -> None:
     try:
         asyncio.run(main_coro_factory())
     except KNOWN_ERRORS as exc:
-        exit_now(report(exc))
+        exit_now(report(exc, settings))
     except Exception as exc:  # a crash: its traceback, then the line (run names it first)
-        exit_now(report(exc, user_script=False))
+        exit_now(report(exc, settings, user_script=False))
     exit_now(0)

@@ -1,10 +1,13 @@
 """This process's settings from its environment: the one library module that reads it.
 
 A process's entry point (a service's ``main``, a launcher, a context entered in a user
-script) calls :func:`current` and passes the :class:`Settings` it gets, or the values it
-needs, down to the code it calls; the rest of the library reads no environment variable
-(``tests/test_settings_reads.py`` holds it to that; ``persia.env`` keeps PERSIA's getters
-and ``pyrsia.shared.process_env`` writes the environment children inherit).
+script, a public function that keeps PERSIA's signature) calls :func:`current` once, lays its
+flags over the result (:meth:`Settings.with_values`) and passes the :class:`Settings`, or the
+values it needs, down to the code it calls; the rest of the library reads no environment
+variable and builds no settings (``tests/test_settings_reads.py`` and
+``tests/test_settings_entry_points.py``, which lists the entry points, hold it to that;
+``persia.env`` keeps PERSIA's getters and ``pyrsia.shared.process_env`` writes the
+environment a launched script or child process reads).
 
 A :class:`Settings` is a frozen snapshot taken when it is built, so a value cannot change
 under the code that holds it. Its accessors validate a variable when it is read, not when
@@ -54,6 +57,14 @@ class Settings:
         """The settings of ``environ`` (default: this process's environment, read now)."""
         source = os.environ if environ is None else environ
         return cls(MappingProxyType(dict(source)))
+
+    def with_values(self, values: Mapping[str, str]) -> Settings:
+        """These settings with ``values`` set over them: an entry point's flags, which win
+        over the environment, carried in the one object it passes down."""
+        return Settings(MappingProxyType({**self.environ, **values}))
+
+    def __hash__(self) -> int:  # a value: cached results may be keyed on it
+        return hash(frozenset(self.environ.items()))
 
     def __repr__(self) -> str:  # the environment holds secrets: never print it whole
         return f"Settings({len(self.environ)} variables)"
@@ -155,8 +166,9 @@ class Settings:
 
 
 def current() -> Settings:
-    """This process's settings, read from its environment now (an entry point calls this
-    and passes the result down; a later call sees variables set since)."""
+    """This process's settings, read from its environment now. Only an entry point calls
+    this (``tests/test_settings_reads.py`` lists them, with the reason) and passes the result
+    down; library code takes a :class:`Settings` (or the values it yields) from its caller."""
     return Settings.from_env()
 
 

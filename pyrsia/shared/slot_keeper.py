@@ -45,10 +45,10 @@ class SlotKeeper:
         role: str,
         replica_index: int,
         replica_size: int,
-        settings: RegistrySettings | None = None,
+        settings: RegistrySettings,
     ):
         self.role, self.replica_index, self.replica_size = role, replica_index, replica_size
-        self.settings = settings or RegistrySettings.from_env()
+        self.settings = settings
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._error: BaseException | None = None
@@ -122,14 +122,16 @@ class SlotKeeper:
             self._thread.join(timeout=DEREGISTER_TIMEOUT_S + SLOT_KEEPER_JOIN_SLACK_S)
 
 
-def take_job_slot(role: str, index: int, size: int) -> SlotKeeper | None:
+def take_job_slot(
+    role: str, index: int, size: int, settings: RegistrySettings
+) -> SlotKeeper | None:
     """This launcher's slot in the job lease (pyrsia/shared/job_lease.py), held until ``stop()``.
 
     A live job with this ``PERSIA_JOB_ID`` holding the slot is a UsageError (one line, exit
     2). Without a reachable Redis the launcher goes on without a lease, with a warning:
     its ranks (or script) report Redis themselves when they need it.
     """
-    keeper = SlotKeeper(role, index, size)
+    keeper = SlotKeeper(role, index, size, settings)
     try:
         keeper.start()
     except JobConflictError as exc:

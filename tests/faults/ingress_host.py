@@ -15,13 +15,16 @@ import logging
 import signal
 
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
+from pyrsia.shared.registry_settings import RegistrySettings
+from pyrsia.shared.settings import current
 
 log = logging.getLogger(__name__)
 
 
 async def serve(rank: int, world_size: int, capacity: int) -> None:
     queue = BatchQueue(capacity, rank=rank, world_size=world_size)
-    ingress = Ingress(queue)
+    settings = current()  # this helper process's entry point
+    ingress = Ingress(queue, registry_settings=RegistrySettings.from_env(settings))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

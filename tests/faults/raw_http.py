@@ -19,7 +19,7 @@ from pyrsia.shared.errors import ProtocolError
 
 
 def auth_headers() -> dict[str, str]:
-    token = os.environ.get("PERSIA_AUTH_TOKEN")
+    token = os.environ.get("PERSIA_AUTH_TOKEN")  # a test helper reads its own environment
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

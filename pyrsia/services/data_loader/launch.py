@@ -35,7 +35,8 @@ from pyrsia.shared.cpu_priority import (
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.process_env import export
-from pyrsia.shared.settings import current
+from pyrsia.shared.registry_settings import RegistrySettings
+from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
 
 
@@ -115,21 +116,26 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
             required=True,
             settings=settings,
         )
-        cpu_priority = resolve_cpu_priority(args.cpu_priority, settings=settings)
+        cpu_priority = resolve_cpu_priority(args.cpu_priority, settings)
     except UsageError as exc:
         return fail(str(exc))
-    export({"REPLICA_INDEX": str(args.replica_index), "REPLICA_SIZE": str(args.replica_size)})
-    if args.resume:
-        export({ENV_RESUME: "1"})  # read by DataCtx
-    if args.verbose:
-        export({ENV_VERBOSE: "1"})  # read by pyrsia.shared.cli.fail_known
+    # what the script run here (DataCtx, persia.env) and its children read
+    handed = {
+        "REPLICA_INDEX": str(args.replica_index),
+        "REPLICA_SIZE": str(args.replica_size),
+        ENV_PROCESS: f"data_loader/{args.replica_index}",
+        **({ENV_RESUME: "1"} if args.resume else {}),
+        **({ENV_VERBOSE: "1"} if args.verbose else {}),
+    }
+    export(handed)
+    settings = settings.with_values(handed)  # this launcher's own, passed down
     if env_changed is not None:
         env_changed()
-    configure_logging("data_loader", args.replica_index)
-    export({ENV_PROCESS: f"data_loader/{args.replica_index}"})
+    configure_logging("data_loader", args.replica_index, settings.log_level)
     global _KEEPER
     try:
-        _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size)
+        registry = RegistrySettings.from_env(settings)
+        _KEEPER = take_job_slot(ROLE_DATA_LOADER, args.replica_index, args.replica_size, registry)
     except UsageError as exc:
         return fail(str(exc))
     apply_cpu_priority(cpu_priority)
@@ -137,9 +143,9 @@ def main(argv: list[str] | None = None, *, env_changed: Callable[[], None] | Non
     sys.path.insert(0, str(script.parent.resolve()))
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
-        code = _run_script(script)
+        code = _run_script(script, settings)
         if code == 0 and not args.exit_when_done:
-            _wait_for_job_end()
+            _wait_for_job_end(registry)
     except SystemExit:
         if _TERMINATED:
             _leave_after_sigterm()
@@ -180,12 +186,12 @@ def _leave_when_done(code: int) -> None:
     exit_now(code)
 
 
-def _run_script(script) -> int:
+def _run_script(script, settings: Settings) -> int:
     """Run data_loader.py as ``__main__``; its exit code (a SIGTERM propagates)."""
     try:
         runpy.run_path(str(script), run_name="__main__")
     except Exception as exc:  # one line naming this loader (SystemExit passes)
-        return fail_known(exc)
+        return fail_known(exc, settings)
     except SystemExit as exc:
         if _TERMINATED:
             raise
@@ -214,8 +220,9 @@ def _leave_after_sigterm() -> None:
     exit_now(0)
 
 
-def _wait_for_job_end() -> None:
-    """Idle until the job's NN workers have deregistered (training is over), then linger briefly."""
+def _wait_for_job_end(settings: RegistrySettings) -> None:
+    """Idle until the job's NN workers have deregistered (training is over), then linger
+    briefly; ``settings``: the job's registry."""
     import asyncio
     import time
 
@@ -228,7 +235,7 @@ def _wait_for_job_end() -> None:
     from pyrsia.shared.registry import Registry
 
     async def wait() -> None:
-        registry = Registry()
+        registry = Registry(settings)
         try:
             while await registry.discover(ROLE_NN_WORKER):
                 await asyncio.sleep(DISCOVERY_POLL_INTERVAL_S * 10)

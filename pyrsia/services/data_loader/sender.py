@@ -23,6 +23,7 @@ from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import RemoteBadRequestError, ServiceUnavailableError
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.runtime import get_runtime
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.batch import DensePart, IDPart
 from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
 from pyrsia.shared.wire.worker import PutBatch
@@ -41,7 +42,10 @@ class SplittableBatch(Protocol):
 class HttpBatchTransport:
     """A data-loader replica's batches over HTTP to the peers the registry lists."""
 
-    def __init__(self, replica_index: int, replica_size: int):
+    def __init__(self, replica_index: int, replica_size: int, settings: Settings):
+        """``settings``: the process's, from the ``DataCtx`` that sends (the registry, the
+        token)."""
+        self.settings = settings
         self.replica_index = replica_index
         self.replica_size = replica_size
         self.workers: list[ServiceRecord] = []
@@ -50,9 +54,10 @@ class HttpBatchTransport:
 
     def open(self, wait_timeout_s: float) -> tuple[int, int]:
         """Wait up to ``wait_timeout_s`` for every embedding worker and NN-worker rank."""
-        self._registry = Registry(RegistrySettings.from_env())
+        self._registry = Registry(RegistrySettings.from_env(self.settings))
         try:
-            self.workers, self.ranks = get_runtime().run(self._discover(wait_timeout_s))
+            runtime = get_runtime(self.settings)
+            self.workers, self.ranks = runtime.run(self._discover(wait_timeout_s))
         except BaseException:
             self.close()
             raise

@@ -62,7 +62,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
 from pyrsia.shared.runtime import Runtime, get_runtime, shutdown_runtime
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,12 @@ class EmbeddedJob:
         *,
         loader_script: Path | None = None,
         cpu_priority: str = "background",
+        settings: Settings | None = None,
     ):
+        """``settings``: the process's, which the job was built from (None: no variable
+        set); its sessions and the data loader thread's sender use them."""
         self.client = client
+        self.settings = Settings() if settings is None else settings
         self.loader_script = loader_script
         self.cpu_priority = cpu_priority
         """The CPU class of the engine threads (``normal`` or ``background``)."""
@@ -90,24 +94,23 @@ class EmbeddedJob:
         self.loader_error: BaseException | None = None
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None) -> EmbeddedJob:
+    def from_env(cls, settings: Settings) -> EmbeddedJob:
         """Engines built from ``$PERSIA_EMBEDDING_CONFIG`` and ``$PERSIA_GLOBAL_CONFIG`` (the
         files the services read), the data loader from ``$PERSIA_DATALOADER_ENTRY``; each of
-        ``settings`` (default: this process's)."""
-        settings = settings or current()
+        ``settings`` (the process's, from the context that opens the first session)."""
         emb = settings.text(ENV_EMBEDDING_CONFIG).strip()
         if not emb:
             raise ConfigError(
                 f"${ENV_EMBEDDED}=1 needs ${ENV_EMBEDDING_CONFIG}: the embedding_config.yml the "
                 "in-process embedding worker serves (persia-launcher run --embedded sets it)"
             )
-        schema = load_embedding_config(emb)
+        schema = load_embedding_config(emb, settings=settings)
         glob = settings.text(ENV_GLOBAL_CONFIG).strip()
-        config = load_global_config(glob) if glob else default_global_config()
+        config = load_global_config(glob, settings=settings) if glob else default_global_config()
         script = settings.text(ENV_DATALOADER_ENTRY).strip()
         if script and not Path(script).is_file():
             raise ConfigError(f"${ENV_DATALOADER_ENTRY}={script!r}: no such file")
-        priority = resolve_cpu_priority(None, default="background", settings=settings)
+        priority = resolve_cpu_priority(None, settings, default="background")
         log.info(
             "embedded mode: embedding PS and worker engines in this process%s; engine threads "
             "at %s CPU priority ($%s)",
@@ -119,6 +122,7 @@ class EmbeddedJob:
             EmbeddedClient(schema, config),
             loader_script=Path(script) if script else None,
             cpu_priority=priority,
+            settings=settings,
         )
 
     # --- the engine threads' CPU class -------------------------------------------------
@@ -217,12 +221,12 @@ _job: EmbeddedJob | None = None
 _job_lock = threading.Lock()
 
 
-def get_embedded_job() -> EmbeddedJob:
-    """This process's embedded job, built on first use and closed at exit."""
+def get_embedded_job(settings: Settings) -> EmbeddedJob:
+    """This process's embedded job, built on first use (from ``settings``) and closed at exit."""
     global _job
     with _job_lock:
         if _job is None:
-            _job = EmbeddedJob.from_env()
+            _job = EmbeddedJob.from_env(settings)
             atexit.register(_close_at_exit, _job)
         return _job
 
@@ -248,17 +252,21 @@ class EmbeddedSession(Session):
     queue the in-process data loader fills (no server, no registry)."""
 
     def __init__(self, runtime: Runtime, job: EmbeddedJob):
-        super().__init__(runtime, job.client, None, None)
+        super().__init__(runtime, job.client, None, None, job.settings)
         self.job = job
         self._queue: BatchQueue | None = None
         self._open = False  # counted in the job's open sessions (the loop thread's CPU class)
 
     @classmethod
     def open(  # type: ignore[override]
-        cls, *, addresses: list[str] | None = None, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S
+        cls,
+        environment: Settings,
+        *,
+        addresses: list[str] | None = None,
+        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     ) -> EmbeddedSession:
-        runtime = get_runtime()
-        job = get_embedded_job()
+        runtime = get_runtime(environment)
+        job = get_embedded_job(environment)
         job.start_loader(runtime)
         session = cls(runtime, job)
         job.session_opened(runtime)

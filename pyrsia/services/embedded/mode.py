@@ -10,17 +10,16 @@ from collections.abc import Mapping
 
 from pyrsia.shared.constants import ENV_EMBEDDED
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import current
 
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("", "0", "false", "no", "off")
 
 
-def embedded_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``$PERSIA_EMBEDDED`` asks for embedded mode: 1, true, yes or on (any case);
+def embedded_requested(environ: Mapping[str, str]) -> bool:
+    """Whether ``$PERSIA_EMBEDDED`` of ``environ`` (the caller's settings) asks for embedded mode: 1, true, yes or on (any case);
     unset, empty, 0, false, no or off is services mode; any other value is a ConfigError
     naming the variable and what it accepts."""
-    value = (current().environ if environ is None else environ).get(ENV_EMBEDDED, "")
+    value = environ.get(ENV_EMBEDDED, "")
     text = value.strip().lower()
     if text in TRUE_VALUES:
         return True

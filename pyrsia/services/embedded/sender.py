@@ -31,6 +31,7 @@ from pyrsia.shared.constants import (
     ENV_EMBEDDED,
 )
 from pyrsia.shared.errors import BackPressureError, ConfigError
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.batch import DensePart
 from pyrsia.shared.wire.ingress import IngressBatch
 
@@ -48,7 +49,7 @@ class SplittableBatch(IDHalf, Protocol):
 class InProcessBatchTransport:
     """The one data loader's batches to the training loop of this process."""
 
-    def __init__(self, replica_index: int, replica_size: int):
+    def __init__(self, replica_index: int, replica_size: int, settings: Settings):
         if replica_size != 1 or replica_index != 0:
             raise ConfigError(
                 f"embedded mode (${ENV_EMBEDDED}=1) runs one data loader, replica 0 of 1; got "
@@ -58,7 +59,7 @@ class InProcessBatchTransport:
         self.replica_size = replica_size
         self._queue: BatchQueue | None = None
         self._order: asyncio.Lock | None = None  # made on the loop
-        self._job = get_embedded_job()
+        self._job = get_embedded_job(settings)
 
     def open(self, wait_timeout_s: float) -> tuple[int, int]:
         """Wait for the training loop's queue: one embedding worker, one rank."""

@@ -30,16 +30,19 @@ from pathlib import Path
 
 from pyrsia.shared.constants import ENV_CHECKPOINT_ROOT
 from pyrsia.shared.errors import InvalidInputError, UsageError
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 
-def checkpoint_roots(value: str | None, checkpoint_dir: str = "") -> tuple[Path, ...]:
-    """The resolved roots: ``--checkpoint-root`` (``value``), else ``$PERSIA_CHECKPOINT_ROOT``,
+def checkpoint_roots(
+    value: str | None, settings: Settings, checkpoint_dir: str = ""
+) -> tuple[Path, ...]:
+    """The resolved roots: ``--checkpoint-root`` (``value``), else ``$PERSIA_CHECKPOINT_ROOT``
+    of ``settings``,
     else (neither set, or empty) the working directory plus ``checkpoint_dir`` when it is set
     and not already under it. An explicit root must be an existing directory."""
     source = "--checkpoint-root"
     if value is None:
-        value, source = current().text(ENV_CHECKPOINT_ROOT), f"${ENV_CHECKPOINT_ROOT}"
+        value, source = settings.text(ENV_CHECKPOINT_ROOT), f"${ENV_CHECKPOINT_ROOT}"
     if value.strip():
         root = Path(os.path.realpath(value))
         if not root.is_dir():

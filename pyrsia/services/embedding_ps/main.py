@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,9 +17,9 @@ from pyrsia.services.embedding_ps.parallel import MAX_THREADS, resolve_threads
 from pyrsia.services.embedding_ps.server import create_app
 from pyrsia.services.embedding_ps.warm import warm_ps
 from pyrsia.shared.cli import (
+    ServerOptions,
     add_config_flags,
     add_replica_flags,
-    check_replica_flags,
     fail,
     global_config_from_flags,
     resolve_file,
@@ -45,7 +46,7 @@ from pyrsia.shared.errors import (
 )
 from pyrsia.shared.metrics_push import install_metrics_push
 from pyrsia.shared.service_runner import run, run_service, start_process
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings, current  # current: this is an entry point
 from pyrsia.shared.warming import warm_in_background
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_infer_address(servers: tuple[str, ...], args: argparse.Namespace) -> str | None:
+def _check_infer_address(servers: tuple[str, ...], args: ServerOptions) -> str | None:
     """With ``infer_config.servers`` (no registry), replica i must listen where servers[i] says."""
     if len(servers) != args.replica_size:
         return (
@@ -99,29 +100,47 @@ def _check_infer_address(servers: tuple[str, ...], args: argparse.Namespace) -> 
     return None
 
 
-def _read_flags(args: argparse.Namespace) -> tuple[str, GlobalConfig, tuple[Path, ...]]:
-    """(cpu priority, global config, checkpoint roots) from the flags and the files they
-    name, and ``args.threads`` resolved; UsageError or ConfigError says which one is wrong."""
-    check_replica_flags(args)
-    cpu_priority = resolve_cpu_priority(args.cpu_priority)
-    args.threads = ps_threads(args.threads)
-    # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
-    resolve_file(args.embedding_config, "--embedding-config", ENV_EMBEDDING_CONFIG, required=False)
-    config = global_config_from_flags(args)
-    roots = checkpoint_roots(
-        args.checkpoint_root, config.common_config.checkpointing_config.checkpoint_dir
-    )
-    return cpu_priority, config, roots
+@dataclass(frozen=True)
+class PSOptions:
+    """The PS's flags and environment, resolved and checked once by :func:`main`."""
+
+    server: ServerOptions
+    cpu_priority: str
+    config: GlobalConfig
+    roots: tuple[Path, ...]
+    threads: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, settings: Settings) -> PSOptions:
+        """The options of ``args`` over ``settings``; UsageError or ConfigError says which
+        flag, variable or file is wrong."""
+        server = ServerOptions.from_replica_flags(args, settings)
+        settings = server.settings
+        cpu_priority = resolve_cpu_priority(args.cpu_priority, settings)
+        threads = ps_threads(args.threads, settings)
+        # The embedding config is accepted for PERSIA compatibility; the PS needs none of it.
+        resolve_file(
+            args.embedding_config,
+            "--embedding-config",
+            ENV_EMBEDDING_CONFIG,
+            required=False,
+            settings=settings,
+        )
+        config = global_config_from_flags(args.global_config, args.strict_config, settings)
+        roots = checkpoint_roots(
+            args.checkpoint_root, settings, config.common_config.checkpointing_config.checkpoint_dir
+        )
+        return cls(server, cpu_priority, config, roots, threads)
 
 
-def ps_threads(flag: int | None, settings: Settings | None = None) -> int:
-    """The PS's thread count: ``--threads``, else ``$PYRSIA_PS_THREADS`` of ``settings``
-    (default: this process's), else ``parallel.default_threads()``; a bad value is a
+def ps_threads(flag: int | None, settings: Settings) -> int:
+    """The PS's thread count: ``--threads``, else ``$PYRSIA_PS_THREADS`` of ``settings``,
+    else ``parallel.default_threads()``; a bad value is a
     UsageError (the flag) or a ConfigError (the variable) naming it."""
     try:
         if flag is not None:
             return resolve_threads(flag, "--threads")
-        value = (settings or current()).positive(ENV_PS_THREADS, int, " (threads)")
+        value = settings.positive(ENV_PS_THREADS, int, " (threads)")
         return resolve_threads(value, ENV_PS_THREADS)
     except InvalidInputError as exc:
         if flag is not None:
@@ -144,7 +163,7 @@ def make_store(ps: EmbeddingParameterServerConfig, threads: int) -> EmbeddingSto
 
 
 def _load_infer_checkpoint(
-    store: EmbeddingStore, checkpoint: str, args: argparse.Namespace, workers: int
+    store: EmbeddingStore, checkpoint: str, args: ServerOptions, workers: int
 ) -> int:
     """Load ``infer_config.embedding_checkpoint`` into ``store``; returns the earliest start
     (unix ms) of its parts, the packets the loader applies on top being those newer. A
@@ -163,7 +182,7 @@ def _load_infer_checkpoint(
 def _incremental(
     store: EmbeddingStore,
     ps: EmbeddingParameterServerConfig,
-    args: argparse.Namespace,
+    args: ServerOptions,
     infer: bool,
     since_ms: int,
 ) -> IncrementalLoader | None:
@@ -195,11 +214,11 @@ def _incremental(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        cpu_priority, config, roots = _read_flags(args)
+        options = PSOptions.from_flags(build_parser().parse_args(argv), current())
     except (UsageError, ConfigError) as exc:
         return fail(str(exc))
+    args, config, settings = options.server, options.config, options.server.settings
     infer = config.common_config.job_type == JobType.Infer
     servers = config.common_config.infer_config.servers
     if infer and servers:
@@ -208,16 +227,20 @@ def main(argv: list[str] | None = None) -> int:
             return fail(problem)
     try:
         metrics_push = start_process(
-            ROLE_EMBEDDING_PS, args.replica_index, cpu_priority, config.common_config.metrics_config
+            ROLE_EMBEDDING_PS,
+            args.replica_index,
+            options.cpu_priority,
+            config.common_config.metrics_config,
+            settings,
         )
     except ConfigError as exc:
         return fail(str(exc))
     ps = config.embedding_parameter_server_config
-    store = make_store(ps, args.threads)
+    store = make_store(ps, options.threads)
     workers = config.common_config.checkpointing_config.num_workers  # dump/load threads
     log.info(
         "checkpoint roots %s: /dump and /load paths outside them are refused",
-        ", ".join(map(str, roots)),
+        ", ".join(map(str, options.roots)),
     )
     infer_checkpoint = config.common_config.infer_config.embedding_checkpoint
     try:
@@ -236,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         scan_interval_s=float(ps.incremental_scan_interval_seconds),
         max_request_bytes=args.max_request_bytes,
         checkpoint_workers=workers,
-        checkpoint_root=roots,
+        checkpoint_root=options.roots,
+        settings=settings,
     )
     install_metrics_push(
         app, metrics_push, role=ROLE_EMBEDDING_PS, replica_index=args.replica_index
@@ -245,20 +269,22 @@ def main(argv: list[str] | None = None) -> int:
     return _serve(app, args, use_registry=not (infer and servers))
 
 
-def _serve(app: web.Application, args: argparse.Namespace, *, use_registry: bool) -> int:
+def _serve(app: web.Application, args: ServerOptions, *, use_registry: bool) -> int:
     """Run ``app`` until it is stopped (registered in Redis unless ``use_registry`` is False);
     0, or the usage exit code when the registry refuses or cannot be reached."""
     try:
         run(
             lambda: run_service(
                 app,
+                settings=args.settings,
                 role=ROLE_EMBEDDING_PS,
                 replica_index=args.replica_index,
                 replica_size=args.replica_size,
                 host=args.host,
                 port=args.port,
                 use_registry=use_registry,
-            )
+            ),
+            args.settings,
         )
     except RegistryError as exc:
         return fail(str(exc))

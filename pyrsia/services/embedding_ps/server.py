@@ -52,6 +52,7 @@ from pyrsia.shared.embedding_spec import optimizer_to_dict
 from pyrsia.shared.errors import ConflictError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from pyrsia.shared.persia_compat import persia_labels
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
 from pyrsia.shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
@@ -298,14 +299,20 @@ def create_app(
     max_request_bytes: int | None = None,
     checkpoint_workers: int = 1,
     checkpoint_root: tuple[Path, ...] | Path | None = None,
+    settings: Settings,
 ) -> web.Application:
     """The PS app for one replica. ``ready_without_configure``: an Infer replica (serves eval
     lookups without /configure or an optimizer); ``incremental_loader`` scans for packets;
     ``max_request_bytes`` caps request bodies (413 beyond); ``checkpoint_workers`` threads
     write and read /dump and /load files (``checkpointing_config.num_workers``); with
     ``checkpoint_root`` (one root or several) those paths must lie in one
-    (``checkpoint_root.py``; the launcher always passes the roots, None is for in-process apps)."""
-    app = make_app(f"embedding_parameter_server/{replica_index}", client_max_size=max_request_bytes)
+    (``checkpoint_root.py``; the launcher always passes the roots, None is for in-process apps).
+    ``settings``: the process's, with its flags over them (body and connection limits, token)."""
+    app = make_app(
+        f"embedding_parameter_server/{replica_index}",
+        client_max_size=max_request_bytes,
+        settings=settings,
+    )
     app[STORE] = store
     app[CHECKPOINT_WORKERS] = checkpoint_workers
     if checkpoint_root is not None:

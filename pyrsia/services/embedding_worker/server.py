@@ -33,6 +33,7 @@ from pyrsia.shared.embedding_transport import STATS
 from pyrsia.shared.errors import ConflictError
 from pyrsia.shared.http_server import METRICS, STATE, make_app, msgpack_handler, require_ready
 from pyrsia.shared.persia_compat import persia_labels
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.worker import PutBatch
 
@@ -145,10 +146,13 @@ def create_app(
     ps_wait_timeout_s: float,
     threads: int = 2,
     max_request_bytes: int | None = None,
+    settings: Settings,
 ) -> web.Application:
     """The embedding worker app, ready once every PS replica is registered (413 over
-    ``max_request_bytes``)."""
-    app = make_app(f"embedding_worker/{index}", client_max_size=max_request_bytes)
+    ``max_request_bytes``; ``settings``: the process's, with its flags over them)."""
+    app = make_app(
+        f"embedding_worker/{index}", client_max_size=max_request_bytes, settings=settings
+    )
     worker_ref: list[Worker] = []
     metrics = worker_metrics(app[METRICS], worker_ref, lambda: persia_labels(app[STATE]))
     worker = _build_worker(index, schema, config, ps, threads, metrics)

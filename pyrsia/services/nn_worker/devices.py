@@ -14,8 +14,9 @@ value is a :class:`~pyrsia.shared.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyrsia.shared.errors import ConfigError
-from pyrsia.shared.settings import current
 
 VISIBLE_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 _NO_DEVICE = ("", "none", "void", "nodevfiles")
@@ -50,9 +51,10 @@ def count_visible(value: str, variable: str) -> int | None:
     return count
 
 
-def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
-    """Number of GPUs visible to processes started here (0 on a CPU-only machine)."""
-    env = current().environ if environ is None else environ
+def visible_gpu_count(environ: Mapping[str, str]) -> int:
+    """Number of GPUs visible to processes started with ``environ`` (0 on a CPU-only
+    machine)."""
+    env = environ
     for variable in VISIBLE_DEVICE_VARIABLES:
         if variable in env:
             count = count_visible(env[variable], variable)

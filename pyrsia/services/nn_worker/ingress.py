@@ -43,7 +43,7 @@ from pyrsia.shared.http_server import METRICS, STATE, listen, make_app, msgpack_
 from pyrsia.shared.metrics_push import MetricsPushSettings, install_metrics_push, push_settings
 from pyrsia.shared.registry import Registry, RegistrySettings, ServiceRecord
 from pyrsia.shared.service_runner import advertise_host
-from pyrsia.shared.settings import Settings, current
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.ingress import IngressBatch, LoaderDone
 
 log = logging.getLogger(__name__)
@@ -195,8 +195,12 @@ def _push_settings(settings: Settings) -> MetricsPushSettings | None:
     """Push settings of ``$PERSIA_GLOBAL_CONFIG``'s ``metrics_config`` and
     ``PERSIA_METRICS_GATEWAY_ADDR``, as the PS and embedding worker read them."""
     path = settings.text(ENV_GLOBAL_CONFIG)
-    config = load_global_config(path).common_config.metrics_config if path else MetricsConfig()
-    return push_settings(config)
+    config = (
+        load_global_config(path, settings=settings).common_config.metrics_config
+        if path
+        else MetricsConfig()
+    )
+    return push_settings(config, settings)
 
 
 @msgpack_handler
@@ -221,17 +225,19 @@ class Ingress:
         self,
         queue: BatchQueue,
         *,
-        registry_settings: RegistrySettings | None = None,
+        registry_settings: RegistrySettings,
         host: str | None = None,
         port: int = 0,
         stats: RankStats | None = None,
     ):
         """``stats``: what the rank's training did, served on ``/metrics`` (and pushed to
-        ``PERSIA_METRICS_GATEWAY_ADDR`` when ``enable_metrics``)."""
+        ``PERSIA_METRICS_GATEWAY_ADDR`` when ``enable_metrics``). ``registry_settings``: the
+        job's registry, and the process settings it came from (bind host, token, limits)."""
         self.queue = queue
         self.stats = stats or RankStats()
-        self.settings = registry_settings or RegistrySettings.from_env()
-        self.host = host or current().bind_host
+        self.settings = registry_settings
+        self.environment = registry_settings.environment
+        self.host = host or self.environment.bind_host
         self.port = port
         self.address: str | None = None
         self._runner: web.AppRunner | None = None
@@ -244,7 +250,7 @@ class Ingress:
         Raises ConfigError for a non-loopback bind host without ``PERSIA_AUTH_TOKEN`` (unless
         ``PERSIA_INSECURE=1``), and the size cap comes from ``PYRSIA_MAX_MESSAGE_BYTES``.
         """
-        settings = current()
+        settings = self.environment
         token = auth_token_from_env(settings)
         check_bind(self.host, token=token, insecure=insecure_from_env(settings))
         app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token, settings=settings)
@@ -262,7 +268,7 @@ class Ingress:
         self._runner = runner
         try:
             self._listener, bound = await listen(runner, self.host, self.port)
-            self.address = f"{advertise_host(self.host)}:{bound}"
+            self.address = f"{advertise_host(self.host, settings)}:{bound}"
             registry = Registry(self.settings)
             self._registry = registry
             await registry.register(

@@ -28,10 +28,11 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyrsia.services.nn_worker.devices import visible_gpu_count
 from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_env, is_loopback
-from pyrsia.shared.cli import add_server_security_flags, fail
+from pyrsia.shared.cli import ENV_FLAGS, add_server_security_flags, fail, flag_settings
 from pyrsia.shared.constants import (
     DEFAULT_MASTER_PORT,
     ENV_ADVERTISE_HOST,
@@ -46,6 +47,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.process_env import export, export_default
+from pyrsia.shared.registry_settings import RegistrySettings
 from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.slot_keeper import take_job_slot
 
@@ -87,43 +89,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_security(args: argparse.Namespace, settings: Settings | None = None) -> None:
-    """Check the ingress bind rule once here, and hand the flags to the ranks by environment
-    (``settings``: the launcher's, default this process's)."""
-    settings = settings or current()
+def _check_security(
+    ranks: RankOptions, insecure_flag: bool | None, cap_flag: int | None, settings: Settings
+) -> dict[str, str]:
+    """Check the ingress bind rule once here; the variables that hand ``--insecure`` and
+    ``--max-request-bytes`` to the ranks (``settings``: the launcher's, with its flags)."""
     try:
-        insecure = insecure_from_env(settings) if args.insecure is None else args.insecure
+        insecure = insecure_from_env(settings) if insecure_flag is None else insecure_flag
         token = auth_token_from_env(settings)
         host = settings.bind_host
         check_bind(host, token=token, insecure=insecure)
-        if args.node_rank == 0:  # node 0's agent hosts torch's rendezvous store
-            check_bind(args.master_addr, token=token, insecure=insecure)
-        if args.nnodes > 1 and args.node_rank == 0 and is_loopback(args.master_addr):
+        if ranks.node_rank == 0:  # node 0's agent hosts torch's rendezvous store
+            check_bind(ranks.master_addr, token=token, insecure=insecure)
+        if ranks.nnodes > 1 and ranks.node_rank == 0 and is_loopback(ranks.master_addr):
             raise ConfigError(
-                f"--master-addr {args.master_addr} resolves to a loopback address on node 0 "
-                f"({', '.join(_addresses(args.master_addr))}), so the rendezvous store would "
-                f"listen where the other {args.nnodes - 1} node(s) cannot reach it and they "
+                f"--master-addr {ranks.master_addr} resolves to a loopback address on node 0 "
+                f"({', '.join(_addresses(ranks.master_addr))}), so the rendezvous store would "
+                f"listen where the other {ranks.nnodes - 1} node(s) cannot reach it and they "
                 "would wait with no error; pass node 0's network address, or fix the name "
                 "in /etc/hosts (Debian writes '127.0.1.1 <hostname>' there)"
             )
-        if args.nnodes > 1 and token is None and not insecure:
+        if ranks.nnodes > 1 and token is None and not insecure:
             raise ConfigError(
-                f"--nnodes {args.nnodes}: the ranks of several nodes reach each other over the "
+                f"--nnodes {ranks.nnodes}: the ranks of several nodes reach each other over the "
                 f"network (torch's rendezvous store, gloo/NCCL), which the bind rule allows only "
                 f"with {ENV_AUTH_TOKEN} set or --insecure ({ENV_INSECURE}=1); torch's own "
                 "sockets have no authentication either way, so use a network you trust"
             )
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    if args.insecure:
-        export({ENV_INSECURE: "1"})
-    if args.max_request_bytes is not None:
-        if args.max_request_bytes <= 0:
+    handed: dict[str, str] = {}
+    if insecure_flag:
+        handed[ENV_INSECURE] = "1"
+    if cap_flag is not None:
+        if cap_flag <= 0:
             raise UsageError(
-                f"--max-request-bytes must be a positive number of bytes, got "
-                f"{args.max_request_bytes}"
+                f"--max-request-bytes must be a positive number of bytes, got {cap_flag}"
             )
-        export({ENV_MAX_MESSAGE_BYTES: str(args.max_request_bytes)})
+        handed[ENV_MAX_MESSAGE_BYTES] = str(cap_flag)
+    return handed
 
 
 def _addresses(host: str) -> list[str]:
@@ -166,64 +170,78 @@ def add_rank_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check(args: argparse.Namespace, settings: Settings) -> str:
-    script = args.script or settings.text(ENV_NN_WORKER_ENTRY)
+@dataclass(frozen=True)
+class RankOptions:
+    """The torch.distributed.run flags both launchers take (nn-worker and persia.hb.run),
+    resolved and checked at their entry point."""
+
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, settings: Settings) -> RankOptions:
+        """The rank flags of ``args``: an absent ``--nproc-per-node`` is the visible GPU count
+        and an absent ``--master-port`` ``$MASTER_PORT`` (of ``settings``); UsageError names
+        a bad one."""
+        nproc = args.nproc_per_node
+        if nproc is None:
+            try:
+                nproc = max(1, visible_gpu_count(settings.environ))
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
+        if nproc < 1:
+            raise UsageError(f"--nproc-per-node must be >= 1, got {nproc}")
+        if args.nnodes < 1:
+            raise UsageError(f"--nnodes must be >= 1, got {args.nnodes}")
+        if not 0 <= args.node_rank < args.nnodes:
+            raise UsageError(f"--node-rank must be in [0, {args.nnodes - 1}], got {args.node_rank}")
+        port = args.master_port
+        if port is None:
+            raw = settings.text("MASTER_PORT") or str(DEFAULT_MASTER_PORT)
+            try:
+                port = int(raw)
+            except ValueError:
+                raise UsageError(f"MASTER_PORT: expected a port number, got {raw!r}") from None
+        if not 0 < port < 65536:
+            raise UsageError(f"--master-port must be in [1, 65535], got {port}")
+        return cls(nproc, args.nnodes, args.node_rank, args.master_addr, port)
+
+
+def _script(flag: str | None, settings: Settings) -> str:
+    """The training script: the argument, else ``$PERSIA_NN_WORKER_ENTRY``; it must exist."""
+    script = flag or settings.text(ENV_NN_WORKER_ENTRY)
     if not script:
         raise UsageError(f"no training script given: pass train.py or set ${ENV_NN_WORKER_ENTRY}")
     if not os.path.isfile(script):
-        source = "the script argument" if args.script else f"${ENV_NN_WORKER_ENTRY}"
+        source = "the script argument" if flag else f"${ENV_NN_WORKER_ENTRY}"
         raise UsageError(f"{script}: no such file (set by {source})")
-    check_rank_flags(args, settings)
-    _check_security(args, settings)
     return script
 
 
-def check_rank_flags(args: argparse.Namespace, settings: Settings | None = None) -> None:
-    """Validate the rank flags; an absent ``--nproc-per-node`` becomes the visible GPU count
-    and an absent ``--master-port`` ``$MASTER_PORT`` (of ``settings``, default this process's)."""
-    settings = settings or current()
-    if args.nproc_per_node is None:
-        try:
-            args.nproc_per_node = max(1, visible_gpu_count(settings.environ))
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-    if args.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
-    if args.nnodes < 1:
-        raise UsageError(f"--nnodes must be >= 1, got {args.nnodes}")
-    if not 0 <= args.node_rank < args.nnodes:
-        raise UsageError(f"--node-rank must be in [0, {args.nnodes - 1}], got {args.node_rank}")
-    if args.master_port is None:
-        raw = settings.text("MASTER_PORT") or str(DEFAULT_MASTER_PORT)
-        try:
-            args.master_port = int(raw)
-        except ValueError:
-            raise UsageError(f"MASTER_PORT: expected a port number, got {raw!r}") from None
-    if not 0 < args.master_port < 65536:
-        raise UsageError(f"--master-port must be in [1, 65535], got {args.master_port}")
-
-
-def torchrun_args(args: argparse.Namespace, script: str, *, no_python: bool = False) -> list[str]:
-    """The ``torch.distributed.run`` command line for these flags.
+def torchrun_args(ranks: RankOptions, command: list[str], *, no_python: bool = False) -> list[str]:
+    """The ``torch.distributed.run`` command line for these flags, running ``command``
+    (the script or program, then its arguments).
 
     The rendezvous is torch's static one (node ``--node-rank`` of ``--nnodes``, the store at
     ``--master-addr:--master-port``), through :data:`pyrsia.services.nn_worker.rendezvous.BACKEND` so
-    that the store listens on ``--master-addr`` only. ``no_python``: ``script`` is a command
+    that the store listens on ``--master-addr`` only. ``no_python``: ``command`` is a command
     to execute (``python train.py``), not a Python file for torch's launcher to run with its
     own interpreter.
     """
-    host = args.master_addr
-    endpoint = f"[{host}]:{args.master_port}" if ":" in host else f"{host}:{args.master_port}"
+    host = ranks.master_addr
+    endpoint = f"[{host}]:{ranks.master_port}" if ":" in host else f"{host}:{ranks.master_port}"
     return [
         *(["--no-python"] if no_python else []),
-        f"--nproc-per-node={args.nproc_per_node}",
-        f"--nnodes={args.nnodes}",
+        f"--nproc-per-node={ranks.nproc_per_node}",
+        f"--nnodes={ranks.nnodes}",
         f"--rdzv-backend={RDZV_BACKEND}",
         f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-conf=rank={args.node_rank}",
+        f"--rdzv-conf=rank={ranks.node_rank}",
         "--max-restarts=0",
-        script,
-        *args.script_args,
+        *command,
     ]
 
 
@@ -231,33 +249,33 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     after = argv.index("--") if "--" in argv else len(argv)
     args, unknown = build_parser().parse_known_args(argv[:after])
-    args.script_args = unknown + argv[after + 1 :]
-    settings = current()
+    script_args = unknown + argv[after + 1 :]
+    settings = flag_settings(args, current())  # an entry point: its flags over the environment
     try:
-        script = _check(args, settings)
+        script = _script(args.script, settings)
+        ranks = RankOptions.from_flags(args, settings)
+        handed = _check_security(ranks, args.insecure, args.max_request_bytes, settings)
     except UsageError as exc:
         return fail(str(exc))
+    # what the ranks read from their environment: the limit flags, --insecure and the cap,
+    # --resume (TrainCtx) and --verbose (pyrsia.services.nn_worker.rank_entry)
+    export({**(getattr(args, ENV_FLAGS, None) or {}), **handed})
     if args.resume:
-        export({ENV_RESUME: "1"})  # read by TrainCtx in every rank
+        export({ENV_RESUME: "1"})
     if args.verbose:
-        export({ENV_VERBOSE: "1"})  # read by pyrsia.services.nn_worker.rank_entry
+        export({ENV_VERBOSE: "1"})
+    registry = RegistrySettings.from_env(settings)
     try:
-        keeper = take_job_slot(ROLE_NN_WORKER_NODE, args.node_rank, args.nnodes)
+        keeper = take_job_slot(ROLE_NN_WORKER_NODE, ranks.node_rank, ranks.nnodes, registry)
     except UsageError as exc:
         return fail(str(exc))
-    # each rank runs pyrsia.services.nn_worker.rank_entry: the script as __main__, its registry waits shown,
-    # a known error one line (exit 2) unless --verbose
-    wrapped = argparse.Namespace(**vars(args))
-    wrapped.script_args = [
-        "-u",
-        "-m",
-        "pyrsia.services.nn_worker.rank_entry",
-        script,
-        *args.script_args,
-    ]
+    # each rank runs pyrsia.services.nn_worker.rank_entry: the script as __main__, its registry
+    # waits shown, a known error one line (exit 2) unless --verbose
+    command = [sys.executable, "-u", "-m", "pyrsia.services.nn_worker.rank_entry", script]
     try:
         return run_ranks(
-            torchrun_args(wrapped, sys.executable, no_python=True),
+            torchrun_args(ranks, [*command, *script_args], no_python=True),
+            settings,
             before_exit=keeper.stop if keeper else None,
         )
     finally:
@@ -276,18 +294,15 @@ def ignore_stop_signals() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def loopback_rank_env(
-    nnodes: int, store_host: str, settings: Settings | None = None
-) -> dict[str, str]:
+def loopback_rank_env(nnodes: int, store_host: str, settings: Settings) -> dict[str, str]:
     """Variables that keep a one-node job's rank sockets on loopback (empty otherwise).
 
     When the job is on one node and both the servers' bind host and torch's store host are
     loopback addresses: gloo and NCCL bind the loopback interface (else they bind the
     address the machine's host name resolves to), and ``PERSIA_ADVERTISE_HOST`` is the bind
     host, which rank 0 publishes as its DDP store address and so binds that store to.
-    Variables the user set (in ``settings``, default this process's) are kept.
+    Variables the user set (in ``settings``, the launcher's) are kept.
     """
-    settings = settings or current()
     bind_host = settings.bind_host
     if nnodes != 1 or not is_loopback(bind_host) or not is_loopback(store_host):
         return {}
@@ -330,9 +345,15 @@ def rank_threads(nproc_per_node: str | int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(1, ranks))
 
 
-def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | None = None) -> int:
+def run_ranks(
+    torchrun_argv: list[str],
+    settings: Settings,
+    *,
+    before_exit: Callable[[], None] | None = None,
+) -> int:
     """Run torch.distributed.run with these arguments; the first failing rank's exit code.
 
+    ``settings``: the launcher's (its variables decide :func:`loopback_rank_env`).
     ``before_exit`` runs before a SIGTERM/SIGINT ends the process without unwinding.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -348,7 +369,7 @@ def run_ranks(torchrun_argv: list[str], *, before_exit: Callable[[], None] | Non
     export_default("OMP_NUM_THREADS", str(rank_threads(parsed.nproc_per_node)))
     store_host, _ = parse_rendezvous_endpoint(parsed.rdzv_endpoint or "", -1)
     nnodes = int(str(parsed.nnodes).split(":")[-1])
-    export(loopback_rank_env(nnodes, store_host or parsed.master_addr))
+    export(loopback_rank_env(nnodes, store_host or parsed.master_addr, settings))
     _quiet_known_error_exits()
     export({ENV_RANK_AGENT_PID: str(os.getpid())})  # torch's agent runs in this process
     try:

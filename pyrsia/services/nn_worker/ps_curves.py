@@ -67,7 +67,9 @@ class PSCurves:
             await registry.close()
         addresses = sorted({rec.address for rec in records.values()})
         timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers()) as session:
+        async with aiohttp.ClientSession(
+            timeout=timeout, headers=auth_headers(self.settings.environment)
+        ) as session:
 
             async def one(address: str) -> tuple[str, Samples | None]:
                 try:

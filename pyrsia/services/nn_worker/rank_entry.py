@@ -66,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         return 143  # the agent died before the request above: as if SIGTERM came
     progress_lines_when_piped()  # a tqdm bar on a pipe (honcho, run): a line per update
     process = f"nn_worker/{settings.text('RANK', '0')}"
-    export({ENV_PROCESS: process})
+    export({ENV_PROCESS: process})  # for the script's contexts and its children
     _show_service_logs(process, settings.log_level)
     sys.argv = [str(script), *argv[1:]]
     sys.path[0] = str(script.parent.resolve())  # where `python train.py` looks first
     try:
         runpy.run_path(str(script), run_name="__main__")
     except Exception as exc:  # one line naming this rank (SystemExit passes)
-        return fail_known(exc)
+        return fail_known(exc, settings.with_values({ENV_PROCESS: process}))
     return 0
 
 

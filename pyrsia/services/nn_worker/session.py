@@ -23,7 +23,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
 from pyrsia.shared.runtime import Runtime, get_runtime
-from pyrsia.shared.settings import current
+from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,15 @@ class Session:
         client: EmbeddingClient,
         registry: Registry | None,
         settings: RegistrySettings | None,
+        environment: Settings,
     ):
+        """``settings``: the job's registry (None with fixed addresses); ``environment``: the
+        process settings of the context that opened the session."""
         self.runtime = runtime
         self.client = client
         self.registry = registry
         self.settings = settings
+        self.environment = environment
         self._ingress: Ingress | None = None
         self.resume_skip: frozenset[int] = frozenset()  # batch ids trained before a --resume
         self.stats = RankStats()
@@ -50,6 +54,7 @@ class Session:
     @classmethod
     def open(
         cls,
+        environment: Settings,
         *,
         addresses: list[str] | None = None,
         wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
@@ -58,8 +63,8 @@ class Session:
 
         Services mode's session: ``persia._session_open.open_session`` picks embedded mode's
         instead when ``PERSIA_EMBEDDED=1``."""
-        runtime = get_runtime()
-        settings = None if addresses is not None else RegistrySettings.from_env()
+        runtime = get_runtime(environment)
+        settings = None if addresses is not None else RegistrySettings.from_env(environment)
 
         async def connect() -> tuple[EmbeddingWorkerClient, Registry | None]:
             registry = Registry(settings) if settings is not None else None
@@ -81,7 +86,7 @@ class Session:
                 raise
 
         client, registry = runtime.run(connect())
-        return cls(runtime, client, registry, settings)
+        return cls(runtime, client, registry, settings, environment)
 
     def ingress(
         self, *, rank: int, world_size: int, capacity: int, reproducible: bool
@@ -124,7 +129,7 @@ class Session:
                 "no registry to exchange the master address: pass master_addr= to the option"
             )
         if rank == 0:
-            address = current().text(ENV_ADVERTISE_HOST) or socket.gethostbyname(
+            address = self.environment.text(ENV_ADVERTISE_HOST) or socket.gethostbyname(
                 socket.gethostname()
             )
             self.runtime.run(registry.publish_master_addr(address))
