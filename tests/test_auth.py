@@ -221,3 +221,43 @@ def test_nn_worker_launcher_checks_the_bind_rule_once(tmp_path, monkeypatch, cap
     monkeypatch.setenv("PERSIA_BIND_HOST", "0.0.0.0")
     assert main([str(script)]) == 2
     assert "--insecure" in capsys.readouterr().err
+
+
+def test_the_runtime_sends_the_token_of_its_settings_and_keeps_it_for_the_next():
+    """The process runtime's client sends PERSIA_AUTH_TOKEN of the settings it was made with;
+    one made again (after a stop, or in a forked child) without settings keeps that token."""
+    from aiohttp import web
+
+    from pyrsia.shared.http_server import make_app, msgpack_handler
+    from pyrsia.shared.runtime import get_runtime
+
+    async def echo(request: web.Request, body: object) -> object:
+        return body
+
+    async def serve() -> tuple[web.AppRunner, str]:
+        app = make_app("peer", auth_token=TOKEN, settings=Settings.from_env({}))
+        app.router.add_post("/echo", msgpack_handler(echo))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner, f"http://127.0.0.1:{port}/echo"
+
+    def call(runtime) -> object:
+        runner, url = runtime.run(serve())
+        try:
+            return runtime.run(runtime.client.call(url, {"a": 1}))
+        finally:
+            runtime.run(runner.cleanup())
+
+    shutdown_runtime()
+    try:
+        assert call(get_runtime(Settings.from_env({"PERSIA_AUTH_TOKEN": TOKEN}))) == {"a": 1}
+        shutdown_runtime()
+        assert call(get_runtime()) == {"a": 1}  # the token kept
+        shutdown_runtime()
+        with pytest.raises(AuthError):
+            call(get_runtime(Settings.from_env({})))  # settings without a token: none sent
+    finally:
+        shutdown_runtime()

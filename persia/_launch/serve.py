@@ -23,6 +23,7 @@ from persia.serving.artifact import ServingModel, load_model
 from persia.serving.private_worker import PrivateWorker
 from persia.serving.server import create_app
 from pyrsia.shared.cli import (
+    ENV_FLAGS,
     ServerOptions,
     add_server_security_flags,
     add_unknown_keys_flags,
@@ -41,6 +42,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.errors import ConfigError, InvalidInputError, UsageError
 from pyrsia.shared.http_server import serve
 from pyrsia.shared.logging_setup import configure_logging
+from pyrsia.shared.process_env import export
 from pyrsia.shared.service_runner import run
 from pyrsia.shared.settings import Settings, current
 
@@ -187,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError, InvalidInputError) as exc:
         return fail(str(exc))
     configure_logging("serve", 0, settings.log_level)
+    if not workers:  # the private embedding worker started below inherits the limit flags
+        export(getattr(args, ENV_FLAGS, None) or {})
     private = None if workers else PrivateWorker(emb_path, glob_path)
     try:
         app = create_app(

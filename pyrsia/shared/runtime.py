@@ -187,20 +187,25 @@ class Runtime:
 _runtime: Runtime | None = None
 _runtime_pid: int | None = None
 _runtime_lock = threading.Lock()
+_runtime_token: str | None = None
+"""The token the last runtime was made with (``PERSIA_AUTH_TOKEN`` of its settings)."""
 
 
 def get_runtime(settings: Settings | None = None) -> Runtime:
     """This process's runtime, started on first use and stopped at interpreter exit.
 
     The first call makes it: its HTTP client sends ``PERSIA_AUTH_TOKEN`` of ``settings`` (the
-    caller's entry point's; None: no token). A context opening its session passes them;
-    later calls get the running one. A forked child gets a fresh runtime (threads do not
-    survive ``fork``).
+    caller's entry point's; a context opening its session passes them); later calls get the
+    running one. A forked child, or a call after :func:`shutdown_runtime`, gets a fresh
+    runtime (threads do not survive ``fork``), with the token of the last one unless
+    ``settings`` are given.
     """
-    global _runtime, _runtime_pid
+    global _runtime, _runtime_pid, _runtime_token
     with _runtime_lock:
         if _runtime is None or _runtime_pid != os.getpid() or _runtime._closed:
-            _runtime = Runtime(None if settings is None else auth_token_from_env(settings))
+            if settings is not None:
+                _runtime_token = auth_token_from_env(settings)
+            _runtime = Runtime(_runtime_token)
             _runtime_pid = os.getpid()
             atexit.register(_runtime.stop)
         runtime = _runtime
