@@ -215,7 +215,7 @@ def _actions(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
         else:
             default = f"`{action.default}`"
         if action.dest == "host":
-            default = "`127.0.0.1`"  # the parser reads $PERSIA_BIND_HOST when built
+            default = "`127.0.0.1`"  # $PERSIA_BIND_HOST, else loopback, resolved by the entry point
         help_ = (action.help or "").replace("%(default)s", str(action.default))
         rows.append((name, default, help_))
     return rows
