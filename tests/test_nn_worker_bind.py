@@ -133,3 +133,41 @@ def test_several_nodes_with_a_loopback_master_addr_are_refused_on_node_0(master,
     one_node = build_parser().parse_args(["train.py", "--master-addr", master])
     one = RankOptions.from_flags(one_node, settings)
     _check_security(one, one_node.insecure, one_node.max_request_bytes, settings)  # loopback ok
+
+
+def test_the_launcher_hands_its_flags_to_the_ranks():
+    """The limit flags lie over the launcher's settings and, with --insecure, the cap,
+    --resume and --verbose, are what it exports for the ranks torch's agent starts."""
+    from pyrsia.services.nn_worker.launch import (
+        RankOptions,
+        _check_security,
+        build_parser,
+        rank_environment,
+    )
+    from pyrsia.shared.cli import ENV_FLAGS, flag_settings
+    from pyrsia.shared.constants import (
+        ENV_BODY_TIMEOUT_S,
+        ENV_INSECURE,
+        ENV_MAX_CONNECTIONS,
+        ENV_MAX_MESSAGE_BYTES,
+        ENV_RESUME,
+        ENV_VERBOSE,
+    )
+    from pyrsia.shared.settings import Settings
+
+    flags = ["--body-timeout-s", "2.5", "--max-connections", "7", "--insecure"]
+    flags += ["--max-request-bytes", "1024", "--resume", "--verbose"]
+    args = build_parser().parse_args(["train.py", *flags])
+    settings = flag_settings(args, Settings.from_env({ENV_BODY_TIMEOUT_S: "9"}))
+    assert settings.text(ENV_BODY_TIMEOUT_S) == "2.5"  # the flag wins over the variable
+    ranks = RankOptions.from_flags(args, settings)
+    handed = _check_security(ranks, args.insecure, args.max_request_bytes, settings)
+    exported = rank_environment(getattr(args, ENV_FLAGS), handed, resume=True, verbose=True)
+    assert exported == {
+        ENV_BODY_TIMEOUT_S: "2.5",
+        ENV_MAX_CONNECTIONS: "7",
+        ENV_INSECURE: "1",
+        ENV_MAX_MESSAGE_BYTES: "1024",
+        ENV_RESUME: "1",
+        ENV_VERBOSE: "1",
+    }

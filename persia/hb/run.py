@@ -17,12 +17,8 @@ import argparse
 import shutil
 import sys
 
-from pyrsia.services.nn_worker.launch import (
-    RankOptions,
-    add_rank_flags,
-    run_ranks,
-    torchrun_args,
-)
+from pyrsia.services.nn_worker.launch import run_ranks
+from pyrsia.services.nn_worker.rank_flags import RankOptions, add_rank_flags, torchrun_args
 from pyrsia.shared.cli import fail
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.settings import current
