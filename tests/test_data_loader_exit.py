@@ -17,9 +17,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 MARKERS = """
-import atexit, sys
+import atexit, gc, sys
 from pathlib import Path
 out = Path(sys.argv[1])
+# runs last: from then on any allocation may collect; a collection on the way out must not
+# finalize what only finalization would
+atexit.register(gc.set_threshold, 1, 1, 1)
 
 class Finalized:  # only interpreter finalization would run this __del__
     def __del__(self):

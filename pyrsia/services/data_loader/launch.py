@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import logging
 import runpy
 import signal
@@ -35,6 +36,7 @@ from pyrsia.shared.cpu_priority import (
 from pyrsia.shared.errors import UsageError
 from pyrsia.shared.logging_setup import configure_logging
 from pyrsia.shared.process_env import export
+from pyrsia.shared.process_exit import exit_now
 from pyrsia.shared.registry_settings import RegistrySettings
 from pyrsia.shared.settings import Settings, current
 from pyrsia.shared.slot_keeper import SlotKeeper, take_job_slot
@@ -179,10 +181,11 @@ def _leave_when_done(code: int) -> None:
     main_thread = threading.main_thread()
     if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return
+    # No garbage collection from here on: a collection pass (any allocation may start one)
+    # would finalize the script's objects, as the skipped finalization would have.
+    gc.disable()
     atexit._run_exitfuncs()  # what finalization would run first (logging's shutdown among them)
     _give_back_slot()
-    from pyrsia.shared.process_exit import exit_now
-
     exit_now(code)
 
 
