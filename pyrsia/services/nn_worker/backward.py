@@ -210,6 +210,13 @@ class BackwardEngine:
                     timeout_s,
                 )
                 self._errors.append(TimeoutError("gradient sends cancelled at shutdown"))
+        carrier = self.client.carrier
+        if carrier is not None:
+            log.info(
+                "embedding gradients so far: %d batches carried on lookups, %d sent alone",
+                carrier.carried,
+                carrier.alone,
+            )
         if raise_errors:
             self.raise_pending()
 
