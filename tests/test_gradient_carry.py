@@ -24,6 +24,7 @@ from persia.embedding.optim import SGD
 from pyrsia.services.embedded.transport import InProcessTransport
 from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport
+from pyrsia.shared import embedding_transport as routes
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.errors import InvalidInputError, NotFoundError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
@@ -48,8 +49,9 @@ def _gradients(answer: Embeddings, batch_id: int) -> Gradients:
     return Gradients(batch_id, 1.0, slots, tables)
 
 
-async def _reference(flags) -> dict[str, np.ndarray]:
-    """What batch 2 reads after batch 1's gradients went on ``/gradients`` (in process)."""
+async def _reference(flags, *, carried: bool = False) -> dict[str, np.ndarray]:
+    """What batch 2 reads after batch 1's gradients went on ``/gradients`` (in process), or
+    with ``carried`` on batch 2's lookup through the in-process transport."""
     engines = InProcessTransport(load_embedding_config(flags[1]), load_global_config(flags[3]))
     client = EmbeddingClient(engines)
     try:
@@ -58,11 +60,23 @@ async def _reference(flags) -> dict[str, np.ndarray]:
         for k in (1, 2):
             engines.worker.forward.put(k, 0, engines.worker.prepare(batch(0).id_part()))
         first, _ = await client.lookup(0, 1, True, 6, gathered=True)
-        await client.send_gradients(0, _gradients(first, 1))
-        second, _ = await client.lookup(0, 2, True, 6, gathered=True)
+        if carried:
+            request = Lookup(2, True, True, (_gradients(first, 1),))
+            second = await engines.call(0, routes.LOOKUP, request, 6)
+            assert [a.batch_id for a in second.applied] == [1] and second.applied[0].totals.applied
+        else:
+            await client.send_gradients(0, _gradients(first, 1))
+            second, _ = await client.lookup(0, 2, True, 6, gathered=True)
         return arrays(second)
     finally:
         client.close()
+
+
+async def test_the_in_process_transport_applies_carried_gradients_too(configs):
+    flags = configs()
+    want, got = await _reference(flags), await _reference(flags, carried=True)
+    for name, data in got.items():
+        np.testing.assert_array_equal(data, want[name], err_msg=name)
 
 
 async def test_a_lookup_carries_gradients_applied_once_before_it_reads(

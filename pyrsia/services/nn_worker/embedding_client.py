@@ -26,7 +26,7 @@ import numpy as np
 from pyrsia.services.nn_worker.carry import GradientCarrier
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport, normalize_address
 from pyrsia.shared import embedding_transport as routes
-from pyrsia.shared.constants import GRADIENT_CARRY_WAIT_S
+from pyrsia.shared.constants import GRADIENT_CARRY_RECENT_S, GRADIENT_CARRY_WAIT_S
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
 from pyrsia.shared.embedding_transport import EmbeddingTransport, Rep, Req, Route, check_routes
 from pyrsia.shared.http_client import HttpClient
@@ -136,11 +136,11 @@ class EmbeddingClient:
     def carry_gradients(self, worker: int, request: Gradients) -> asyncio.Future | None:
         """Keep one batch's gradients for the next carrying lookup to ``worker``: the future
         of what applying them did; None (send them yourself) when no carrying lookup ran in
-        the last ``GRADIENT_CARRY_WAIT_S`` (direct datasets, evaluation) or when flushing."""
+        the last ``GRADIENT_CARRY_RECENT_S`` (direct datasets, evaluation) or when flushing."""
         carrier = self.carrier
         if carrier is None or not carrier.hold:
             return None
-        if time.monotonic() - self._carried_at > carrier.wait_s:
+        if time.monotonic() - self._carried_at > GRADIENT_CARRY_RECENT_S:
             return None
         return carrier.offer(worker, request)
 

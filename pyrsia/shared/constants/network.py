@@ -68,6 +68,9 @@ LOOKUP_TIMEOUT_S = 120.0
 GRADIENT_CARRY_WAIT_S = 0.5
 """How long an NN worker keeps a batch's embedding gradients for the next lookup to carry
 (``pyrsia.services.nn_worker.carry``) before it sends them alone on ``/gradients``."""
+GRADIENT_CARRY_RECENT_S = 5.0
+"""An NN worker keeps gradients for a lookup to carry only while carrying lookups run: the
+last one started at most this long ago (not with direct datasets or during evaluation)."""
 ADMIN_TIMEOUT_S = 3600.0
 """Dumps and loads of large tables take long; they still have a bound."""
 HEALTH_CHECK_TIMEOUT_S = 5.0
