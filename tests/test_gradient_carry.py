@@ -204,3 +204,34 @@ def _run(coro) -> list[BaseException]:
     except BaseException as exc:  # reported by the test
         return [exc]
     return []
+
+
+async def test_a_lookup_to_another_worker_waits_for_the_gradients_kept_for_the_first(
+    services, configs, registry_settings
+):
+    flags = configs()
+    start_cluster(services, flags, n_ps=1, n_workers=2)
+    http, registry = HttpClient(retries=0), Registry(registry_settings)
+    client = EmbeddingClient(HttpEmbeddingTransport(http, registry=registry))
+    try:
+        urls = await client.connect()
+        await client.wait_ready()
+        await client.configure(HYPER)
+        await client.register_optimizer(ADAGRAD)
+        for worker, url in enumerate(urls):
+            await http.call(f"{url}/batch", PutBatch(0, worker, batch(0).id_part()).to_wire())
+        first, _ = await client.lookup(0, 0, True, 6, gathered=True, carry=True)
+        kept = client.carry_gradients(0, _gradients(first, 0))
+        assert kept is not None
+        second, _ = await client.lookup(1, 1, True, 6, gathered=True, carry=True)
+        assert kept.done() and kept.result().totals.applied > 0  # applied before worker 1 read
+        assert second.applied == () and client.carrier is not None
+        assert (client.carrier.carried, client.carrier.alone) == (0, 1)
+        moved = [
+            not np.array_equal(a, b)
+            for a, b in zip(arrays(first).values(), arrays(second).values(), strict=True)
+        ]
+        assert all(moved)  # the same ids, read after batch 0's update
+    finally:
+        await http.close()
+        await registry.close()
