@@ -28,7 +28,8 @@ from pyrsia.shared import embedding_transport as routes
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.errors import InvalidInputError, NotFoundError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
-from pyrsia.shared.registry import Registry
+from pyrsia.shared.registry import Registry, RegistrySettings
+from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.worker import Embeddings, Gradients, Lookup, PutBatch
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.test_embedded_client import ADAGRAD, HYPER, arrays, batch
@@ -150,7 +151,8 @@ async def _feed(n_batches: int) -> None:
     """A data loader: every batch with the same ids, to worker 0 and to rank 0's ingress."""
     from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 
-    registry, client = Registry(), HttpClient()
+    registry = Registry(RegistrySettings.from_env(Settings.from_env()))
+    client = HttpClient()
     try:
         worker = (await registry.wait_for(ROLE_EMBEDDING_WORKER, timeout_s=30))[0]
         rank0 = (await registry.wait_for(ROLE_NN_WORKER, timeout_s=30))[0]
