@@ -56,8 +56,17 @@ class Handler(Generic[Req, Rep]):
 
 # --- the data routes --------------------------------------------------------------------
 async def _lookup(worker: Worker, request: wire.Lookup) -> wire.Embeddings:
-    """Embeddings of a buffered batch; a training batch then awaits its gradients."""
-    return await worker.lookup(request.batch_id, request.train, request.gathered)
+    """Embeddings of a buffered batch, after the gradients the request carries; a training
+    batch then awaits its gradients."""
+    return await worker.lookup(request.batch_id, request.train, request.gathered, request.carried)
+
+
+def _check_lookup(request: wire.Lookup) -> wire.Lookup:
+    """The carried gradient bodies checked as ``/gradients`` checks them."""
+    if not request.carried:
+        return request
+    carried = tuple(_check_gradients(g) for g in request.carried)
+    return wire.Lookup(request.batch_id, request.train, request.gathered, carried)
 
 
 def _check_direct(request: wire.LookupDirect) -> wire.LookupDirect:
@@ -125,7 +134,7 @@ async def _clear(worker: Worker, request: Empty) -> Any:
 HANDLERS: Mapping[str, Handler[Any, Any]] = {
     handler.route.path: handler
     for handler in (
-        Handler(routes.LOOKUP, _lookup, wire.Embeddings.to_wire),
+        Handler(routes.LOOKUP, _lookup, wire.Embeddings.to_wire, _check_lookup),
         Handler(routes.LOOKUP_DIRECT, _lookup_direct, wire.Embeddings.to_wire, _check_direct),
         Handler(routes.GRADIENTS, _gradients, wire.GradientsApplied.to_wire, _check_gradients),
         Handler(routes.SCHEMA, _schema, wire.WorkerSchema.to_wire, before_ready=True),

@@ -140,14 +140,22 @@ class Worker:
                 self._dim_counter(dim).inc(group.ids.shape[0])
         return out, gather
 
-    async def lookup(self, batch_id: int, train: bool, gathered: bool) -> Embeddings:
+    async def lookup(
+        self, batch_id: int, train: bool, gathered: bool, carried: Sequence[Gradients] = ()
+    ) -> Embeddings:
         """``/lookup``: the embeddings of a buffered batch; a training batch then awaits its
-        gradients (the HTTP route and the embedded mode, pyrsia/services/nn_worker, call it)."""
+        gradients (the HTTP route and the embedded mode, pyrsia/services/nn_worker, call it).
+
+        ``carried``: earlier batches' gradients sent with this lookup, applied first, in
+        order, exactly as ``/gradients`` applies them (the answer says what each did); one
+        that fails fails the lookup, and the looked-up batch stays buffered."""
+        self.forward.peek(batch_id)  # an unknown batch's error, before anything changes
+        applied = [await self.apply_gradients(msg) for msg in carried]
         pending = self.forward.pop(batch_id)
         embeddings, plan = await self.embeddings(pending, train, gathered)
         if train and pending.requires_grad:
             self.awaiting.put(batch_id, Awaited(pending.prepared, plan))
-        return Embeddings(embeddings, batch_id, pending.requires_grad)
+        return Embeddings(embeddings, batch_id, pending.requires_grad, tuple(applied))
 
     async def lookup_direct(self, batch: IDPart, train: bool, gathered: bool) -> Embeddings:
         """``/lookup_direct``: the embeddings of a checked id half, no buffering; a training

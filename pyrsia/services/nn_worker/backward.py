@@ -35,6 +35,7 @@ from pyrsia.services.nn_worker.features import GradientPayload
 from pyrsia.services.nn_worker.inflight import InflightLimits, Permit
 from pyrsia.shared.errors import GradientSendError, RuntimeClosedError
 from pyrsia.shared.runtime import Runtime
+from pyrsia.shared.wire.worker import Gradients
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +140,22 @@ class BackwardEngine:
             payload = grads() if callable(grads) else grads
             if not isinstance(payload, GradientPayload):
                 payload = GradientPayload(list(payload))
-            async with self.limits.senders():
-                await self.client.gradients(
-                    worker,
-                    batch_id,
-                    loss_scale,
-                    payload.slots,
-                    tables=payload.tables,
-                    skipped_slots=payload.skipped_slots,
-                )
+            request = Gradients(
+                batch_id,
+                float(loss_scale),
+                tuple(payload.slots),
+                None if payload.tables is None else tuple(payload.tables),
+                tuple(payload.skipped_slots),
+            )
+            carried = self.client.carry_gradients(worker, request)
+            if carried is not None:
+                if on_done is not None:  # the lookup that this permit admits applies them first
+                    on_done, release = None, on_done
+                    release()
+                await carried
+            else:
+                async with self.limits.senders():
+                    await self.client.send_gradients(worker, request)
             self.sent += 1
         except asyncio.CancelledError:
             raise
@@ -171,8 +179,18 @@ class BackwardEngine:
             ) from errors[0]
 
     async def _wait_all(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        carrier = self.client.carrier
+        if carrier is None:
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            return
+        carrier.hold = False  # what is kept, and what comes now, goes alone at once
+        try:
+            carrier.send_alone()
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        finally:
+            carrier.hold = True
 
     def flush(self, *, raise_errors: bool = True, timeout_s: float | None = None) -> None:
         """Wait until every queued send finished (at most ``timeout_s``); then report failures.
@@ -192,6 +210,13 @@ class BackwardEngine:
                     timeout_s,
                 )
                 self._errors.append(TimeoutError("gradient sends cancelled at shutdown"))
+        carrier = self.client.carrier
+        if carrier is not None:
+            log.info(
+                "embedding gradients so far: %d batches carried on lookups, %d sent alone",
+                carrier.carried,
+                carrier.alone,
+            )
         if raise_errors:
             self.raise_pending()
 

@@ -16,13 +16,17 @@ Embedding layout per slot, as the worker answers it::
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from typing import Any
 
 import numpy as np
 
+from pyrsia.services.nn_worker.carry import GradientCarrier
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport, normalize_address
 from pyrsia.shared import embedding_transport as routes
+from pyrsia.shared.constants import GRADIENT_CARRY_RECENT_S, GRADIENT_CARRY_WAIT_S
 from pyrsia.shared.embedding_spec import EmbeddingHyperparams, optimizer_from_dict
 from pyrsia.shared.embedding_transport import EmbeddingTransport, Rep, Req, Route, check_routes
 from pyrsia.shared.http_client import HttpClient
@@ -52,6 +56,10 @@ class EmbeddingClient:
         check_routes(transport)
         self.transport = transport
         self._round_robin = itertools.count()
+        self.carrier: GradientCarrier | None = None
+        """Gradients kept for the next lookup (made on the loop by the first carrying lookup,
+        where the transport's ``carries_gradients`` says carrying saves a request)."""
+        self._carried_at = -float("inf")
 
     # --- discovery ----------------------------------------------------------------------
     async def connect(self) -> list[str]:
@@ -85,17 +93,56 @@ class EmbeddingClient:
 
     # --- data path (the transport called directly: no extra frame per batch) -------------
     async def lookup(
-        self, worker: int, batch_id: int, train: bool, batch_size: int, *, gathered: bool = False
+        self,
+        worker: int,
+        batch_id: int,
+        train: bool,
+        batch_size: int,
+        *,
+        gathered: bool = False,
+        carry: bool = False,
     ) -> tuple[Embeddings, bool]:
         """Embeddings of a batch a data loader buffered on ``worker`` under ``batch_id``.
 
         Returns them with whether the worker awaits gradients for the batch (``train`` and
         the batch's ``requires_grad``). With ``gathered`` single-id summed slots come as
         tables (``pyrsia.shared.wire.gathered``), and their gradients must go back as tables.
+        With ``carry`` (a training lookup) the request carries the gradients
+        :meth:`carry_gradients` kept for ``worker`` (``pyrsia.services.nn_worker.carry``).
         """
-        request = Lookup(batch_id, train, gathered)
-        embeddings = await self.transport.call(worker, routes.LOOKUP, request, batch_size)
+        carrier = self._carrier() if carry and train else None
+        if carrier is None:
+            request = Lookup(batch_id, train, gathered)
+            embeddings = await self.transport.call(worker, routes.LOOKUP, request, batch_size)
+            return embeddings, bool(train and embeddings.requires_grad)
+        self._carried_at = time.monotonic()
+        carried = await carrier.before_lookup(worker)
+        request = Lookup(batch_id, train, gathered, tuple(body for body, _ in carried))
+        try:
+            embeddings = await self.transport.call(worker, routes.LOOKUP, request, batch_size)
+        except BaseException:
+            carrier.failed(worker, carried)
+            raise
+        carrier.answered(carried, embeddings.applied)
         return embeddings, bool(train and embeddings.requires_grad)
+
+    def _carrier(self) -> GradientCarrier | None:
+        if not getattr(self.transport, "carries_gradients", False):
+            return None
+        if self.carrier is None:
+            self.carrier = GradientCarrier(self.send_gradients, GRADIENT_CARRY_WAIT_S)
+        return self.carrier
+
+    def carry_gradients(self, worker: int, request: Gradients) -> asyncio.Future | None:
+        """Keep one batch's gradients for the next carrying lookup to ``worker``: the future
+        of what applying them did; None (send them yourself) when no carrying lookup ran in
+        the last ``GRADIENT_CARRY_RECENT_S`` (direct datasets, evaluation) or when flushing."""
+        carrier = self.carrier
+        if carrier is None or not carrier.hold:
+            return None
+        if time.monotonic() - self._carried_at > GRADIENT_CARRY_RECENT_S:
+            return None
+        return carrier.offer(worker, request)
 
     async def lookup_direct(
         self, id_part: IDPart, train: bool, worker: int | None = None, *, gathered: bool = False
@@ -132,6 +179,10 @@ class EmbeddingClient:
             None if tables is None else tuple(tables),
             tuple(skipped_slots),
         )
+        return await self.send_gradients(worker, request)
+
+    async def send_gradients(self, worker: int, request: Gradients) -> GradientsApplied:
+        """Send one batch's ``Gradients`` body on ``/gradients``."""
         return await self.transport.call(worker, routes.GRADIENTS, request)
 
     # --- administration (worker 0 fans these out to every PS replica) --------------------

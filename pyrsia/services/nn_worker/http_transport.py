@@ -47,6 +47,9 @@ class HttpEmbeddingTransport:
     """
 
     routes = frozenset(route.path for route in ROUTES)
+    carries_gradients = True
+    """A training ``/lookup`` carries the gradients kept for its worker: one HTTP request
+    and answer fewer per batch (``pyrsia.services.nn_worker.carry``)."""
 
     def __init__(
         self,

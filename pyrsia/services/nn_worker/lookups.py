@@ -60,7 +60,7 @@ class StreamedLookups:
 
     async def lookup(self, item: IngressBatch) -> PersiaTrainingBatch:
         embeddings, trainable = await self.client.lookup(
-            item.worker, item.batch_id, self.train, item.dense.batch_size, gathered=True
+            item.worker, item.batch_id, self.train, item.dense.batch_size, gathered=True, carry=True
         )
         batch = PersiaTrainingBatch(
             item.dense,

@@ -28,6 +28,8 @@ MAX_FEATURES = 4096
 """Most id-type (or dense) features one batch may carry."""
 MAX_LOADERS = 1 << 16
 """Most data-loader replicas one job may have."""
+MAX_CARRIED_GRADIENTS = 64
+"""Gradient bodies one ``/lookup`` may carry (an NN worker carries the few it holds)."""
 MAX_GROUPS = 1024
 """Most dim groups one PS lookup or update may carry."""
 MAX_DIM = 1 << 16

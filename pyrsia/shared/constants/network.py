@@ -65,6 +65,12 @@ METRICS_FINAL_PUSH_TIMEOUT_S = 0.3
 """The push on shutdown; short, so that SIGTERM still ends a service within SHUTDOWN_BUDGET_S."""
 LOOKUP_TIMEOUT_S = 120.0
 """An NN worker's /lookup, /lookup_direct and /gradients calls to an embedding worker."""
+GRADIENT_CARRY_WAIT_S = 0.5
+"""How long an NN worker keeps a batch's embedding gradients for the next lookup to carry
+(``pyrsia.services.nn_worker.carry``) before it sends them alone on ``/gradients``."""
+GRADIENT_CARRY_RECENT_S = 5.0
+"""An NN worker keeps gradients for a lookup to carry only while carrying lookups run: the
+last one started at most this long ago (not with direct datasets or during evaluation)."""
 ADMIN_TIMEOUT_S = 3600.0
 """Dumps and loads of large tables take long; they still have a bound."""
 HEALTH_CHECK_TIMEOUT_S = 5.0

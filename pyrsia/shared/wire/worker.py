@@ -3,7 +3,8 @@
 ::
 
     /batch         PutBatch      {"loader": int, "batch_id": int, "batch": IDPart}
-    /lookup        Lookup        {"batch_id": int, "train": bool, "gathered": bool = false}
+    /lookup        Lookup        {"batch_id": int, "train": bool, "gathered": bool = false,
+                                  "gradients": [Gradients] = []}   (carried: applied first)
     /lookup_direct LookupDirect  {"batch": IDPart, "train": bool, "gathered": bool = false}
     /gradients     Gradients     {"batch_id": int, "loss_scale": float,
                                   "gradients": [{"name": str, "data": float32|float16 array}],
@@ -12,7 +13,7 @@
                    {"batch_id": int | None, "requires_grad": bool,
                     "embeddings": [{"name": str, "data": float32|float16 array}
                                    | {"name": str, "table": int}],   (gathered.py)
-                    "tables": [...]}
+                    "tables": [...], "applied": [GradientsApplied] (one per carried)}
     answer of /gradients: GradientsApplied
                    {"batch_id": int, "skipped_slots": [str], "applied": int,
                     "skipped_unknown": int, "skipped_nonfinite": int, "dropped": int}
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from pyrsia.shared.config_schema import EmbeddingSchema
-from pyrsia.shared.constants import MAX_LOADERS
+from pyrsia.shared.constants import MAX_CARRIED_GRADIENTS, MAX_LOADERS
 from pyrsia.shared.errors import ConfigError, InvalidInputError, ProtocolError
 from pyrsia.shared.validate import (
     as_array,
@@ -78,26 +79,43 @@ class PutBatch:
         return {"loader": self.loader, "batch_id": self.batch_id, "batch": self.batch.to_wire()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Lookup:
-    """``/lookup``: the embeddings of a buffered batch."""
+    """``/lookup``: the embeddings of a buffered batch, and the gradients of earlier batches
+    it carries (``carried``: applied before the lookup, in order, as ``/gradients`` would
+    apply them; one request instead of two)."""
 
     batch_id: int
     train: bool
     gathered: bool = False
     """Answer single-id summed slots as tables (``pyrsia.shared.wire.gathered``)."""
+    carried: tuple[Gradients, ...] = ()
 
     @classmethod
     def from_wire(cls, body: Any) -> Lookup:
         body = as_dict(body, "body")
+        raw = as_list(body.get("gradients", []), "gradients", max_len=MAX_CARRIED_GRADIENTS)
         return cls(
             as_int(get(body, "batch_id"), "batch_id"),
             as_bool(get(body, "train"), "train"),
             as_bool(body.get("gathered", False), "gathered"),
+            tuple(_carried(item, f"gradients[{i}]") for i, item in enumerate(raw)),
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "train": self.train, "gathered": self.gathered}
+        body = {"batch_id": self.batch_id, "train": self.train, "gathered": self.gathered}
+        if self.carried:
+            body["gradients"] = [g.to_wire() for g in self.carried]
+        return body
+
+
+def _carried(item: Any, where: str) -> Gradients:
+    """One carried ``Gradients`` body; an error names it (``gradients[0].batch_id``)."""
+    try:
+        return Gradients.from_wire(item)
+    except InvalidInputError as exc:
+        field = f"{where}.{exc.field}" if exc.field != "body" else where
+        raise InvalidInputError(field, exc.expected, exc.got) from exc
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,6 +201,8 @@ class Embeddings:
     embeddings: Sequence[tuple[str, np.ndarray]]
     batch_id: int | None
     requires_grad: bool
+    applied: tuple[GradientsApplied, ...] = ()
+    """What the gradients a ``Lookup`` carried did, one per carried body, in order."""
 
     @property
     def tables(self) -> tuple[EmbeddingTable, ...]:
@@ -202,18 +222,22 @@ class Embeddings:
             if batch_id is not None:
                 batch_id = as_int(batch_id, "batch_id")
             requires_grad = as_bool(body.get("requires_grad", True), "requires_grad")
+            raw = as_list(body.get("applied", []), "applied", max_len=MAX_CARRIED_GRADIENTS)
         except InvalidInputError as exc:
             raise ProtocolError(f"embedding worker answered a bad lookup: {exc}") from exc
+        applied = tuple(GradientsApplied.from_wire(item) for item in raw)
         for name, data in pooled:
             if data.ndim not in (2, 3) or (batch_size is not None and data.shape[0] != batch_size):
                 raise ProtocolError(
                     f"embedding worker sent slot {name!r} with shape {data.shape}: expected "
                     f"(batch={batch_size}, dim) or (batch, sample_fixed_size, dim + 1)"
                 )
-        return cls(embeddings, batch_id, requires_grad)
+        return cls(embeddings, batch_id, requires_grad, applied)
 
     def to_wire(self) -> dict[str, Any]:
         body: dict[str, Any] = {"batch_id": self.batch_id, "requires_grad": self.requires_grad}
+        if self.applied:
+            body["applied"] = [a.to_wire() for a in self.applied]
         if isinstance(self.embeddings, SlotEmbeddings):
             body["embeddings"] = self.embeddings.to_wire()
             body["tables"] = [t.to_wire() for t in self.embeddings.tables]
