@@ -4,7 +4,10 @@ Embedded mode (``persia-launcher run --embedded``) runs the embedding PS and wor
 the NN worker's process; on a 2-core machine every CPU-ms they spend per batch comes out of
 the training step (docs/guides/scaling.md). This benchmark replays what the engine threads
 do for each Census-Income batch of the end-to-end benchmark (1,024 rows, 33 single-id slots,
-dim 16, Adagrad), on one thread, and times each phase in thread CPU and wall::
+dim 16, Adagrad), on one thread, and times each phase in thread CPU and wall, for each of
+embedded mode's two engine paths (``--paths``; one engine each, batch by batch in turn):
+``fast`` (pyrsia/services/embedded/fast_path.py, what embedded mode runs) and ``general``
+(the route objects, the worker and its PS client, as services mode's routes run them)::
 
     build     the data loader's PersiaBatch (benchmarks/e2e/data.py)     data loader thread
     prepare   Worker.prepare: prefix, dedup (kernels.dedup_prefixed)     data loader thread
@@ -17,12 +20,15 @@ dim 16, Adagrad), on one thread, and times each phase in thread CPU and wall::
 model, leaves each slot's gradient where the model's would be, a view of the concatenation's
 gradient; it is timed but not counted.) The first pass over the batches warms the store
 and the kernels; the medians of the next ``--passes`` passes are reported, with ``--profile``
-also the functions that took the most time. Ends with::
+also the functions that took the most time. The table gives each path's phases and
+totals, a line the ratio of the totals; the RESULT line is the first path's::
 
     RESULT engine_cpu_ms_per_batch=... prepare_cpu_ms=... lookup_cpu_ms=... tensors_cpu_ms=... payload_cpu_ms=... gradients_cpu_ms=...
 
 Run: ``.venv/bin/python benchmarks/embedded_engine_bench.py [--batches 150] [--passes 3]
-[--profile] [--json F]``. Thread CPU is less disturbed than wall time by other processes on
+[--paths fast,general] [--profile] [--json F]``. The process keeps freed heap memory as
+``TrainCtx`` does (``pyrsia/shared/allocator.py``), so its 2 MB arrays are not faulted in
+anew each batch. Thread CPU is less disturbed than wall time by other processes on
 the machine, but still compare runs made side by side.
 """
 
@@ -50,12 +56,15 @@ from e2e.model import ADAGRAD_EPS, EMBEDDING_LR, INITIAL_ACCUMULATOR  # noqa: E4
 
 from pyrsia.services.embedded.client import EmbeddedClient  # noqa: E402
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload  # noqa: E402
+from pyrsia.shared.allocator import keep_freed_memory  # noqa: E402
 from pyrsia.shared.config import load_embedding_config, load_global_config  # noqa: E402
 
 BATCH = 1024
 PHASES = ("build", "prepare", "lookup", "tensors", "backward", "payload", "gradients")
 COUNTED = ("build", "prepare", "lookup", "tensors", "payload", "gradients")
 """The engine threads' phases (``backward`` stands in for the model: not counted)."""
+PATHS = ("fast", "general")
+"""Embedded mode's fast path (``pyrsia/services/embedded/fast_path.py``) and its general one."""
 ADAGRAD = {
     "type": "adagrad",
     "lr": EMBEDDING_LR,
@@ -115,85 +124,134 @@ async def one_batch(client: EmbeddedClient, data: dict, start: int, batch_id: in
     return t
 
 
-async def measure(data: dict, configs: tuple[Path, Path], args: argparse.Namespace) -> list[Timer]:
-    """A warm-up pass, then ``args.passes`` timed passes over ``args.batches`` batches."""
-    client = EmbeddedClient(load_embedding_config(configs[0]), load_global_config(configs[1]))
+async def measure(
+    data: dict, configs: tuple[Path, Path], args: argparse.Namespace
+) -> dict[str, list[Timer]]:
+    """A warm-up pass, then ``args.passes`` timed passes over ``args.batches`` batches, for
+    each of ``args.paths`` (one engine each), batch by batch in turn."""
+    clients = {
+        path: EmbeddedClient(
+            load_embedding_config(configs[0]),
+            load_global_config(configs[1]),
+            fast_path=path == "fast",
+        )
+        for path in args.paths
+    }
     try:
-        await client.register_optimizer(ADAGRAD)
+        for client in clients.values():
+            await client.register_optimizer(ADAGRAD)
         starts = [i * BATCH for i in range(args.batches)]
         batch_id = 0
         for start in starts:
-            await one_batch(client, data, start, batch_id)
+            for client in clients.values():
+                await one_batch(client, data, start, batch_id)
             batch_id += 1
         profiler = cProfile.Profile() if args.profile else None
-        timers = []
+        timers: dict[str, list[Timer]] = {path: [] for path in clients}
         for _ in range(args.passes):
-            if profiler is not None:
-                profiler.enable()
             for start in starts:
-                timers.append(await one_batch(client, data, start, batch_id))
+                for path, client in clients.items():
+                    if profiler is not None:
+                        profiler.enable()
+                    timers[path].append(await one_batch(client, data, start, batch_id))
+                    if profiler is not None:
+                        profiler.disable()
                 batch_id += 1
-            if profiler is not None:
-                profiler.disable()
         if profiler is not None:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return timers
     finally:
-        client.close()
+        for client in clients.values():
+            client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=150, help="batches per pass (default 150)")
     parser.add_argument("--passes", type=int, default=3, help="timed passes (default 3)")
+    parser.add_argument(
+        "--paths",
+        type=lambda v: tuple(p.strip() for p in v.split(",") if p.strip()),
+        default=PATHS,
+        help="engine paths to measure, batch by batch in turn: fast, general (default both)",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the timed passes")
     parser.add_argument("--json", type=Path, default=None, help="write the JSON here")
     args = parser.parse_args(argv)
     if args.batches < 1 or args.passes < 1:
         parser.error("--batches, --passes: expected >= 1")
+    if (
+        not args.paths
+        or any(p not in PATHS for p in args.paths)
+        or len(set(args.paths)) < len(args.paths)
+    ):
+        parser.error(f"--paths: expected distinct names from {', '.join(PATHS)}")
+    args.error = parser.error
+    return args
+
+
+def report(timers: dict[str, list[Timer]], args: argparse.Namespace) -> None:
+    """The table, the JSON and the RESULT line (the first path's)."""
+    rows = [
+        {
+            "phase": p,
+            **{
+                f"{path}_{kind}": statistics.median(getattr(t, kind)[p] for t in timers[path]) * 1e3
+                for path in args.paths
+                for kind in ("cpu", "wall")
+            },
+        }
+        for p in PHASES
+    ]
+    totals = {
+        path: sum(r[f"{path}_cpu"] for r in rows if r["phase"] in COUNTED) for path in args.paths
+    }
+    columns = [("phase", "phase")]
+    for path in args.paths:
+        columns += [(f"{path}_cpu", f"{path}: CPU ms/batch"), (f"{path}_wall", f"{path}: wall ms")]
+    print_table(
+        [
+            {
+                "phase": r["phase"] + ("" if r["phase"] in COUNTED else " (not counted)"),
+                **{k: f"{v:.3f}" for k, v in r.items() if k != "phase"},
+            }
+            for r in rows
+        ]
+        + [{"phase": "engine total", **{f"{p}_cpu": f"{t:.3f}" for p, t in totals.items()}}],
+        columns,
+    )
+    meta = {"batches": args.batches, "passes": args.passes, "cpu": cpu_model()}
+    path = write_json(
+        "embedded_engine_bench", {"phases": rows, "totals_cpu_ms": totals, **meta}, args.json
+    )
+    print(f"\nJSON: {path}\nCPU: {cpu_model()}")
+    first = args.paths[0]
+    cpu = {r["phase"]: r[f"{first}_cpu"] for r in rows}
+    for other in args.paths[1:]:
+        print(f"engine CPU per batch, {first} / {other}: {totals[first] / totals[other]:.3f}")
+    print(
+        f"RESULT engine_cpu_ms_per_batch={totals[first]:.3f} "
+        f"prepare_cpu_ms={cpu['prepare']:.3f} lookup_cpu_ms={cpu['lookup']:.3f} "
+        f"tensors_cpu_ms={cpu['tensors']:.3f} payload_cpu_ms={cpu['payload']:.3f} "
+        f"gradients_cpu_ms={cpu['gradients']:.3f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(1)
+    keep_freed_memory()  # as TrainCtx does: the 2 MB blocks come from the heap, not fresh pages
     with tempfile.TemporaryDirectory(prefix="pyrsia-engine-") as tmp:
         path = e2e_data.prepare(
             "census", Path(tmp) / "census.npz", max_train_rows=args.batches * BATCH
         )
         data = e2e_data.load(path)
         if len(data["train_label"]) < args.batches * BATCH:
-            parser.error(
+            args.error(
                 f"--batches: the Census train split holds {len(data['train_label']) // BATCH}"
             )
         timers = asyncio.run(measure(data, e2e_data.write_configs(data, tmp), args))
-    rows = [
-        {
-            "phase": p,
-            "cpu_ms": statistics.median(t.cpu[p] for t in timers) * 1e3,
-            "wall_ms": statistics.median(t.wall[p] for t in timers) * 1e3,
-        }
-        for p in PHASES
-    ]
-    cpu = {r["phase"]: r["cpu_ms"] for r in rows}
-    total = sum(cpu[p] for p in COUNTED)
-    print_table(
-        [
-            {
-                "phase": r["phase"] + ("" if r["phase"] in COUNTED else " (not counted)"),
-                "cpu_ms": f"{r['cpu_ms']:.3f}",
-                "wall_ms": f"{r['wall_ms']:.3f}",
-            }
-            for r in rows
-        ],
-        [("phase", "phase"), ("cpu_ms", "CPU ms/batch (median)"), ("wall_ms", "wall ms/batch")],
-    )
-    path = write_json(
-        "embedded_engine_bench",
-        {"phases": rows, "batches": args.batches, "passes": args.passes, "cpu": cpu_model()},
-        args.json,
-    )
-    print(f"\nJSON: {path}\nCPU: {cpu_model()}")
-    print(
-        f"RESULT engine_cpu_ms_per_batch={total:.3f} prepare_cpu_ms={cpu['prepare']:.3f} "
-        f"lookup_cpu_ms={cpu['lookup']:.3f} tensors_cpu_ms={cpu['tensors']:.3f} "
-        f"payload_cpu_ms={cpu['payload']:.3f} gradients_cpu_ms={cpu['gradients']:.3f}"
-    )
+    report(timers, args)
     return 0
 
 

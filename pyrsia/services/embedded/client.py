@@ -4,17 +4,24 @@
 :class:`~pyrsia.services.nn_worker.embedding_client.EmbeddingClient` (the code services mode
 runs over HTTP) over :class:`~pyrsia.services.embedded.transport.InProcessTransport`, which
 builds the embedding worker and PS engines from the job's configuration and answers every
-embedding route with them.
+embedding route with them. A plain batch's lookup and gradients skip the route objects and
+take the engines' fast path (``fast_path.py``: one store call and one compiled kernel each);
+everything else, and every error, is the general path's.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from pyrsia.services.embedded.fast_kernels import warm_fast_kernels
+from pyrsia.services.embedded.fast_path import FastPath
 from pyrsia.services.embedded.local_ps import LocalPS
 from pyrsia.services.embedded.transport import InProcessTransport
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
 from pyrsia.services.embedding_worker.replica import Worker
 from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.shared.config import EmbeddingSchema, GlobalConfig
+from pyrsia.shared.wire.worker import Embeddings, Gradients, GradientsApplied
 
 
 class EmbeddedClient(EmbeddingClient):
@@ -22,9 +29,59 @@ class EmbeddedClient(EmbeddingClient):
 
     transport: InProcessTransport
 
-    def __init__(self, schema: EmbeddingSchema, config: GlobalConfig, **engine_options: int):
-        """``engine_options``: the transport's ``inline_max_ids`` and ``threads``."""
+    def __init__(
+        self,
+        schema: EmbeddingSchema,
+        config: GlobalConfig,
+        *,
+        fast_path: bool = True,
+        **engine_options: int,
+    ):
+        """``engine_options``: the transport's ``inline_max_ids`` and ``threads``;
+        ``fast_path=False`` sends every call down the general path (benchmarks, tests)."""
         super().__init__(InProcessTransport(schema, config, **engine_options))
+        transport = self.transport
+        self.fast = FastPath(transport.worker, transport.store, transport.ps, enabled=fast_path)
+        self._fast_warmed = False
+
+    async def lookup(
+        self, worker: int, batch_id: int, train: bool, batch_size: int, *, gathered: bool = False
+    ) -> tuple[Embeddings, bool]:
+        """As the general client's; a plain batch's gathered lookup takes the fast path."""
+        if gathered and worker == 0:
+            answer = self.fast.lookup(batch_id, train)
+            if answer is not None:
+                return answer, bool(train and answer.requires_grad)
+        return await super().lookup(worker, batch_id, train, batch_size, gathered=gathered)
+
+    async def gradients(
+        self,
+        worker: int,
+        batch_id: int,
+        loss_scale: float,
+        grads: list[tuple[str, np.ndarray]],
+        *,
+        tables: list[tuple[int, np.ndarray]] | None = None,
+        skipped_slots: tuple[str, ...] = (),
+    ) -> GradientsApplied:
+        """As the general client's; one table's gradients of a plain batch take the fast path."""
+        if worker == 0 and not grads and tables is not None and not skipped_slots:
+            request = Gradients(batch_id, float(loss_scale), (), tuple(tables), ())
+            applied = self.fast.gradients(request)
+            if applied is not None:
+                return applied
+        return await super().gradients(
+            worker, batch_id, loss_scale, grads, tables=tables, skipped_slots=skipped_slots
+        )
+
+    async def register_optimizer(self, optimizer: dict) -> object:
+        """As the general client's; the fast path's kernels are loaded too, before the first
+        batch (the transport loads the engines' own)."""
+        answer = await super().register_optimizer(optimizer)
+        if not self._fast_warmed:
+            await self.transport.offload.run(None, warm_fast_kernels)
+            self._fast_warmed = True
+        return answer
 
     @property
     def worker(self) -> Worker:

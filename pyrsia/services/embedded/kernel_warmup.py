@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from pyrsia.services.embedded.fast_kernels import warm_fast_kernels
 from pyrsia.services.embedding_ps.warm import warm_ps
 from pyrsia.services.embedding_worker.warm import warm_worker
 from pyrsia.shared.scatter import warm
@@ -25,6 +26,7 @@ def warm_up() -> float:
     warm_ps()
     warm_worker()
     warm()
+    warm_fast_kernels()
     return time.perf_counter() - started
 
 

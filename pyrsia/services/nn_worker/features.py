@@ -122,7 +122,9 @@ def _table_tensors(table: EmbeddingTable, *, leaves: bool, pin: bool) -> tuple[t
     they are."""
     # np.take reads the read-only wire arrays in place and writes a fresh array: half the CPU
     # of copying both for torch's index_select, which copies row by row
-    gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
+    gathered = table.block  # embedded mode's engines gathered them already
+    if gathered is None:
+        gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
     block = torch.from_numpy(gathered.reshape(len(table.slots), -1, table.dim))
     if pin:
         block = block.pin_memory()

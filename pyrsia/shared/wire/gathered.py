@@ -22,7 +22,7 @@ raw slots) keep their tensors in the same answer::
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,10 @@ class EmbeddingTable:
     data: np.ndarray  # float32 (rows, dim)
     index: np.ndarray  # int32 (len(slots), batch)
     slots: tuple[str, ...]
+    block: np.ndarray | None = field(default=None, repr=False)
+    """In process only (embedded mode; never on the wire): the slots' rows already gathered,
+    float32 ``(len(slots), batch, dim)``, ``block[k]`` being slot k's tensor; the NN worker
+    uses it as that memory instead of gathering a copy."""
 
     @property
     def rows(self) -> int:

@@ -1,0 +1,46 @@
+"""Compiled kernels of embedded mode's per-batch fast path (``fast_path.py``): numba, nogil,
+cached on disk, loaded by ``warm_fast_path`` before the first batch.
+
+A plain batch (every slot summed, one id per sample, no hash stack) of one dim group is
+answered as one table: the group's unique vectors ``(rows, dim)`` and, per slot ``s`` and
+sample ``i``, the row ``inverse[s * batch + i]`` among them. :func:`gather_block` writes, in
+one pass over that inverse, both the table's ``int32`` index and the slots' gathered rows::
+
+    inverse  int64 (slots * batch,)        the dim group's lookup rows, slot after slot
+    index    int32 (slots, batch)          index[s, i] = inverse[s * batch + i]
+    block    float32 (slots, batch, dim)   block[s, i] = vectors[index[s, i]]
+
+``block[s]`` is then slot ``s``'s ``(batch, dim)`` tensor (``torch.from_numpy``, no copy):
+the gather the NN worker's ``build_tensors`` otherwise makes with ``np.take`` after the
+answer's index was converted, done here with the GIL released.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def gather_block(vectors, inverse, index, block):  # pragma: no cover - compiled
+    """Fill ``index`` and ``block`` from ``vectors`` (see the module docstring); returns
+    False, with nothing past the first bad row written, when a row of ``inverse`` is not in
+    ``[0, len(vectors))``."""
+    slots, batch = index.shape
+    rows, dim = vectors.shape
+    for s in range(slots):
+        for i in range(batch):
+            r = inverse[s * batch + i]
+            if r < 0 or r >= rows:
+                return False
+            index[s, i] = np.int32(r)
+            for j in range(dim):
+                block[s, i, j] = vectors[r, j]
+    return True
+
+
+def warm_fast_kernels() -> None:
+    """Load (or compile) the kernels of this module with the argument types they get."""
+    vectors = np.ones((2, 3), np.float32)
+    inverse = np.array([0, 1, 1, 0], np.int64)
+    gather_block(vectors, inverse, np.empty((2, 2), np.int32), np.empty((2, 2, 3), np.float32))
