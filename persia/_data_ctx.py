@@ -107,7 +107,8 @@ class DataCtx:
 
     # --- sending -----------------------------------------------------------------------
     def send_data(self, persia_batch: PersiaBatch) -> None:
-        """Send one batch (blocking only while ``max_inflight`` sends are under way).
+        """Send one batch (blocking once ``max_inflight`` sends are under way, until half of
+        them have finished).
 
         The send itself runs later, on the runtime's event-loop thread; that is safe with
         a data loader that refills the same numpy buffers for every batch, because a
