@@ -9,17 +9,30 @@ the fast path does not take must reach the general path, with its answers and it
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-from persia.embedding.data import IDTypeFeature, IDTypeFeatureWithSingleID, Label, PersiaBatch
+from persia.ctx import DataCtx, TrainCtx
+from persia.data import DataLoader, StreamingDataset
+from persia.embedding.data import (
+    IDTypeFeature,
+    IDTypeFeatureWithSingleID,
+    Label,
+    NonIDTypeFeature,
+    PersiaBatch,
+)
+from persia.embedding.optim import Adagrad
 from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.services.embedded.fast_kernels import gather_block
+from pyrsia.services.embedded.job import get_embedded_job, reset_embedded_job
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
 from pyrsia.shared.config import load_embedding_config, load_global_config
+from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_EMBEDDED, ENV_EMBEDDING_CONFIG
 from pyrsia.shared.errors import NotFoundError
+from tests.nn_helpers import environ
 
 SLOTS = ("a", "b", "c", "d")
 ADAGRAD = {"type": "adagrad", "lr": 0.1, "initial_accumulator_value": 0.01, "eps": 1e-10}
@@ -181,3 +194,75 @@ def test_gather_block_writes_the_index_and_the_rows_and_refuses_rows_out_of_rang
     np.testing.assert_array_equal(block, vectors[inverse].reshape(2, 3, 3))
     assert not gather_block(vectors, np.array([0, 4, 1, 1, 2, 3], np.int64), index, block)
     assert not gather_block(vectors, np.array([0, -1, 1, 1, 2, 3], np.int64), index, block)
+
+
+class TwoSlotModel(torch.nn.Module):
+    """A tiny dense network over two single-id slots and the dense columns."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2 + 4 + 4, 1)
+
+    def forward(self, non_id, embeddings):
+        return torch.sigmoid(self.linear(torch.cat([non_id[0], *embeddings], dim=1)))
+
+
+def _loader(errors: list) -> None:
+    try:
+        with DataCtx() as ctx:
+            for i in range(12):
+                rng = np.random.default_rng(i)
+                ctx.send_data(
+                    PersiaBatch(
+                        [
+                            IDTypeFeatureWithSingleID(s, rng.integers(0, 9, 8, dtype=np.uint64))
+                            for s in ("a", "b")
+                        ],
+                        non_id_type_features=[
+                            NonIDTypeFeature(rng.normal(size=(8, 2)).astype(np.float32))
+                        ],
+                        labels=[Label(rng.integers(0, 2, (8, 1)).astype(np.float32))],
+                    )
+                )
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+
+
+def _train_streamed(tmp_path, *, fast: bool) -> tuple[list[float], int, dict]:
+    """12 single-id batches from an in-process DataCtx through TrainCtx and a
+    StreamingDataset in embedded mode; the losses, the fast path's lookups and the rows."""
+    config = tmp_path / "embedding_config.yml"
+    config.write_text("slots_config:\n  a: {dim: 4}\n  b: {dim: 4}\n")
+    env = {ENV_EMBEDDED: "1", ENV_EMBEDDING_CONFIG: str(config), ENV_DATALOADER_ENTRY: None}
+    reset_embedded_job()
+    try:
+        with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
+            client = get_embedded_job().client
+            client.fast.enabled = fast
+            torch.manual_seed(3)
+            model = TwoSlotModel()
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            errors: list = []
+            loader = threading.Thread(target=_loader, args=(errors,))
+            losses = []
+            with TrainCtx(Adagrad(lr=0.05), opt, model=model, mixed_precision=False) as ctx:
+                loader.start()
+                stream = StreamingDataset(buffer_size=4)
+                for batch in DataLoader(stream, reproducible=True, embedding_staleness=1):
+                    output, labels = ctx.forward(batch)
+                    loss = torch.nn.functional.binary_cross_entropy(output, labels[0])
+                    ctx.backward(loss)
+                    losses.append(float(loss.detach()))
+            loader.join(30)
+            assert not errors
+            return losses, client.fast.lookups + client.fast.updates, rows(client)
+    finally:
+        reset_embedded_job()
+
+
+def test_a_streamed_training_loop_takes_the_fast_path_and_trains_as_the_general_path(tmp_path):
+    losses, fast_calls, fast_rows = _train_streamed(tmp_path, fast=True)
+    losses2, general_calls, general_rows = _train_streamed(tmp_path, fast=False)
+    assert len(losses) == 12 and fast_calls == 24 and general_calls == 0
+    assert losses == losses2
+    np.testing.assert_array_equal(fast_rows[4][1], general_rows[4][1])
