@@ -58,6 +58,7 @@ from pyrsia.services.embedded.client import EmbeddedClient  # noqa: E402
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload  # noqa: E402
 from pyrsia.shared.allocator import keep_freed_memory  # noqa: E402
 from pyrsia.shared.config import load_embedding_config, load_global_config  # noqa: E402
+from pyrsia.shared.settings import Settings  # noqa: E402
 
 BATCH = 1024
 PHASES = ("build", "prepare", "lookup", "tensors", "backward", "payload", "gradients")
@@ -240,7 +241,8 @@ def report(timers: dict[str, list[Timer]], args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    keep_freed_memory()  # as TrainCtx does: the 2 MB blocks come from the heap, not fresh pages
+    # as TrainCtx does: the 2 MB blocks come from the heap, not fresh pages
+    keep_freed_memory(Settings.from_env())
     with tempfile.TemporaryDirectory(prefix="pyrsia-engine-") as tmp:
         path = e2e_data.prepare(
             "census", Path(tmp) / "census.npz", max_train_rows=args.batches * BATCH

@@ -32,6 +32,7 @@ from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_EMBEDDED, ENV_EMBEDDING_CONFIG
 from pyrsia.shared.errors import NotFoundError
+from pyrsia.shared.settings import Settings
 from tests.nn_helpers import environ
 
 SLOTS = ("a", "b", "c", "d")
@@ -237,7 +238,7 @@ def _train_streamed(tmp_path, *, fast: bool) -> tuple[list[float], int, dict]:
     reset_embedded_job()
     try:
         with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
-            client = get_embedded_job().client
+            client = get_embedded_job(Settings.from_env()).client
             client.fast.enabled = fast
             torch.manual_seed(3)
             model = TwoSlotModel()
