@@ -11,8 +11,6 @@ everything else, and every error, is the general path's.
 
 from __future__ import annotations
 
-import numpy as np
-
 from pyrsia.services.embedded.fast_kernels import warm_fast_kernels
 from pyrsia.services.embedded.fast_path import FastPath
 from pyrsia.services.embedded.local_ps import LocalPS
@@ -45,34 +43,32 @@ class EmbeddedClient(EmbeddingClient):
         self._fast_warmed = False
 
     async def lookup(
-        self, worker: int, batch_id: int, train: bool, batch_size: int, *, gathered: bool = False
+        self,
+        worker: int,
+        batch_id: int,
+        train: bool,
+        batch_size: int,
+        *,
+        gathered: bool = False,
+        carry: bool = False,
     ) -> tuple[Embeddings, bool]:
-        """As the general client's; a plain batch's gathered lookup takes the fast path."""
+        """As the general client's; a plain batch's gathered lookup takes the fast path
+        (``carry`` changes nothing in process: the in-process transport carries no gradients)."""
         if gathered and worker == 0:
             answer = self.fast.lookup(batch_id, train)
             if answer is not None:
                 return answer, bool(train and answer.requires_grad)
-        return await super().lookup(worker, batch_id, train, batch_size, gathered=gathered)
+        return await super().lookup(
+            worker, batch_id, train, batch_size, gathered=gathered, carry=carry
+        )
 
-    async def gradients(
-        self,
-        worker: int,
-        batch_id: int,
-        loss_scale: float,
-        grads: list[tuple[str, np.ndarray]],
-        *,
-        tables: list[tuple[int, np.ndarray]] | None = None,
-        skipped_slots: tuple[str, ...] = (),
-    ) -> GradientsApplied:
+    async def send_gradients(self, worker: int, request: Gradients) -> GradientsApplied:
         """As the general client's; one table's gradients of a plain batch take the fast path."""
-        if worker == 0 and not grads and tables is not None and not skipped_slots:
-            request = Gradients(batch_id, float(loss_scale), (), tuple(tables), ())
+        if worker == 0:
             applied = self.fast.gradients(request)
             if applied is not None:
                 return applied
-        return await super().gradients(
-            worker, batch_id, loss_scale, grads, tables=tables, skipped_slots=skipped_slots
-        )
+        return await super().send_gradients(worker, request)
 
     async def register_optimizer(self, optimizer: dict) -> object:
         """As the general client's; the fast path's kernels are loaded too, before the first
