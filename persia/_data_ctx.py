@@ -107,8 +107,7 @@ class DataCtx:
 
     # --- sending -----------------------------------------------------------------------
     def send_data(self, persia_batch: PersiaBatch) -> None:
-        """Send one batch (blocking once ``max_inflight`` sends are under way, until half of
-        them have finished).
+        """Send one batch (blocking only while ``max_inflight`` sends are under way).
 
         The send itself runs later, on the runtime's event-loop thread; that is safe with
         a data loader that refills the same numpy buffers for every batch, because a

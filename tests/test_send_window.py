@@ -113,37 +113,3 @@ def test_a_send_that_finished_before_it_was_added_takes_no_room():
 def test_the_limit_is_validated():
     with pytest.raises(ValueError, match="max_inflight"):
         SendWindow(0)
-
-
-def test_a_full_window_is_waited_on_until_half_of_it_has_drained():
-    """A loader that keeps the window full wakes once per half window, not once per send."""
-    window, futures = _window_with(4, 4)
-    assert window.low_water == 2
-    returned = threading.Event()
-
-    def make_room() -> None:
-        window.make_room()
-        returned.set()
-
-    waiter = threading.Thread(target=make_room)
-    waiter.start()
-    futures[0].set_result(None)
-    assert not returned.wait(0.2)  # 3 under way: still waiting
-    futures[1].set_result(None)
-    assert returned.wait(5.0)  # 2 under way: half drained
-    waiter.join()
-    assert len(window) == 2
-    window.add(concurrent.futures.Future())  # 3 under way: room without a wait
-    window.make_room()
-
-
-def test_a_send_failing_in_a_full_window_ends_the_wait_at_once():
-    window, futures = _window_with(4, 4)
-    _finish_later(futures[2], 0.05, RuntimeError("refused"))
-    started = time.monotonic()
-    with pytest.raises(RuntimeError, match="refused"):
-        window.make_room()  # 3 still under way, above the low water: the error ends it
-    assert time.monotonic() - started < 5.0
-    with pytest.raises(RuntimeError, match="refused"):
-        window.make_room()  # kept until cancel(), without waiting again
-    window.cancel()

@@ -143,8 +143,8 @@ class BatchSender:
 
     # --- sending -----------------------------------------------------------------------
     def send(self, batch: Any) -> None:
-        """Queue one batch (blocking once ``max_inflight`` sends are under way, until half of
-        them have finished: ``SendWindow``); an error of an earlier send is raised here.
+        """Queue one batch (blocking only while ``max_inflight`` sends are under way); an
+        error of an earlier send is raised here.
 
         The caller's batch must not change afterwards (a ``PersiaBatch`` owns copies of its
         arrays): the transport may read it later, on the event-loop thread.

@@ -6,12 +6,7 @@ are under way, and an error of an earlier send is raised at the next call (or at
 services (pyrsia/services/data_loader/sender.py) and embedded mode's in-process one.
 
 Each send tells the window when it finishes (a done callback on its future), so making room
-is one look at a counter; waiting is one condition wait. A full window is waited on until
-half of it has drained (``limit // 2`` sends under way, or a send failed), not until the
-first send finishes: a loader that runs ahead of the training loop keeps the window full,
-and waking its thread once per send cost the training process a thread switch per batch
-(in embedded mode the loader's thread took a core from the training threads at each one);
-it now wakes once per ``limit - limit // 2`` sends and prepares them in one go. ``concurrent.futures.wait`` over the
+is one look at a counter; waiting is one condition wait. ``concurrent.futures.wait`` over the
 window's futures, which it replaced, locked and unlocked every future twice per call: ~0.14
 ms of the data loader's CPU per batch in embedded mode on Census-Income, where the window
 is full at nearly every batch (the loader runs ahead of the training loop's queue).
@@ -37,30 +32,17 @@ class SendWindow:
         self._finished: list[concurrent.futures.Future] = []
         """Finished and not collected yet, in the order they finished."""
         self._changed = threading.Condition()
-        self.low_water = self.limit // 2
-        """Sends under way at which a caller waiting on a full window goes on."""
-        self._wake_at = -1
-        """``_on_done`` wakes the waiting caller once at most this many sends are under way
-        (-1: no caller waits)."""
-        self._failed = False
-        """A send failed or was cancelled since the last collection (wakes the caller)."""
 
     def __len__(self) -> int:
         with self._changed:
             return len(self._futures)
 
-    def _under_way(self) -> int:
-        return len(self._futures) - len(self._finished)
-
     def make_room(self) -> None:
-        """Collect finished sends (an error of one is raised here); while ``limit`` are
-        under way, wait until at most :attr:`low_water` are (or one failed)."""
+        """Collect finished sends (an error of one is raised here), waiting for one to
+        finish while ``limit`` are under way."""
         with self._changed:
-            if self._under_way() >= self.limit:
-                self._wake_at = self.low_water
-                while self._under_way() > self.low_water and not self._failed:
-                    self._changed.wait()
-                self._wake_at = -1
+            while len(self._futures) - len(self._finished) >= self.limit:
+                self._changed.wait()
         self._collect()
 
     def add(self, future: concurrent.futures.Future) -> None:
@@ -75,10 +57,8 @@ class SendWindow:
             with self._changed:
                 if not self._futures:
                     return
-                self._wake_at = self.limit  # every finished send wakes it
                 while not self._finished:
                     self._changed.wait()
-                self._wake_at = -1
             self._collect()
 
     def cancel(self) -> None:
@@ -87,29 +67,23 @@ class SendWindow:
             futures = list(self._futures)
             self._futures.clear()
             self._finished.clear()
-            self._failed = False
         for future in futures:
             future.cancel()
 
     def _on_done(self, future: concurrent.futures.Future) -> None:
-        failed = future.cancelled() or future.exception() is not None  # done: no wait
         with self._changed:
             if future in self._futures:  # not after cancel()
                 self._finished.append(future)
-                self._failed = self._failed or failed
-                if failed or self._under_way() <= self._wake_at:
-                    self._changed.notify_all()
+                self._changed.notify_all()
 
     def _collect(self) -> None:
         """Forget the finished sends; the first that failed (or was cancelled: the runtime
         stopped) is raised, and again at every later call, until :meth:`cancel`."""
         with self._changed:
             finished, self._finished = self._finished, []
-            self._failed = False
             for k, future in enumerate(finished):
                 if future.cancelled() or future.exception() is not None:
                     self._finished = finished[k:]
-                    self._failed = True  # kept, and raised again: a wait ends at once
                     break
                 self._futures.discard(future)
             else:
