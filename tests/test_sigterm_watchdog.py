@@ -55,3 +55,34 @@ def test_a_clean_exit_after_sigterm_is_0_and_the_watchdog_stays_silent():
     assert seconds < SIGTERM_DEADLINE_S + 20
     assert "has not stopped" not in done.stderr
     assert "training stopped, exit 0" in done.stderr
+
+
+MID_LOG_LINE = """
+import logging, os, signal, sys, time
+from pyrsia.shared.progress_lines import ProgressLines
+from pyrsia.services.nn_worker.termination import TerminationGuard
+
+class SlowPipe:  # a pipe its reader drains slowly: a write waits
+    def write(self, text):
+        time.sleep(0.2)
+        return sys.__stderr__.write(text)
+    def flush(self):
+        sys.__stderr__.flush()
+
+logging.basicConfig(stream=ProgressLines(SlowPipe()), level=logging.INFO, force=True)
+TerminationGuard().install()
+signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+signal.setitimer(signal.ITIMER_REAL, 0.1)  # SIGALRM mid-write: a SIGTERM, in the write
+logging.getLogger("train").error("training stopped; a line on its way out")
+time.sleep(60)
+"""
+
+
+def test_sigterm_in_the_middle_of_a_log_line_still_ends_the_rank():
+    # the handler's own log line used to wait for the stream's lock the interrupted write
+    # held, in the same thread: the rank hung with the job's output pipe (honcho never ended)
+    done, seconds = run(MID_LOG_LINE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert seconds < SIGTERM_DEADLINE_S + 20
+    assert "SIGTERM: stopping training" in done.stderr
+    assert "training stopped, exit 0" in done.stderr

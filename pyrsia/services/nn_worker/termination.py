@@ -19,11 +19,12 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import logging
+import os
 import signal
 import threading
 import time
 
-from pyrsia.shared.constants import SIGTERM_DEADLINE_S, SIGTERM_DRAIN_S
+from pyrsia.shared.constants import SIGNAL_NOTE_WAIT_S, SIGTERM_DEADLINE_S, SIGTERM_DRAIN_S
 
 __all__ = ["SIGTERM_DRAIN_S", "TerminationGuard"]
 
@@ -54,34 +55,63 @@ class TerminationGuard:
             self._installed = False
 
 
-_STATE: dict = {"triggered": False, "at": 0.0, "watchdog": False}
+_STATE: dict = {"triggered": False, "at": 0.0, "watchdog": False, "notes": []}
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     _STATE["triggered"] = True
     _STATE["at"] = time.monotonic()
-    log.warning("SIGTERM: stopping training; draining in-flight embedding gradients, then exit 0")
-    atexit.register(_exit_fast)  # registered last, so it runs first at exit
-    if not _STATE["watchdog"]:
+    if not _STATE["watchdog"]:  # first: nothing below may keep it from starting
         _STATE["watchdog"] = True
         watchdog = threading.Timer(SIGTERM_DEADLINE_S, _exit_overdue)
         watchdog.daemon = True
         watchdog.name = "pyrsia-sigterm-watchdog"
         watchdog.start()
+    atexit.register(_exit_fast)  # registered last, so it runs first at exit
+    _note("SIGTERM: stopping training; draining in-flight embedding gradients, then exit 0")
     raise SystemExit(0)
 
 
-def _exit_overdue() -> None:
-    """The rank is still here ``SIGTERM_DEADLINE_S`` after SIGTERM: say where, and leave."""
-    log.error(
-        "SIGTERM: the rank has not stopped %.1fs after the signal; every thread's stack "
-        "follows, then exit 1 (in-flight embedding gradients may be lost)",
-        time.monotonic() - _STATE["at"],
+def _note(message: str, level: int = logging.WARNING) -> threading.Thread:
+    """Log ``message`` from a thread of its own, never from a signal handler's frame.
+
+    The signal may have landed in the middle of a log line in this very thread, whose stream
+    lock that write holds: logging here would wait for it forever (the rank then hung with
+    the job's output pipe, and honcho never ended). The thread writes once the interrupted
+    write lets go.
+    """
+    thread = threading.Thread(
+        target=log.log, args=(level, message), name="pyrsia-signal-note", daemon=True
     )
+    thread.start()
+    _STATE["notes"].append(thread)
+    return thread
+
+
+def _exit_overdue() -> None:
+    """The rank is still here ``SIGTERM_DEADLINE_S`` after SIGTERM: say where, and leave.
+
+    What stuck it may hold a logging lock for good, so the line goes through a thread and,
+    if that cannot write in time, straight to the stderr file descriptor; the exit then
+    skips the flushes that could wait on the same locks."""
+    message = (
+        f"SIGTERM: the rank has not stopped {time.monotonic() - _STATE['at']:.1f}s after the "
+        "signal; every thread's stack follows, then exit 1 (in-flight embedding gradients "
+        "may be lost)"
+    )
+    note = _note(message, logging.ERROR)
+    note.join(SIGNAL_NOTE_WAIT_S)
+    if note.is_alive():
+        try:
+            os.write(2, f"{message}\n".encode())
+        except OSError:  # stderr closed
+            pass
     try:
         faulthandler.dump_traceback(all_threads=True)
     except (OSError, ValueError, RuntimeError):  # stderr closed
         pass
+    if note.is_alive():
+        os._exit(1)
     from pyrsia.shared.process_exit import exit_now
 
     exit_now(1)
@@ -90,6 +120,8 @@ def _exit_overdue() -> None:
 def _exit_fast() -> None:
     from pyrsia.shared.process_exit import exit_now
 
+    for note in _STATE["notes"]:  # the signal's note first, in its order
+        note.join(SIGNAL_NOTE_WAIT_S)
     log.warning(
         "SIGTERM: training stopped, exit 0 %.2fs after the signal", time.monotonic() - _STATE["at"]
     )

@@ -95,3 +95,7 @@ PS_INCREMENTAL_SCAN_INTERVAL_S = 10.0
 SLOT_KEEPER_JOIN_SLACK_S = 1.0
 """Added to the slot keeper's own bounds when waiting for its thread to end (the thread sleeps
 between heartbeats; stopping it wakes it)."""
+
+SIGNAL_NOTE_WAIT_S = 0.5
+"""How long a rank leaving after SIGTERM waits for the thread that logs the signal's note (a
+signal handler never logs itself: it may have interrupted a log write holding the stream)."""
