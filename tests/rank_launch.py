@@ -21,26 +21,27 @@ from tests.redis_server import free_port
 REPO = Path(__file__).resolve().parents[1]
 
 
+def nn_worker_argv(
+    script: Path, nproc: int, *, master_port: int | None = None, script_args: tuple[str, ...] = ()
+) -> list[str]:
+    """The ``persia-launcher nn-worker`` command line running ``script`` as ``nproc`` ranks
+    (torch's rendezvous on ``master_port`` when given), ``script_args`` after ``--``."""
+    argv = [sys.executable, "-m", "persia.launcher", "nn-worker", str(script)]
+    argv += ["--nproc-per-node", str(nproc)]
+    if master_port is not None:
+        argv += ["--master-port", str(master_port)]
+    return argv + (["--", *script_args] if script_args else [])
+
+
 def launch_two_ranks(
     script: Path, out_dir: Path, env: dict[str, str], *, timeout_s: float
 ) -> subprocess.CompletedProcess:
     """Run ``script`` as two ranks with ``env`` added to this process's environment; its
     output, captured. The launcher runs in its own process group: a hang fails the test and
     kills every rank."""
-    argv = [
-        sys.executable,
-        "-m",
-        "persia.launcher",
-        "nn-worker",
-        str(script),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        "--",
-        str(out_dir),
-        str(free_port()),
-    ]
+    argv = nn_worker_argv(
+        script, 2, master_port=free_port(), script_args=(str(out_dir), str(free_port()))
+    )
     proc = subprocess.Popen(
         argv,
         cwd=REPO,

@@ -25,6 +25,7 @@ from persia.utils import setup_seed
 from pyrsia.shared.errors import ConfigError, InvalidInputError
 from pyrsia.shared.wire.batch import DenseArray, DensePart
 from tests.nn_helpers import PooledModel
+from tests.rank_launch import nn_worker_argv
 from tests.redis_server import free_port
 
 
@@ -176,17 +177,7 @@ def test_launcher_exit_code_is_the_scripts(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['WORLD_SIZE'] == '2' else 1)\n")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "persia.launcher",
-            "nn-worker",
-            str(script),
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-        ],
+        nn_worker_argv(script, 2, master_port=free_port()),
         capture_output=True,
         text=True,
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from pyrsia.shared.constants import (
     ENV_GLOBAL_CONFIG,
 )
 from tests.nn_helpers import EMBEDDING_CONFIG, SmallModel, make_batch
+from tests.rank_launch import nn_worker_argv
 from tests.redis_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,15 +62,7 @@ def _launch(tmp_path: Path, **env: str) -> str:
         PERSIA_JOB_ID=f"threads-{uuid.uuid4().hex[:8]}",
     )
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "persia.launcher",
-            "nn-worker",
-            str(script),
-            "--nproc-per-node",
-            "1",
-        ],
+        nn_worker_argv(script, 1),
         cwd=tmp_path,
         env=run_env,
         capture_output=True,

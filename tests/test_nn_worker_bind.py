@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from tests.listening_sockets import descendants, is_loopback, listening
 from tests.nn_helpers import job_services
+from tests.rank_launch import nn_worker_argv
 from tests.redis_server import free_port
 
 TRAIN_SCRIPT = """
@@ -74,20 +74,9 @@ def test_nn_worker_job_listens_on_loopback_only(redis_server, tmp_path):
         open(tmp_path / "nn.log", "wb") as log_file,
     ):
         launcher = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "persia.launcher",
-                "nn-worker",
-                str(script),
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(master_port),
-                "--",
-                str(tmp_path),
-                str(ddp_port),
-            ],
+            nn_worker_argv(
+                script, 2, master_port=master_port, script_args=(str(tmp_path), str(ddp_port))
+            ),
             cwd=repo,
             env={**env, "PYTHONPATH": str(repo)},
             stdout=log_file,
