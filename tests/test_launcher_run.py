@@ -98,7 +98,7 @@ def test_adult_through_run_on_a_terminal(tmp_path):
     proc = subprocess.Popen(
         [*LAUNCHER, *ADULT_ARGS],
         cwd=tmp_path,
-        env=_env(),
+        env=_env(EPOCHS="4"),  # ~5 s of training: one epoch (~1.2 s) can fall between two polls
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
