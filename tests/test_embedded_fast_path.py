@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -29,10 +30,12 @@ from pyrsia.services.embedded.client import EmbeddedClient
 from pyrsia.services.embedded.fast_kernels import gather_block
 from pyrsia.services.embedded.job import get_embedded_job, reset_embedded_job
 from pyrsia.services.nn_worker.features import build_tensors, gradient_payload
+from pyrsia.shared import scatter
 from pyrsia.shared.config import load_embedding_config, load_global_config
 from pyrsia.shared.constants import ENV_DATALOADER_ENTRY, ENV_EMBEDDED, ENV_EMBEDDING_CONFIG
 from pyrsia.shared.errors import NotFoundError
 from pyrsia.shared.settings import Settings
+from pyrsia.shared.warming import warming_in_progress
 from tests.nn_helpers import environ
 
 SLOTS = ("a", "b", "c", "d")
@@ -229,6 +232,16 @@ def _loader(errors: list) -> None:
         errors.append(exc)
 
 
+def _wait_for_warm_kernels(timeout_s: float = 120.0) -> None:
+    """Start the warm-up TrainCtx starts on entering (once per process) and wait until every
+    warm-up this process started has finished."""
+    scatter.warm_in_background()
+    deadline = time.monotonic() + timeout_s
+    while warming_in_progress():
+        assert time.monotonic() < deadline, "the kernel warm-up did not finish"
+        time.sleep(0.01)
+
+
 def _train_streamed(tmp_path, *, fast: bool) -> tuple[list[float], int, dict]:
     """12 single-id batches from an in-process DataCtx through TrainCtx and a
     StreamingDataset in embedded mode; the losses, the fast path's lookups and the rows."""
@@ -240,6 +253,7 @@ def _train_streamed(tmp_path, *, fast: bool) -> tuple[list[float], int, dict]:
         with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
             client = get_embedded_job(Settings.from_env()).client
             client.fast.enabled = fast
+            _wait_for_warm_kernels()  # while one runs, batches take the general path, by design
             torch.manual_seed(3)
             model = TwoSlotModel()
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
