@@ -60,8 +60,8 @@ MEANINGS: dict[str, dict[str, str]] = {
         "embedding_parameter_server_config.capacity": "embedding vectors per PS replica (not "
         "floats); least-recently-used eviction beyond",
         "embedding_parameter_server_config.num_hashmap_internal_shards": "internal shards of "
-        "the PS store, each with its own lock and LRU; at least one per PS thread "
-        "(`--threads`, `PYRSIA_PS_THREADS`), at most 64",
+        "the PS store, each with its own lock and LRU; unset: one per PS thread (`--threads`, "
+        "`PYRSIA_PS_THREADS`); set: at least one per PS thread, at most 64",
         "embedding_parameter_server_config.enable_incremental_update": "training PS: write "
         "changed entries as packets; Infer PS: apply the packets found in `incremental_dir`",
         "embedding_parameter_server_config.incremental_buffer_size": "a packet is written "

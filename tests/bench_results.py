@@ -36,6 +36,7 @@ RESULT_KEYS: dict[str, list[str]] = {
         "payload_cpu_ms",
         "gradients_cpu_ms",
     ],
+    "ps_shards_bench.py": ["unset_cpu_us", "persia_default_cpu_us", "ratio"],
     "contention_bench.py": [
         "two_threads_alone",
         "two_threads_loaded",

@@ -50,7 +50,9 @@ def test_slot_defaults_are_persias():
     assert schema.feature_groups == ()
 
 
-def test_global_defaults_are_persias():
+def test_global_defaults_are_persias_but_the_internal_shards():
+    """PERSIA's defaults, except ``num_hashmap_internal_shards``: unset (one per PS thread)
+    where PERSIA's 100 made every PS batch pay for 64 shards."""
     cfg = default_global_config()
     assert parse_global_config(None) == cfg == parse_global_config({})
     common = cfg.common_config
@@ -64,7 +66,7 @@ def test_global_defaults_are_persias():
     assert common.infer_config.servers == () and common.infer_config.embedding_checkpoint == ""
     ps = cfg.embedding_parameter_server_config
     assert ps.capacity == 1_000_000_000
-    assert ps.num_hashmap_internal_shards == 100
+    assert ps.num_hashmap_internal_shards is None  # one internal shard per PS thread
     assert ps.enable_incremental_update is False
     assert ps.incremental_buffer_size == 1_000_000
     assert ps.incremental_dir == "/workspace/incremental_dir/"

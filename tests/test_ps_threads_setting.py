@@ -1,5 +1,7 @@
 """The embedding PS's thread setting: ``--threads``, else ``PYRSIA_PS_THREADS``, else the usable
-cores; checked and named when wrong; the store gets at least one internal shard per thread."""
+cores; checked and named when wrong; the store gets at least one internal shard per thread,
+and exactly one per thread (or as many as its capacity needs) when the job leaves
+``num_hashmap_internal_shards`` unset."""
 
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ from pyrsia.services.embedding_ps import parallel
 from pyrsia.services.embedding_ps.main import make_store, ps_threads
 from pyrsia.services.embedding_ps.parallel import MAX_THREADS, usable_cores
 from pyrsia.shared.config import EmbeddingParameterServerConfig
-from pyrsia.shared.constants import ENV_PS_THREADS, PS_PARALLEL_MIN_CORES
+from pyrsia.shared.constants import (
+    ENV_PS_THREADS,
+    MAX_ENTRIES_PER_SHARD,
+    PS_PARALLEL_MIN_CORES,
+)
 from pyrsia.shared.errors import ConfigError, UsageError
 from pyrsia.shared.settings import Settings
 
@@ -55,6 +61,49 @@ def test_the_store_has_at_least_one_shard_per_thread(key, threads, shards):
     assert (store.num_shards, store.threads) == (shards, threads)
     assert store.stats()["num_shards"] == shards
     store.close()
+
+
+@pytest.mark.parametrize(
+    "capacity,threads,shards",
+    [
+        (1000, 1, 1),
+        (1000, 2, 2),
+        (1000, 4, 4),
+        (MAX_ENTRIES_PER_SHARD, 1, 1),
+        (MAX_ENTRIES_PER_SHARD + 1, 1, 2),
+    ],
+)
+def test_an_unset_key_gives_one_shard_per_thread_or_what_the_capacity_needs(
+    capacity, threads, shards
+):
+    """PERSIA's default (100, so 64 shards) cost a one-thread store ~5 us per shard per call."""
+    assert EmbeddingParameterServerConfig().num_hashmap_internal_shards is None
+    store = make_store(EmbeddingParameterServerConfig(capacity=capacity), threads)
+    assert (store.num_shards, store.threads) == (shards, threads)
+    store.close()
+
+
+def test_embedded_mode_store_follows_the_same_rule(tmp_path):
+    """Embedded mode's in-process store: one shard per store thread with the key unset,
+    the key's count (at most 64) when set."""
+    from pyrsia.services.embedded.transport import InProcessTransport
+    from pyrsia.shared.config import load_embedding_config, parse_global_config
+
+    (tmp_path / "embedding.yml").write_text("slots_config:\n  a: {dim: 4}\n")
+    schema = load_embedding_config(tmp_path / "embedding.yml")
+    threads = parallel.resolve_threads(None)
+    for key, shards in ((None, threads), (100, max(threads, 64)), (3, max(threads, 3))):
+        ps = (
+            {"capacity": 1000}
+            if key is None
+            else {"capacity": 1000, "num_hashmap_internal_shards": key}
+        )
+        config = parse_global_config({"embedding_parameter_server_config": ps})
+        engines = InProcessTransport(schema, config)
+        try:
+            assert engines.store.num_shards == shards, key
+        finally:
+            engines.close()
 
 
 def test_the_service_refuses_a_bad_value_at_start():

@@ -25,7 +25,8 @@ here (:data:`PERSIA_EXTRA_KEYS`): ``metrics_config.push_interval_sec`` is read a
 are ignored, as PERSIA ignored them, with a note in the log.
 
 Defaults are those PERSIA's Rust source (``persia-embedding-config``) ran with, e.g.
-``enable_metrics`` false and ``num_hashmap_internal_shards`` 100.
+``enable_metrics`` false; ``num_hashmap_internal_shards`` unset means one internal shard
+per PS thread (PERSIA's 100 made every batch pay for 64 shards).
 """
 
 from __future__ import annotations

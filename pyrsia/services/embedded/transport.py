@@ -29,7 +29,9 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 from pyrsia.services.embedded.local_ps import EMBEDDED_ADDRESS, LocalPS
+from pyrsia.services.embedding_ps.capacity import internal_shards
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
+from pyrsia.services.embedding_ps.parallel import resolve_threads
 from pyrsia.services.embedding_worker.buffer import ForwardBuffer, GradientBuffer
 from pyrsia.services.embedding_worker.handlers import HANDLERS, check_handlers
 from pyrsia.services.embedding_worker.replica import Worker
@@ -61,9 +63,13 @@ class InProcessTransport:
         ps_config = config.embedding_parameter_server_config
         worker_config = config.embedding_worker_config
         self.schema = schema
+        store_threads = resolve_threads(None)
         self.store = EmbeddingStore(
             capacity=ps_config.capacity,
-            num_shards=min(ps_config.num_hashmap_internal_shards, 64),
+            num_shards=internal_shards(
+                ps_config.num_hashmap_internal_shards, store_threads, ps_config.capacity
+            ),
+            threads=store_threads,
         )
         self.offload = Offloader(
             ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pyrsia-embedded"),

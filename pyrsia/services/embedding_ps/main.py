@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pyrsia.services.embedding_ps.capacity import internal_shards
 from pyrsia.services.embedding_ps.checkpoint import read_manifests
 from pyrsia.services.embedding_ps.checkpoint_root import checkpoint_roots
 from pyrsia.services.embedding_ps.engine import EmbeddingStore
@@ -30,7 +31,6 @@ from pyrsia.shared.constants import (
     ENV_CHECKPOINT_ROOT,
     ENV_EMBEDDING_CONFIG,
     ENV_PS_THREADS,
-    MAX_INTERNAL_SHARDS,
     ROLE_EMBEDDING_PS,
 )
 from pyrsia.shared.cpu_priority import (
@@ -149,14 +149,14 @@ def ps_threads(flag: int | None, settings: Settings) -> int:
 
 
 def make_store(ps: EmbeddingParameterServerConfig, threads: int) -> EmbeddingStore:
-    """An empty store of ``ps.capacity`` worked by ``threads`` threads, with
-    ``num_hashmap_internal_shards`` internal shards, at least ``threads`` (one per thread) and
-    at most MAX_INTERNAL_SHARDS."""
-    shards = max(threads, min(ps.num_hashmap_internal_shards, MAX_INTERNAL_SHARDS))
+    """An empty store of ``ps.capacity`` worked by ``threads`` threads, with the internal
+    shards :func:`internal_shards` chooses from ``num_hashmap_internal_shards``."""
+    shards = internal_shards(ps.num_hashmap_internal_shards, threads, ps.capacity)
+    key = ps.num_hashmap_internal_shards
     log.info(
-        "store: %d internal shards (num_hashmap_internal_shards=%d), %d threads",
+        "store: %d internal shards (num_hashmap_internal_shards %s), %d threads",
         shards,
-        ps.num_hashmap_internal_shards,
+        "unset: one per thread" if key is None else f"= {key}",
         threads,
     )
     return EmbeddingStore(capacity=ps.capacity, num_shards=shards, threads=threads)

@@ -46,6 +46,8 @@ MAX_CHECKPOINT_WORKERS = 64
 """Most checkpoint threads a PS takes (``checkpointing_config.num_workers``)."""
 MAX_INTERNAL_SHARDS = 64
 """More PS shards than this buy no parallelism on the machines Pyrsia targets."""
+MAX_ENTRIES_PER_SHARD = 2**31 - 2
+"""Most entries one internal PS shard holds (its entry indices are int32)."""
 PS_PARALLEL_MIN_CORES = 4
 """A PS on fewer usable cores works on one thread unless told otherwise: on such a node it
 shares its cores with the embedding worker, the NN worker and the loader, and a second PS
