@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pyrsia.shared.config import (
     ConfigWarning,
@@ -258,3 +259,8 @@ def test_global_config_round_trips_through_its_dict_form():
     cfg = load_global_config(DATA / "persia_global_config_infer.yml")
     assert GlobalConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.to_dict()["common_config"]["job_type"] == "Infer"
+    # every default too: an unset num_hashmap_internal_shards is left out, not written null
+    default = default_global_config()
+    ps = default.to_dict()["embedding_parameter_server_config"]
+    assert "num_hashmap_internal_shards" not in ps
+    assert GlobalConfig.from_dict(yaml.safe_load(yaml.safe_dump(default.to_dict()))) == default

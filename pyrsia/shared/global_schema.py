@@ -130,8 +130,12 @@ class GlobalConfig:
     embedding_worker_config: EmbeddingWorkerConfig = EmbeddingWorkerConfig()
 
     def to_dict(self) -> dict[str, Any]:
-        """The YAML shape (job type as its name, servers as a list)."""
+        """The YAML shape (job type as its name, servers as a list, an unset
+        ``num_hashmap_internal_shards`` left out)."""
         d = dataclasses.asdict(self)
+        ps = d["embedding_parameter_server_config"]
+        if ps["num_hashmap_internal_shards"] is None:
+            del ps["num_hashmap_internal_shards"]
         d["common_config"]["job_type"] = self.common_config.job_type.value
         d["common_config"]["infer_config"]["servers"] = list(
             self.common_config.infer_config.servers
