@@ -7,6 +7,7 @@ fast part of it, with no mkdocs needed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_config_reference_lists_every_schema_key(gen, pages):
     from pyrsia.shared.config_schema import GlobalConfig
 
     page = pages["reference/config.md"]
-    global_keys = _flatten(GlobalConfig().to_dict())
+    global_keys = _flatten(dataclasses.asdict(GlobalConfig()))  # every field, unset ones too
     schema = parse_embedding_config(
         {"slots_config": {"s": {"dim": 4}}, "feature_groups": {"g": ["s"]}}, strict=True
     ).to_dict()
