@@ -26,6 +26,7 @@ from pyrsia.services.nn_worker.embedding_client import EmbeddingClient
 from pyrsia.services.nn_worker.http_transport import HttpEmbeddingTransport
 from pyrsia.shared import embedding_transport as routes
 from pyrsia.shared.config import load_embedding_config, load_global_config
+from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import InvalidInputError, NotFoundError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry, RegistrySettings
@@ -80,6 +81,39 @@ async def test_the_in_process_transport_applies_carried_gradients_too(configs):
         np.testing.assert_array_equal(data, want[name], err_msg=name)
 
 
+async def test_a_refused_carried_body_fails_the_lookup_after_applying_those_before_it(configs):
+    """Carried bodies go to the PS with the lookup's own requests; one the worker refuses
+    (an unknown batch) fails the lookup, those before it are applied as /gradients would
+    apply them, and the looked-up batch stays buffered."""
+    flags = configs()
+    engines = InProcessTransport(load_embedding_config(flags[1]), load_global_config(flags[3]))
+    client = EmbeddingClient(engines)
+    try:
+        await client.configure(HYPER)
+        await client.register_optimizer(ADAGRAD)
+        for k in (1, 2):
+            engines.worker.forward.put(k, 0, engines.worker.prepare(batch(0).id_part()))
+        first, _ = await client.lookup(0, 1, True, 6, gathered=True)
+        request = Lookup(2, True, True, (_gradients(first, 1), Gradients(77, 1.0, ())))
+        with pytest.raises(NotFoundError):
+            await engines.call(0, routes.LOOKUP, request, 6)
+        assert engines.ps.applied_updates > 0  # batch 1's gradients
+        assert 1 not in engines.worker.awaiting and 2 in engines.worker.forward
+        second, _ = await client.lookup(0, 2, True, 6, gathered=True)
+        assert second.batch_id == 2
+    finally:
+        client.close()
+
+
+async def _ps_update_requests(http: HttpClient, registry: Registry) -> float:
+    """``/update`` requests the one PS replica has served (its /metrics)."""
+    (record,) = (await registry.discover(ROLE_EMBEDDING_PS)).values()
+    async with http._get_session().get(f"{record.url}/metrics") as resp:
+        text = await resp.text()
+    name = 'pyrsia_ps_request_seconds_count{op="update"} '
+    return next((float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name)), 0.0)
+
+
 async def test_a_lookup_carries_gradients_applied_once_before_it_reads(
     services, configs, registry_settings
 ):
@@ -103,6 +137,7 @@ async def test_a_lookup_carries_gradients_applied_once_before_it_reads(
         assert applied.batch_id == 1 and applied.totals.applied > 0
         assert second.applied == (applied,)
         assert (await client.stats()).ps[0].updates_applied == before + applied.totals.applied
+        assert await _ps_update_requests(http, registry) == 0  # went on the PS /lookup too
         assert client.carrier is not None and (client.carrier.carried, client.carrier.alone) == (
             1,
             0,

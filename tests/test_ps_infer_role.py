@@ -68,6 +68,17 @@ async def test_an_infer_ps_refuses_every_route_that_changes_what_it_serves(infer
         assert err.value.peer_status == 409, route
         assert f"{route} refused" in str(err.value) and "job_type Infer" in str(err.value), route
         assert await client.call(f"{ps.url}/checksum") == served, route
+    carrying = {  # an eval lookup carrying gradients: refused as /update is
+        "train": False,
+        "groups": [{"dim": 8, "ids": IDS}],
+        "updates": [
+            {"groups": [{"dim": 8, "ids": IDS, "grads": np.ones((len(IDS), 8), np.float32)}]}
+        ],
+    }
+    with pytest.raises(ConflictError) as err:
+        await client.call(f"{ps.url}/lookup", carrying)
+    assert err.value.peer_status == 409 and "/update refused" in str(err.value)
+    assert await client.call(f"{ps.url}/checksum") == served
     # what it serves with keeps working
     eval_lookup = {"train": False, "groups": [{"dim": 8, "ids": IDS}]}
     got = (await client.call(f"{ps.url}/lookup", eval_lookup))["groups"][0]

@@ -115,6 +115,25 @@ BAD_REQUESTS = [
         },
         "groups[0].grads",
     ),
+    (
+        "/lookup",
+        {
+            "train": True,
+            "groups": [{"dim": 4, "ids": np.arange(3, dtype=np.uint64)}],
+            "updates": [
+                {
+                    "groups": [
+                        {
+                            "dim": 4,
+                            "ids": np.arange(3, dtype=np.uint64),
+                            "grads": np.ones((2, 4), np.float32),
+                        }
+                    ]
+                }
+            ],
+        },
+        "updates[0].groups[0].grads",
+    ),
     ("/dump", {"dir": 7}, "dir"),
     ("/load", {}, "dir"),
 ]
@@ -147,6 +166,37 @@ async def test_bad_input_is_a_400_naming_the_field_and_nothing_changes(ps, clien
     stats = await client.call(f"{ps.url}/stats")
     assert stats["entries"] == 10 and stats["optimizer"]["type"] == "sgd"
     assert ps.health()[0] == 200
+
+
+def _metric(text: str, name: str) -> float:
+    """One sample of a /metrics text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_a_lookup_applies_the_updates_it_carries_first_in_one_request(ps, client):
+    """The embedding worker's carried gradients: applied in order, as /update applies them,
+    then the lookup reads; the answer says what each did; no /update request is made."""
+    await ready(client, ps.url)  # SGD, lr 0.5
+    ids = np.arange(1, 9, dtype=np.uint64)
+    groups = [{"dim": 4, "ids": ids}]
+    before = (await client.call(f"{ps.url}/lookup", {"train": True, "groups": groups}))["groups"]
+    grads = np.full((8, 4), 0.1, np.float32)
+    update = {"groups": [{"dim": 4, "ids": ids, "grads": grads}]}
+    answer = await client.call(
+        f"{ps.url}/lookup",
+        {"train": True, "groups": groups, "updates": [update, {"groups": []}, update]},
+    )
+    np.testing.assert_allclose(answer["groups"][0], before[0] - 2 * 0.5 * grads, rtol=1e-6)
+    done = {"applied": 8, "skipped_unknown": 0, "skipped_nonfinite": 0}
+    assert answer["applied"] == [done, {**done, "applied": 0}, done]
+    stats = await client.call(f"{ps.url}/stats")
+    assert stats["updates_applied"] == 16
+    text = await (await client._get_session().get(f"{ps.url}/metrics")).text()
+    assert _metric(text, 'pyrsia_ps_ids_total{op="update"}') == 16
+    assert _metric(text, 'pyrsia_ps_request_seconds_count{op="update"}') == 0
 
 
 async def test_oversized_body_is_413_and_unknown_route_404(ps, client):

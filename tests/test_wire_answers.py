@@ -12,7 +12,14 @@ import pytest
 from pyrsia.shared.codec import packb, unpackb
 from pyrsia.shared.config_schema import EmbeddingSchema, SlotConfig
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
-from pyrsia.shared.wire.ps import IdGroup, PSLookup, PSLookupAnswer, PSStats, UpdateTotals
+from pyrsia.shared.wire.ps import (
+    IdGroup,
+    PSLookup,
+    PSLookupAnswer,
+    PSStats,
+    PSUpdate,
+    UpdateTotals,
+)
 from pyrsia.shared.wire.serve import DenseInput, PredictAnswer, PredictInputs, PredictRequest
 from pyrsia.shared.wire.worker import GradientsApplied, WorkerSchema, WorkerStats
 
@@ -49,6 +56,66 @@ def test_a_bad_lookup_answer_is_a_protocol_error_naming_the_field(groups, field)
         PSLookupAnswer.from_wire(_wire({"groups": groups}), LOOKUP)
     assert f"{field}:" in str(err.value) and "PS /lookup" in str(err.value)
     assert isinstance(err.value.__cause__, InvalidInputError)
+    assert err.value.__cause__.field == field
+
+
+CARRYING = PSLookup(
+    True,
+    (IdGroup(4, np.arange(3, dtype=np.uint64)),),
+    (
+        PSUpdate((IdGroup(4, np.arange(2, dtype=np.uint64), np.ones((2, 4), np.float32)),)),
+        PSUpdate(()),
+    ),
+)
+
+
+def test_a_lookup_carrying_updates_round_trips_and_its_answer_says_what_each_did():
+    again = PSLookup.from_wire(_wire(CARRYING.to_wire()))
+    assert [len(u.groups) for u in again.updates] == [1, 0]
+    np.testing.assert_array_equal(again.updates[0].groups[0].grads, np.ones((2, 4), np.float32))
+    assert "updates" not in LOOKUP.to_wire()  # a plain lookup's body is unchanged
+    answer = PSLookupAnswer((np.ones((3, 4), np.float32),), (UpdateTotals(2), UpdateTotals()))
+    got = PSLookupAnswer.from_wire(_wire(answer.to_wire()), CARRYING)
+    assert got.applied == (UpdateTotals(2), UpdateTotals())
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (
+            lambda b: b["updates"][0]["groups"][0].update(grads=np.ones((3, 4), np.float32)),
+            "updates[0].groups[0].grads",
+        ),
+        (lambda b: b["updates"].__setitem__(1, 7), "updates[1]"),
+        (lambda b: b["updates"][1].pop("groups"), "updates[1].groups"),
+        (lambda b: b.update(updates=[{"groups": []}] * 65), "updates"),
+    ],
+)
+def test_a_bad_carried_update_names_its_field(edit, field):
+    body = _wire(CARRYING.to_wire())
+    edit(body)
+    with pytest.raises(InvalidInputError) as err:
+        PSLookup.from_wire(body)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "applied, field",
+    [
+        (None, "applied"),  # a PS that ignored the carried updates
+        ([{"applied": 2, "skipped_unknown": 0, "skipped_nonfinite": 0}], "applied"),  # one short
+        (
+            [{"applied": 2, "skipped_unknown": 0, "skipped_nonfinite": 0}, {"applied": 0}],
+            "applied[1].skipped_unknown",
+        ),
+    ],
+)
+def test_an_answer_that_does_not_account_for_carried_updates_is_a_protocol_error(applied, field):
+    body = {"groups": [np.ones((3, 4), np.float32)]}
+    if applied is not None:
+        body["applied"] = applied
+    with pytest.raises(ProtocolError) as err:
+        PSLookupAnswer.from_wire(_wire(body), CARRYING)
     assert err.value.__cause__.field == field
 
 

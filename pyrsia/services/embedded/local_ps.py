@@ -14,6 +14,7 @@ services-mode job with one PS replica writes, and loadable by any number of repl
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,12 @@ def _warm_kernels(spec: OptimizerSpec) -> None:
     warm_worker()
 
 
+def _apply(store: EmbeddingStore, groups: list[tuple[int, Any, Any]]) -> UpdateTotals:
+    """One update's ``(dim, ids, grads)`` groups applied in order (empty ones skipped)."""
+    r = store.update_groups((ids, grads) for _, ids, grads in groups)
+    return UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
+
+
 class LocalPS:
     """One in-process PS replica behind the embedding worker's ``PSLink``; the store's
     kernels release the GIL, and unbounded work (dumps, loads, clears) runs on ``offload``'s
@@ -75,31 +82,37 @@ class LocalPS:
         self, per_replica: list[list[tuple[int, Any]]], *, train: bool
     ) -> list[tuple[np.ndarray, ...]]:
         """The vectors of every dim group of the one replica (``PSClient.lookup``'s answer)."""
+        answers, _ = await self.lookup_carrying(per_replica, (), train=train)
+        return answers
+
+    async def lookup_carrying(
+        self,
+        per_replica: list[list[tuple[int, Any]]],
+        updates: Sequence[list[list[tuple[int, Any, Any]]]],
+        *,
+        train: bool,
+    ) -> tuple[list[tuple[np.ndarray, ...]], list[tuple[UpdateTotals, int]]]:
+        """``updates`` applied in order, then the lookup (``PSClient.lookup_carrying``'s answer)."""
         (groups,) = per_replica
+        carried = [u[0] for u in updates]
         store = self.store
 
-        def work() -> tuple[np.ndarray, ...]:
-            return tuple(store.lookup(ids, dim, train=train) for dim, ids in groups)
+        def work() -> tuple[list[UpdateTotals], tuple[np.ndarray, ...]]:
+            applied = [_apply(store, c) for c in carried]
+            return applied, tuple(store.lookup(ids, dim, train=train) for dim, ids in groups)
 
-        n = sum(len(ids) for _, ids in groups)
-        return [await self.offload.run(n, work)]
+        n = sum(len(ids) for _, ids in groups) + sum(len(ids) for c in carried for _, ids, _ in c)
+        applied, out = await self.offload.run(n, work)
+        self.applied_updates += sum(a.applied for a in applied)
+        return [out], [(a, 0) for a in applied]
 
     async def update(
         self, per_replica: list[list[tuple[int, Any, Any]]]
     ) -> tuple[UpdateTotals, int]:
         """Apply per-id gradients with the registered optimizer (``PSClient.update``'s answer)."""
         (groups,) = per_replica
-        groups = [(d, ids, g) for d, ids, g in groups if len(ids)]
-        store = self.store
-
-        def work() -> UpdateTotals:
-            total = UpdateTotals()
-            for _, ids, grads in groups:
-                r = store.update(ids, grads)
-                total += UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
-            return total
-
-        total = await self.offload.run(sum(len(ids) for _, ids, _ in groups), work)
+        n = sum(len(ids) for _, ids, _ in groups)
+        total = await self.offload.run(n, _apply, self.store, groups)
         self.applied_updates += total.applied
         return total, 0
 

@@ -32,6 +32,7 @@ import itertools
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -271,6 +272,15 @@ class EmbeddingStore:
         if writer is not None and n_applied:
             writer.notify(self, ids[applied])
         return UpdateResult(n_applied, unknown, nonfinite)
+
+    def update_groups(self, groups: Iterable[tuple[np.ndarray, np.ndarray]]) -> UpdateResult:
+        """:meth:`update` of each ``(ids, grads)`` pair of one update body, in order; the sums."""
+        done = [self.update(ids, grads) for ids, grads in groups if len(ids)]
+        return UpdateResult(
+            sum(r.applied for r in done),
+            sum(r.skipped_unknown for r in done),
+            sum(r.skipped_nonfinite for r in done),
+        )
 
     # ----------------------------------------------------------------- bulk (bulk.BulkStore)
     def stored_dims(self) -> list[int]:

@@ -20,6 +20,7 @@ within one writer's directory.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -37,6 +38,7 @@ from pyrsia.services.embedding_ps.packets import FORMAT_VERSION, PACKET_FORMAT
 from pyrsia.shared.embedding_spec import optimizer_from_dict
 from pyrsia.shared.errors import InvalidInputError
 from pyrsia.shared.farmhash import replica_of
+from pyrsia.shared.thread_offload import Offloader
 
 if TYPE_CHECKING:
     from pyrsia.services.embedding_ps.bulk import BulkStore
@@ -112,6 +114,16 @@ class IncrementalLoader:
         self.stats = LoaderStats()
         self._writers: dict[str, _Writer] = {}
         self._warned_missing = False
+
+    async def scan_forever(self, offload: Offloader, interval_s: float) -> None:
+        """:meth:`scan` now and every ``interval_s``, on ``offload``'s pool (an Infer PS's
+        scanner task); a failed scan is logged and the next one retries."""
+        while True:
+            try:
+                await offload.run(None, self.scan)
+            except Exception:
+                log.exception("incremental scan of %s failed", self.root)
+            await asyncio.sleep(interval_s)
 
     def scan(self) -> int:
         """One pass over every writer directory; returns the number of packets applied."""

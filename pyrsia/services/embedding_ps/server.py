@@ -8,7 +8,8 @@ route                  body                                                 answ
 =====================  ===================================================  ==========================
 /configure             {"hyperparams": {emb_initialization, admit_...}}     {"hyperparams": {...}}
 /register_optimizer    {"optimizer": {"type": "adagrad", "lr": ...}}         {"optimizer": {...}}
-/lookup                {"train": bool, "groups": [{"dim", "ids"}]}          {"groups": [float32 (n, dim)]}
+/lookup                {"train": bool, "groups": [{"dim", "ids"}],          {"groups": [float32 (n, dim)],
+                        "updates": [/update bodies] = []}                     "applied": [/update answers]}
 /update                {"groups": [{"dim", "ids", "grads"}]}                {"applied", "skipped_..."}
 /dump, /load           {"dir": str} (inside the PS checkpoint roots)          manifest / {"entries"}
 /clear, /stats         {} / none                                            stats
@@ -55,7 +56,14 @@ from pyrsia.shared.persia_compat import persia_labels
 from pyrsia.shared.settings import Settings
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.admin import Configure, Directory, Empty, RegisterOptimizer
-from pyrsia.shared.wire.ps import PSLookup, PSLookupAnswer, PSStats, PSUpdate, UpdateTotals
+from pyrsia.shared.wire.ps import (
+    IdGroup,
+    PSLookup,
+    PSLookupAnswer,
+    PSStats,
+    PSUpdate,
+    UpdateTotals,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,31 +163,37 @@ async def register_optimizer(request: web.Request, body: Any) -> dict:
 @msgpack_handler
 async def lookup(request: web.Request, body: Any) -> dict:
     """Embeddings of every id of every dim group; train lookups may insert and evict.
+    Carried updates (``updates``) are applied first, in order, as ``/update`` applies them.
 
     An eval lookup needs only the hyperparameters (/configure), not an optimizer: it never
     inserts, so no optimizer state is made, and PERSIA's PS served it the same way."""
     msg = PSLookup.from_wire(body)
     train = msg.train
+    if msg.updates:
+        _refuse_on_infer(request, "/update")
     if train:
         _refuse_on_infer(request, "/lookup")
-        require_ready(request)
-    elif not request.app[STATUS].configured:
+    if train or msg.updates or not request.app[STATUS].configured:
         require_ready(request)
     store, metrics = request.app[STORE], request.app[PS_METRICS]
     before = store.lookup_counters() if train else None  # PERSIA's index_miss_ratio
     started = time.perf_counter()
 
-    def work() -> tuple[np.ndarray, ...]:
-        return tuple(store.lookup(g.ids, g.dim, train=train) for g in msg.groups)
+    def work() -> tuple[tuple[UpdateTotals, ...], tuple[np.ndarray, ...]]:
+        applied = tuple(_apply(store, u.groups) for u in msg.updates)
+        return applied, tuple(store.lookup(g.ids, g.dim, train=train) for g in msg.groups)
 
+    n_updates = sum(len(g.ids) for u in msg.updates for g in u.groups)
     n = sum(len(g.ids) for g in msg.groups)
-    out = await request.app[OFFLOAD].run(n, work)
+    applied, out = await request.app[OFFLOAD].run(n + n_updates, work)
+    if msg.updates:
+        _count_updates(request, n_updates, sum(applied, UpdateTotals()))
     ids, latency = metrics["lookup_train" if train else "lookup_eval"]
     ids.inc(n)
     seconds = time.perf_counter() - started
     latency.observe(seconds)
     request.app[PERSIA_METRICS].looked_up(before, seconds)
-    return PSLookupAnswer(out).to_wire()
+    return PSLookupAnswer(out, applied).to_wire()
 
 
 @msgpack_handler
@@ -188,23 +202,27 @@ async def update(request: web.Request, body: Any) -> dict:
     _refuse_on_infer(request, "/update")
     require_ready(request)
     groups = PSUpdate.from_wire(body).groups
-    store, metrics = request.app[STORE], request.app[PS_METRICS]
+    store = request.app[STORE]
     started = time.perf_counter()
-
-    def work() -> UpdateTotals:
-        total = UpdateTotals()
-        for group in groups:
-            r = store.update(group.ids, group.grads)
-            total += UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
-        return total
-
     n = sum(len(g.ids) for g in groups)
-    total = await request.app[OFFLOAD].run(n, work)
-    ids, latency = metrics["update"]
-    ids.inc(n)
-    latency.observe(time.perf_counter() - started)
-    request.app[PERSIA_METRICS].gradient_id_misses += total.skipped_unknown
+    total = await request.app[OFFLOAD].run(n, _apply, store, groups)
+    _count_updates(request, n, total)
+    request.app[PS_METRICS]["update"][1].observe(time.perf_counter() - started)
     return total.to_wire()
+
+
+def _apply(store: EmbeddingStore, groups: tuple[IdGroup, ...]) -> UpdateTotals:
+    """One update body's groups applied with the registered optimizer, in order."""
+    r = store.update_groups((g.ids, g.grads) for g in groups)
+    return UpdateTotals(r.applied, r.skipped_unknown, r.skipped_nonfinite)
+
+
+def _count_updates(request: web.Request, n: int, total: UpdateTotals) -> None:
+    """The update metrics of ``n`` gradient rows applied (by ``/update``, or carried on a
+    ``/lookup``: the ``update`` request latency counts ``/update`` requests only)."""
+    ids, _ = request.app[PS_METRICS]["update"]
+    ids.inc(n)
+    request.app[PERSIA_METRICS].gradient_id_misses += total.skipped_unknown
 
 
 @msgpack_handler
@@ -276,17 +294,6 @@ async def checksum(request: web.Request, body: Any) -> dict:
     return await _in_thread(request, store_checksum, request.app[STORE])
 
 
-async def _scan_loop(app: web.Application, interval_s: float) -> None:
-    """Apply new incremental packets now and every ``interval_s`` (in the executor)."""
-    loader = app[LOADER]
-    while True:
-        try:
-            await app[OFFLOAD].run(None, loader.scan)
-        except Exception:  # a failed scan is logged; the next one retries
-            log.exception("incremental scan of %s failed", loader.root)
-        await asyncio.sleep(interval_s)
-
-
 def create_app(
     store: EmbeddingStore,
     *,
@@ -321,8 +328,6 @@ def create_app(
     app[STATUS] = _Status()
     app[STATUS].configured = ready_without_configure
     app[STATUS].infer = ready_without_configure
-    if incremental_loader is not None:
-        _add_loader(app, incremental_loader)
     app[STATE].details.update(replica_index=replica_index, replica_size=replica_size)
     if not ready_without_configure:  # a Train PS: a random id for this process (ps_boots.py)
         app[STATE].details.update(boot_id=secrets.token_hex(8), loaded=False)
@@ -332,28 +337,32 @@ def create_app(
 
     async def executor_ctx(app: web.Application):
         app[OFFLOAD] = Offloader(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"))
-        scanner = None
-        if incremental_loader is not None:
-            scanner = asyncio.create_task(_scan_loop(app, scan_interval_s))
         yield
-        if scanner is not None:
-            scanner.cancel()
-            await asyncio.gather(scanner, return_exceptions=True)
         # queued work whose request is gone is dropped; the running kernel finishes
         app[OFFLOAD].shutdown()
         _close_store(store)
 
     app.cleanup_ctx.append(executor_ctx)
+    if incremental_loader is not None:  # after the executor: its scanner runs there
+        _add_loader(app, incremental_loader, scan_interval_s)
     app[STATUS].refresh(app)
     _add_routes(app)
     return app
 
 
-def _add_loader(app: web.Application, loader: IncrementalLoader) -> None:
-    """Keep an Infer replica's incremental ``loader`` on ``app`` (``/stats``, the scanner)
-    and export its counts as gauges."""
+def _add_loader(app: web.Application, loader: IncrementalLoader, interval_s: float) -> None:
+    """Keep an Infer replica's incremental ``loader`` on ``app`` (``/stats``), export its
+    counts as gauges, and scan for packets every ``interval_s`` while the app runs."""
     app[LOADER] = loader
     loader_gauges(app[METRICS], loader.stats)
+
+    async def scanner_ctx(app: web.Application):
+        scanner = asyncio.create_task(loader.scan_forever(app[OFFLOAD], interval_s))
+        yield
+        scanner.cancel()
+        await asyncio.gather(scanner, return_exceptions=True)
+
+    app.cleanup_ctx.append(scanner_ctx)
 
 
 def _close_store(store: EmbeddingStore) -> None:

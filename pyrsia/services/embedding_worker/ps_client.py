@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -242,17 +243,54 @@ class PSClient:
     ) -> list[tuple[np.ndarray, ...]]:
         """One /lookup per replica with all its dim groups; answers (checked by
         ``PSLookupAnswer``: one ``(n, dim)`` float32 array per group) in replica order."""
+        answers, _ = await self.lookup_carrying(per_replica, (), train=train)
+        return answers
+
+    async def lookup_carrying(
+        self,
+        per_replica: list[list[tuple[int, Any]]],
+        updates: Sequence[list[list[tuple[int, Any, Any]]]],
+        *,
+        train: bool,
+    ) -> tuple[list[tuple[np.ndarray, ...]], list[tuple[UpdateTotals, int]]]:
+        """One /lookup per replica carrying that replica's part of each of ``updates`` (applied
+        first, in order): the lookups' answers in replica order, and per update its summed
+        totals and the id rows dropped. A replica that stays unreachable fails the lookup;
+        the updates it was sent count as dropped."""
+        totals = [UpdateTotals() for _ in updates]
+        dropped = [0] * len(updates)
 
         async def one(index: int, groups: list[tuple[int, Any]]) -> tuple[np.ndarray, ...]:
-            if all(len(ids) == 0 for _, ids in groups):
+            carried = [[(d, ids, g) for d, ids, g in u[index] if len(ids)] for u in updates]
+            if not any(carried) and all(len(ids) == 0 for _, ids in groups):
                 return tuple(np.empty((0, dim), np.float32) for dim, _ in groups)
-            request = PSLookup(train, tuple(IdGroup(d, ids) for d, ids in groups))
-            if train:
+            request = PSLookup(
+                train,
+                tuple(IdGroup(d, ids) for d, ids in groups),
+                tuple(PSUpdate(tuple(IdGroup(d, ids, g) for d, ids, g in c)) for c in carried),
+            )
+            if train or any(carried):
                 await self.hold(index)
-            answer = await self.call(index, "/lookup", request.to_wire())
-            return PSLookupAnswer.from_wire(answer, request).groups
+            try:
+                answer = await self.call(index, "/lookup", request.to_wire())
+            except ServiceUnavailableError as exc:
+                n = [sum(len(ids) for _, ids, _ in c) for c in carried]
+                for k, n_k in enumerate(n):
+                    dropped[k] += n_k
+                self.dropped_updates += sum(n)
+                if sum(n):
+                    log.error(
+                        "dropping gradients of %d ids for PS replica %d: %s", sum(n), index, exc
+                    )
+                raise
+            checked = PSLookupAnswer.from_wire(answer, request)
+            for k, result in enumerate(checked.applied):
+                totals[k] += result
+                self.applied_updates += result.applied
+            return checked.groups
 
-        return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica))))
+        answers = list(await asyncio.gather(*(one(i, g) for i, g in enumerate(per_replica))))
+        return answers, list(zip(totals, dropped, strict=True))
 
     async def update(
         self, per_replica: list[list[tuple[int, Any, Any]]]

@@ -15,6 +15,7 @@ signature, and that they answer alike on a real PS.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,6 +42,19 @@ class PSLink(Protocol):
     ) -> list[tuple[np.ndarray, ...]]:
         """Each replica's ``(dim, ids)`` groups -> per replica, one ``(n, dim)`` float32 array
         per group (a training lookup may insert)."""
+        ...
+
+    async def lookup_carrying(
+        self,
+        per_replica: list[list[tuple[int, Any]]],
+        updates: Sequence[list[list[tuple[int, Any, Any]]]],
+        *,
+        train: bool,
+    ) -> tuple[list[tuple[np.ndarray, ...]], list[tuple[UpdateTotals, int]]]:
+        """``lookup`` whose request to each replica carries that replica's part of each of
+        ``updates`` (as ``update`` takes them), applied first, in order: the lookup's answer,
+        and per update the summed totals and the id rows dropped (a replica that stays
+        unreachable fails the lookup; the updates it was sent count as dropped)."""
         ...
 
     async def update(

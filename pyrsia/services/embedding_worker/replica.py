@@ -40,9 +40,11 @@ from pyrsia.services.embedding_worker.routing import (
 )
 from pyrsia.services.embedding_worker.slot_counts import SlotIdCounts
 from pyrsia.shared.config import EmbeddingSchema, EmbeddingWorkerConfig
+from pyrsia.shared.errors import PersiaError
 from pyrsia.shared.thread_offload import Offloader
 from pyrsia.shared.wire.batch import IDPart
 from pyrsia.shared.wire.gathered import SlotEmbeddings
+from pyrsia.shared.wire.ps import UpdateTotals
 from pyrsia.shared.wire.worker import Embeddings, Gradients, GradientsApplied
 
 log = logging.getLogger(__name__)
@@ -102,15 +104,26 @@ class Worker:
         return counter
 
     async def embeddings(
-        self, pending: _Pending, train: bool, gathered: bool
-    ) -> tuple[tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan]:
+        self,
+        pending: _Pending,
+        train: bool,
+        gathered: bool,
+        carried: Sequence[_Outgoing] = (),
+    ) -> tuple[tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan, list]:
         """The batch's answer: pooled tensors per slot, or with ``gathered`` a
-        ``SlotEmbeddings`` whose single-id summed slots come as tables (``gathering.py``)."""
+        ``SlotEmbeddings`` whose single-id summed slots come as tables (``gathering.py``);
+        and what each of ``carried`` did, sent to the PS in the lookup's requests."""
         prepared = pending.prepared
         started = time.perf_counter()
-        answers = await self.ps.lookup(
-            replica_lookups(prepared), train=train and pending.requires_grad
+        answers, results = await self.ps.lookup_carrying(
+            replica_lookups(prepared),
+            [c.per_replica for c in carried],
+            train=train and pending.requires_grad,
         )
+        applied = [
+            c.finish(totals, dropped, self.metrics)
+            for c, (totals, dropped) in zip(carried, results, strict=True)
+        ]
         metrics = self.metrics
         sample = metrics is not None and next(self.lookups) % UNIQUE_RATE_SAMPLING == 0
 
@@ -138,7 +151,7 @@ class Worker:
                 metrics["persia"].unique_rates(names, counts.tolist(), uniques)
             for dim, group in prepared.groups.items():
                 self._dim_counter(dim).inc(group.ids.shape[0])
-        return out, gather
+        return out, gather, applied
 
     async def lookup(
         self, batch_id: int, train: bool, gathered: bool, carried: Sequence[Gradients] = ()
@@ -147,12 +160,20 @@ class Worker:
         gradients (the HTTP route and the embedded mode, pyrsia/services/nn_worker, call it).
 
         ``carried``: earlier batches' gradients sent with this lookup, applied first, in
-        order, exactly as ``/gradients`` applies them (the answer says what each did); one
-        that fails fails the lookup, and the looked-up batch stays buffered."""
+        order, exactly as ``/gradients`` applies them (the answer says what each did), in the
+        lookup's own PS requests; one that is refused fails the lookup, the ones before it are
+        applied, and the looked-up batch stays buffered."""
         self.forward.peek(batch_id)  # an unknown batch's error, before anything changes
-        applied = [await self.apply_gradients(msg) for msg in carried]
+        outgoing: list[_Outgoing] = []
+        try:
+            for msg in carried:
+                outgoing.append(await self._outgoing(msg))
+        except PersiaError:
+            for done in outgoing:  # those checked before the refused one, as /gradients would
+                await self._send(done)
+            raise
         pending = self.forward.pop(batch_id)
-        embeddings, plan = await self.embeddings(pending, train, gathered)
+        embeddings, plan, applied = await self.embeddings(pending, train, gathered, outgoing)
         if train and pending.requires_grad:
             self.awaiting.put(batch_id, Awaited(pending.prepared, plan))
         return Embeddings(embeddings, batch_id, pending.requires_grad, tuple(applied))
@@ -161,7 +182,7 @@ class Worker:
         """``/lookup_direct``: the embeddings of a checked id half, no buffering; a training
         lookup of a batch that requires grad awaits its gradients under a negative id."""
         pending = await self.offload.run(batch_id_count(batch), self.prepare, batch)
-        embeddings, plan = await self.embeddings(pending, train, gathered)
+        embeddings, plan, _ = await self.embeddings(pending, train, gathered)
         batch_id = None
         if train and pending.requires_grad:
             batch_id = -next(self.direct_ids)
@@ -171,6 +192,16 @@ class Worker:
     async def apply_gradients(self, msg: Gradients) -> GradientsApplied:
         """``/gradients``: pooled gradients (and a gathered answer's table gradients) turned
         into per-id gradients and pushed to the PS replicas."""
+        return await self._send(await self._outgoing(msg))
+
+    async def _send(self, outgoing: _Outgoing) -> GradientsApplied:
+        """One batch's per-id gradients sent to the PS replicas on their own requests."""
+        totals, dropped = await self.ps.update(outgoing.per_replica)
+        return outgoing.finish(totals, dropped, self.metrics)
+
+    async def _outgoing(self, msg: Gradients) -> _Outgoing:
+        """A batch's gradients checked, taken out of the awaiting buffer and turned into
+        per-id gradients per PS replica (a refused body changes nothing)."""
         batch_id = msg.batch_id
         by_name = dict(msg.gradients)
         # Checked before the batch leaves the awaiting buffer: a refused body changes nothing.
@@ -202,11 +233,26 @@ class Worker:
             log.warning(
                 "batch %d: skipped slots with non-finite gradients: %s", batch_id, nan_skipped
             )
-        totals, dropped = await self.ps.update(per_replica)
+        return _Outgoing(batch_id, per_replica, tuple(nan_skipped), started)
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    """One batch's per-id gradients on their way to the PS replicas."""
+
+    batch_id: int
+    per_replica: list[list[tuple[int, Any, Any]]]
+    nan_skipped: tuple[str, ...]
+    started: float
+
+    def finish(
+        self, totals: UpdateTotals, dropped: int, metrics: dict[str, Any] | None
+    ) -> GradientsApplied:
+        """What the replicas did with them (and the update metrics)."""
         if metrics is not None:
-            metrics["update_latency"].observe(time.perf_counter() - started)
-            metrics["persia"].update_s = time.perf_counter() - started
-        return GradientsApplied(batch_id, tuple(nan_skipped), totals, dropped)
+            metrics["update_latency"].observe(time.perf_counter() - self.started)
+            metrics["persia"].update_s = time.perf_counter() - self.started
+        return GradientsApplied(self.batch_id, self.nan_skipped, totals, dropped)
 
 
 def batch_id_count(batch: IDPart) -> int:

@@ -2,8 +2,10 @@
 
 ::
 
-    /lookup  PSLookup  {"train": bool, "groups": [{"dim": int, "ids": uint64[n]}]}
-             -> PSLookupAnswer  {"groups": [float32[n, dim]]}   (request's group order)
+    /lookup  PSLookup  {"train": bool, "groups": [{"dim": int, "ids": uint64[n]}],
+                        "updates": [PSUpdate] = []}   (carried: applied first, in order)
+             -> PSLookupAnswer  {"groups": [float32[n, dim]]   (request's group order),
+                                 "applied": [UpdateTotals]}   (one per carried update)
     /update  PSUpdate  {"groups": [{"dim": int, "ids": uint64[n], "grads": float32[n, dim]}]}
              -> UpdateTotals  {"applied": int, "skipped_unknown": int, "skipped_nonfinite": int}
     /stats   -> PSStats  {"entries": int, "updates_applied": int, ... every other counter}
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrsia.shared.constants import MAX_DIM, MAX_GROUPS, MAX_MESSAGE_BYTES
+from pyrsia.shared.constants import MAX_CARRIED_GRADIENTS, MAX_DIM, MAX_GROUPS, MAX_MESSAGE_BYTES
 from pyrsia.shared.errors import InvalidInputError, ProtocolError
 from pyrsia.shared.validate import as_array, as_bool, as_dict, as_int, as_list, get
 
@@ -61,24 +63,41 @@ class IdGroup:
         return out
 
 
-def _groups(body: dict, *, with_grads: bool) -> tuple[IdGroup, ...]:
-    raw = as_list(get(body, "groups"), "groups", max_len=MAX_GROUPS)
+def _groups(body: dict, *, with_grads: bool, where: str = "") -> tuple[IdGroup, ...]:
+    """The ``groups`` of a body; ``where`` prefixes the fields an error names."""
+    raw = as_list(get(body, "groups", f"{where}groups"), f"{where}groups", max_len=MAX_GROUPS)
     return tuple(
-        IdGroup.from_wire(g, f"groups[{i}]", with_grads=with_grads) for i, g in enumerate(raw)
+        IdGroup.from_wire(g, f"{where}groups[{i}]", with_grads=with_grads)
+        for i, g in enumerate(raw)
     )
 
 
 @dataclass(frozen=True, eq=False)
 class PSLookup:
-    """``/lookup``: vectors of every id of every group; ``train`` lookups may insert."""
+    """``/lookup``: vectors of every id of every group; ``train`` lookups may insert.
+
+    ``updates``: gradients carried with the lookup (the embedding worker's, of the batches
+    whose gradients came with the NN worker's ``/lookup``), applied first, in order, exactly
+    as ``/update`` applies them: one request instead of an ``/update`` and a ``/lookup``."""
 
     train: bool
     groups: tuple[IdGroup, ...]
+    updates: tuple[PSUpdate, ...] = ()
 
     @classmethod
     def from_wire(cls, body: Any) -> PSLookup:
         body = as_dict(body, "body")
-        lookup = cls(as_bool(get(body, "train"), "train"), _groups(body, with_grads=False))
+        raw = as_list(body.get("updates", []), "updates", max_len=MAX_CARRIED_GRADIENTS)
+        lookup = cls(
+            as_bool(get(body, "train"), "train"),
+            _groups(body, with_grads=False),
+            tuple(
+                PSUpdate(
+                    _groups(as_dict(u, f"updates[{k}]"), with_grads=True, where=f"updates[{k}].")
+                )
+                for k, u in enumerate(raw)
+            ),
+        )
         answer_bytes = sum(4 * g.dim * g.ids.shape[0] for g in lookup.groups)
         if answer_bytes > MAX_MESSAGE_BYTES:  # a few MB of ids may ask for terabytes of floats
             raise InvalidInputError(
@@ -89,7 +108,10 @@ class PSLookup:
         return lookup
 
     def to_wire(self) -> dict[str, Any]:
-        return {"train": self.train, "groups": [g.to_wire() for g in self.groups]}
+        body = {"train": self.train, "groups": [g.to_wire() for g in self.groups]}
+        if self.updates:
+            body["updates"] = [u.to_wire() for u in self.updates]
+        return body
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,28 +141,46 @@ def peer_answer(peer: str) -> Iterator[None]:
 @dataclass(frozen=True, eq=False)
 class PSLookupAnswer:
     """The answer of ``/lookup``: ``groups[j]`` holds the float32 vectors ``(n_j, dim_j)`` of
-    the request's j-th group, row k the vector of its k-th id."""
+    the request's j-th group, row k the vector of its k-th id; ``applied[k]`` what the
+    request's k-th carried update did."""
 
     groups: tuple[np.ndarray, ...]
+    applied: tuple[UpdateTotals, ...] = ()
 
     @classmethod
     def from_wire(cls, answer: Any, request: PSLookup) -> PSLookupAnswer:
-        """Check the answer against the ``request`` it answers (group count, shapes, dtype)."""
+        """Check the answer against the ``request`` it answers (group count, shapes, dtype,
+        one ``applied`` per carried update: a PS that ignored them is a ProtocolError)."""
         with peer_answer("PS /lookup"):
-            raw = as_list(get(as_dict(answer, "answer"), "groups"), "groups", max_len=MAX_GROUPS)
+            body = as_dict(answer, "answer")
+            raw = as_list(get(body, "groups"), "groups", max_len=MAX_GROUPS)
             if len(raw) != len(request.groups):
                 raise InvalidInputError(
                     "groups", f"{len(request.groups)} groups (one per requested group)", len(raw)
+                )
+            applied: tuple[UpdateTotals, ...] = ()
+            if request.updates:
+                done = as_list(get(body, "applied"), "applied", max_len=MAX_CARRIED_GRADIENTS)
+                if len(done) != len(request.updates):
+                    raise InvalidInputError(
+                        "applied", f"{len(request.updates)} (one per carried update)", len(done)
+                    )
+                applied = tuple(
+                    UpdateTotals.checked(a, f"applied[{k}]") for k, a in enumerate(done)
                 )
             return cls(
                 tuple(
                     as_array(v, f"groups[{j}]", dtype="float32", shape=(len(g.ids), g.dim))
                     for j, (v, g) in enumerate(zip(raw, request.groups, strict=True))
-                )
+                ),
+                applied,
             )
 
     def to_wire(self) -> dict[str, Any]:
-        return {"groups": list(self.groups)}
+        body: dict[str, Any] = {"groups": list(self.groups)}
+        if self.applied:
+            body["applied"] = [a.to_wire() for a in self.applied]
+        return body
 
 
 @dataclass(frozen=True)
@@ -155,13 +195,16 @@ class UpdateTotals:
     @classmethod
     def from_wire(cls, answer: Any) -> UpdateTotals:
         with peer_answer("PS /update"):
-            body = as_dict(answer, "answer")
-            return cls(
-                *(
-                    as_int(get(body, key), key, min_value=0)
-                    for key in ("applied", "skipped_unknown", "skipped_nonfinite")
-                )
-            )
+            return cls.checked(answer, "answer")
+
+    @classmethod
+    def checked(cls, raw: Any, field: str) -> UpdateTotals:
+        """``raw`` checked (three counts >= 0); an InvalidInputError names the key, after
+        ``field`` unless ``field`` is the whole answer."""
+        body = as_dict(raw, field)
+        where = "" if field == "answer" else f"{field}."
+        keys = ("applied", "skipped_unknown", "skipped_nonfinite")
+        return cls(*(as_int(get(body, k, f"{where}{k}"), f"{where}{k}", min_value=0) for k in keys))
 
     def __add__(self, other: UpdateTotals) -> UpdateTotals:
         return UpdateTotals(
