@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import numpy as np
 import pytest
@@ -51,9 +53,12 @@ def _gradients(answer: Embeddings, batch_id: int) -> Gradients:
     return Gradients(batch_id, 1.0, slots, tables)
 
 
-async def _reference(flags, *, carried: bool = False) -> dict[str, np.ndarray]:
-    """What batch 2 reads after batch 1's gradients went on ``/gradients`` (in process), or
-    with ``carried`` on batch 2's lookup through the in-process transport."""
+@asynccontextmanager
+async def _looked_up_first(
+    flags,
+) -> AsyncIterator[tuple[InProcessTransport, EmbeddingClient, Embeddings]]:
+    """In-process engines, configured, with batches 1 and 2 (the same ids) buffered and
+    batch 1 looked up for training: (engines, client, batch 1's answer)."""
     engines = InProcessTransport(load_embedding_config(flags[1]), load_global_config(flags[3]))
     client = EmbeddingClient(engines)
     try:
@@ -62,6 +67,15 @@ async def _reference(flags, *, carried: bool = False) -> dict[str, np.ndarray]:
         for k in (1, 2):
             engines.worker.forward.put(k, 0, engines.worker.prepare(batch(0).id_part()))
         first, _ = await client.lookup(0, 1, True, 6, gathered=True)
+        yield engines, client, first
+    finally:
+        client.close()
+
+
+async def _reference(flags, *, carried: bool = False) -> dict[str, np.ndarray]:
+    """What batch 2 reads after batch 1's gradients went on ``/gradients`` (in process), or
+    with ``carried`` on batch 2's lookup through the in-process transport."""
+    async with _looked_up_first(flags) as (engines, client, first):
         if carried:
             request = Lookup(2, True, True, (_gradients(first, 1),))
             second = await engines.call(0, routes.LOOKUP, request, 6)
@@ -70,8 +84,6 @@ async def _reference(flags, *, carried: bool = False) -> dict[str, np.ndarray]:
             await client.send_gradients(0, _gradients(first, 1))
             second, _ = await client.lookup(0, 2, True, 6, gathered=True)
         return arrays(second)
-    finally:
-        client.close()
 
 
 async def test_the_in_process_transport_applies_carried_gradients_too(configs):
@@ -85,15 +97,7 @@ async def test_a_refused_carried_body_fails_the_lookup_after_applying_those_befo
     """Carried bodies go to the PS with the lookup's own requests; one the worker refuses
     (an unknown batch) fails the lookup, those before it are applied as /gradients would
     apply them, and the looked-up batch stays buffered."""
-    flags = configs()
-    engines = InProcessTransport(load_embedding_config(flags[1]), load_global_config(flags[3]))
-    client = EmbeddingClient(engines)
-    try:
-        await client.configure(HYPER)
-        await client.register_optimizer(ADAGRAD)
-        for k in (1, 2):
-            engines.worker.forward.put(k, 0, engines.worker.prepare(batch(0).id_part()))
-        first, _ = await client.lookup(0, 1, True, 6, gathered=True)
+    async with _looked_up_first(configs()) as (engines, client, first):
         request = Lookup(2, True, True, (_gradients(first, 1), Gradients(77, 1.0, ())))
         with pytest.raises(NotFoundError):
             await engines.call(0, routes.LOOKUP, request, 6)
@@ -101,8 +105,6 @@ async def test_a_refused_carried_body_fails_the_lookup_after_applying_those_befo
         assert 1 not in engines.worker.awaiting and 2 in engines.worker.forward
         second, _ = await client.lookup(0, 2, True, 6, gathered=True)
         assert second.batch_id == 2
-    finally:
-        client.close()
 
 
 async def _ps_update_requests(http: HttpClient, registry: Registry) -> float:

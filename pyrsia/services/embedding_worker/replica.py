@@ -109,7 +109,9 @@ class Worker:
         train: bool,
         gathered: bool,
         carried: Sequence[_Outgoing] = (),
-    ) -> tuple[tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan, list]:
+    ) -> tuple[
+        tuple[tuple[str, np.ndarray], ...] | SlotEmbeddings, GatherPlan, list[GradientsApplied]
+    ]:
         """The batch's answer: pooled tensors per slot, or with ``gathered`` a
         ``SlotEmbeddings`` whose single-id summed slots come as tables (``gathering.py``);
         and what each of ``carried`` did, sent to the PS in the lookup's requests."""
