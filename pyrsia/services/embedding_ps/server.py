@@ -207,7 +207,8 @@ async def update(request: web.Request, body: Any) -> dict:
     n = sum(len(g.ids) for g in groups)
     total = await request.app[OFFLOAD].run(n, _apply, store, groups)
     _count_updates(request, n, total)
-    request.app[PS_METRICS]["update"][1].observe(time.perf_counter() - started)
+    _, latency = request.app[PS_METRICS]["update"]
+    latency.observe(time.perf_counter() - started)
     return total.to_wire()
 
 

@@ -274,13 +274,14 @@ class PSClient:
             try:
                 answer = await self.call(index, "/lookup", request.to_wire())
             except ServiceUnavailableError as exc:
-                n = [sum(len(ids) for _, ids, _ in c) for c in carried]
-                for k, n_k in enumerate(n):
-                    dropped[k] += n_k
-                self.dropped_updates += sum(n)
-                if sum(n):
+                per_update = [sum(len(ids) for _, ids, _ in c) for c in carried]
+                for k, n in enumerate(per_update):
+                    dropped[k] += n
+                lost = sum(per_update)
+                self.dropped_updates += lost
+                if lost:
                     log.error(
-                        "dropping gradients of %d ids for PS replica %d: %s", sum(n), index, exc
+                        "dropping gradients of %d ids for PS replica %d: %s", lost, index, exc
                     )
                 raise
             checked = PSLookupAnswer.from_wire(answer, request)
