@@ -29,12 +29,12 @@ def _prepare_feature(
     on the batch's device; embeddings require grad in TRAIN mode, labels are None in
     INFERENCE mode (PERSIA's ``persia.ctx._prepare_feature``; contexts call it through
     :meth:`EmbeddingCtx.prepare_features`)."""
-    non_id, embeddings, labels = _batch_tensors(persia_training_batch, preprocess_mode, None)
-    return non_id, [t for _, t in embeddings], labels
+    tensors = _batch_tensors(persia_training_batch, preprocess_mode, None)
+    return tensors.non_id, tensors.model_tensors(), tensors.labels
 
 
 def _batch_tensors(batch, preprocess_mode: PreprocessMode, device_id: int | None):
-    """The batch's tensors on its device (else ``device_id``); embeddings as (slot, tensor)."""
+    """The batch's tensors on its device (else ``device_id``)."""
     if not isinstance(batch, PersiaTrainingBatch):
         raise InvalidTypeError(
             "batch",
@@ -58,8 +58,7 @@ def _batch_tensors(batch, preprocess_mode: PreprocessMode, device_id: int | None
             "a batch without a gradient reference",
         )
     device = batch.device_id if batch.device_id is not None else device_id
-    tensors = batch.tensors(device, requires_grad=training, labels=want_labels)
-    return tensors.non_id, tensors.embeddings, tensors.labels
+    return batch.tensors(device, requires_grad=training, labels=want_labels)
 
 
 class EmbeddingCtx(BaseCtx):
@@ -237,10 +236,10 @@ class EmbeddingCtx(BaseCtx):
     def prepare_features(self, persia_training_batch: PersiaTrainingBatch):
         """``(non_id_type_feature_tensors, embedding_tensors, label_tensors or None)``."""
         batch = persia_training_batch
-        non_id, embeddings, labels = _batch_tensors(batch, self.preprocess_mode, self.device_id)
-        self._current_embeddings = embeddings
+        tensors = _batch_tensors(batch, self.preprocess_mode, self.device_id)
+        self._current_embeddings = tensors.embeddings
         self.current_batch = batch
-        return non_id, [t for _, t in embeddings], labels
+        return tensors.non_id, tensors.model_tensors(), tensors.labels
 
     def forward(self, batch: PersiaTrainingBatch):
         """``prepare_features`` then ``model(non_id_tensors, embedding_tensors)``: ``(output, labels)``."""

@@ -37,6 +37,7 @@ RESULT_KEYS: dict[str, list[str]] = {
         "gradients_cpu_ms",
     ],
     "ps_shards_bench.py": ["unset_cpu_us", "persia_default_cpu_us", "ratio"],
+    "slot_join_bench.py": ["columns_us", "slot_by_slot_us", "ratio"],
     "contention_bench.py": [
         "two_threads_alone",
         "two_threads_loaded",

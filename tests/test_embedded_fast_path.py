@@ -192,10 +192,11 @@ def test_other_batches_and_refused_gradients_take_the_general_path(clients):
 def test_gather_block_writes_the_index_and_the_rows_and_refuses_rows_out_of_range():
     vectors = np.arange(12, dtype=np.float32).reshape(4, 3)
     inverse = np.array([3, 0, 1, 1, 2, 3], np.int64)
-    index, block = np.empty((2, 3), np.int32), np.empty((2, 3, 3), np.float32)
+    index, block = np.empty((2, 3), np.int32), np.empty((3, 2, 3), np.float32)  # 2 slots, 3 samples
     assert gather_block(vectors, inverse, index, block)
     np.testing.assert_array_equal(index, inverse.reshape(2, 3))
-    np.testing.assert_array_equal(block, vectors[inverse].reshape(2, 3, 3))
+    # sample-major: sample i's slots side by side
+    np.testing.assert_array_equal(block, vectors[inverse].reshape(2, 3, 3).transpose(1, 0, 2))
     assert not gather_block(vectors, np.array([0, 4, 1, 1, 2, 3], np.int64), index, block)
     assert not gather_block(vectors, np.array([0, -1, 1, 1, 2, 3], np.int64), index, block)
 

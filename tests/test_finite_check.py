@@ -49,7 +49,7 @@ def test_blocks_finite_with_no_blocks_or_rows_and_its_refusals():
 
 def _views_of_a_concatenation(slots: int, batch: int = 8, dim: int = 4):
     """Slot tensors as a gathered answer makes them, after a model concatenated them."""
-    rows = slot_rows(torch.randn(slots, batch, dim))
+    rows = slot_rows(torch.randn(batch, slots, dim))
     x = torch.cat([*rows, torch.randn(batch, 3)], dim=1)
     (x @ torch.randn(x.shape[1], 1)).sum().backward()
     return [(f"s{i}", r) for i, r in enumerate(rows)]

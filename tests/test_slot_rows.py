@@ -34,9 +34,9 @@ def _concat_model(tensors: list[torch.Tensor], seed: int = 0) -> torch.Tensor:
 
 
 def test_slot_rows_get_the_gradients_leaves_get_without_copying_them():
-    block = torch.randn(3, 5, 4)
+    block = torch.randn(5, 3, 4)  # (batch, slots, dim)
     rows = slot_rows(block)
-    leaves = [r.detach().clone().requires_grad_(True) for r in block.unbind(0)]
+    leaves = [r.detach().clone().requires_grad_(True) for r in block.unbind(1)]
     assert all(r.requires_grad for r in rows)
     _concat_model(list(rows[:2])).backward()
     _concat_model(leaves[:2]).backward()
@@ -51,9 +51,9 @@ def test_slot_rows_get_the_gradients_leaves_get_without_copying_them():
 
 
 def test_slot_rows_sum_gradients_over_several_backward_calls_as_leaves_do():
-    block = torch.randn(2, 4, 3)
+    block = torch.randn(4, 2, 3)
     rows = slot_rows(block)
-    leaves = [r.detach().clone().requires_grad_(True) for r in block.unbind(0)]
+    leaves = [r.detach().clone().requires_grad_(True) for r in block.unbind(1)]
     for tensors in (rows, leaves):
         loss = _concat_model(list(tensors))
         loss.backward(retain_graph=True)

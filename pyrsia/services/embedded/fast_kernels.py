@@ -8,9 +8,10 @@ one pass over that inverse, both the table's ``int32`` index and the slots' gath
 
     inverse  int64 (slots * batch,)        the dim group's lookup rows, slot after slot
     index    int32 (slots, batch)          index[s, i] = inverse[s * batch + i]
-    block    float32 (slots, batch, dim)   block[s, i] = vectors[index[s, i]]
+    block    float32 (batch, slots, dim)   block[i, s] = vectors[index[s, i]]
 
-``block[s]`` is then slot ``s``'s ``(batch, dim)`` tensor (``torch.from_numpy``, no copy):
+``block[:, s]`` is then slot ``s``'s ``(batch, dim)`` tensor (``torch.from_numpy``, no copy;
+a sample's slots side by side, as the model joins them: ``nn_worker/slot_columns.py``):
 the gather the NN worker's ``build_tensors`` otherwise makes with ``np.take`` after the
 answer's index was converted, done here with the GIL released.
 """
@@ -24,7 +25,7 @@ from numba import njit
 @njit(nogil=True, cache=True)
 def gather_block(vectors, inverse, index, block):  # pragma: no cover - compiled
     """Fill ``index`` and ``block`` from ``vectors`` (see the module docstring); returns
-    False, with nothing past the first bad row written, when a row of ``inverse`` is not in
+    False, with ``block`` unwritten, when a row of ``inverse`` is not in
     ``[0, len(vectors))``."""
     slots, batch = index.shape
     rows, dim = vectors.shape
@@ -34,8 +35,16 @@ def gather_block(vectors, inverse, index, block):  # pragma: no cover - compiled
             if r < 0 or r >= rows:
                 return False
             index[s, i] = np.int32(r)
-            for j in range(dim):
-                block[s, i, j] = vectors[r, j]
+    # 8 samples at a time, slot by slot: each sample's row written whole while the index is
+    # read in runs (sample by sample took 0.27 ms per Census batch, slot by slot 0.45 more
+    # with the block out of the cache; this 0.14, as the slot-major block took)
+    for first in range(0, batch, 8):
+        stop = min(first + 8, batch)
+        for s in range(slots):
+            for i in range(first, stop):
+                r = index[s, i]
+                for j in range(dim):
+                    block[i, s, j] = vectors[r, j]
     return True
 
 

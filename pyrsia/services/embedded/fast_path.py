@@ -87,7 +87,7 @@ class FastPath:
         vectors = self.store.lookup(group.ids, group.dim, train=trainable)
         slots, batch = len(group.members), prepared.batch_size
         index = np.empty((slots, batch), np.int32)
-        block = np.empty((slots, batch, group.dim), np.float32)
+        block = np.empty((batch, slots, group.dim), np.float32)
         if not fast_kernels.gather_block(vectors, group.inverse, index, block):
             raise AssertionError(f"batch {batch_id}: a lookup row outside its unique ids")
         table = EmbeddingTable(group.dim, vectors, index, plan.table_slots[0], block=block)

@@ -4,9 +4,10 @@ training thread.
 Forward: :func:`build_tensors` copies every array (decoded wire arrays are read-only views of
 the message, so torch cannot share them) into a CPU tensor of the same dtype and shape;
 embedding tensors require grad when training. A gathered answer's tables
-(``pyrsia.shared.wire.gathered``) become their slots' tensors by one gather per table, the
-rows of one block (:func:`slot_rows`: each gets its ``.grad`` as a leaf does, without the
-copy a leaf makes of it); other slots are leaves. The data loader runs it on the runtime's
+(``pyrsia.shared.wire.gathered``) become their slots' tensors by one gather per table into
+a ``(batch, slots, dim)`` block (``slot_tensors``: each slot gets its ``.grad`` as a leaf
+does, without the copy a leaf makes of it, and the model gets aliases that ``torch.cat``
+joins as the block's columns); other slots are leaves. The data loader runs it on the runtime's
 event-loop thread right after the lookup decoded the answer, so the training thread only
 takes the finished tensors (:func:`place` moves them to the context's CUDA device; on the
 CPU it is a no-op). Backward: :func:`gradient_arrays` turns
@@ -21,14 +22,13 @@ them, ``pyrsia.shared.scatter``), so what goes back is one row per distinct id.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
+from pyrsia.services.nn_worker.slot_tensors import SlotBlock, model_slots, slot_gradient, slot_rows
 from pyrsia.shared.scatter import add_blocks_if_finite, add_rows_if_finite, blocks_finite
 from pyrsia.shared.wire.gathered import EmbeddingTable, SlotEmbeddings
 
@@ -45,6 +45,16 @@ class BatchTensors:
     embeddings: list[tuple[str, torch.Tensor]]
     requires_grad: bool
     """Whether the embedding tensors require grad (training)."""
+    model_embeddings: list[torch.Tensor] | None = None
+    """The embedding tensors as the model gets them, where they are not ``embeddings``' own:
+    a gathered block's slots as ``slot_columns.SlotTensor`` aliases, which ``torch.cat``
+    joins as the block's columns. None: ``embeddings``' tensors."""
+
+    def model_tensors(self) -> list[torch.Tensor]:
+        """The embedding tensors, in slot order, as the model gets them."""
+        if self.model_embeddings is not None:
+            return self.model_embeddings
+        return [t for _, t in self.embeddings]
 
 
 def to_tensor(
@@ -83,8 +93,9 @@ def build_tensors(
     the device its gradient is computed on).
     """
     leaves = requires_grad and not cuda
+    model = None
     if isinstance(embeddings, SlotEmbeddings) and embeddings.tables:
-        slots = _gathered_tensors(embeddings, leaves=leaves, pin=cuda)
+        slots, model = _gathered_tensors(embeddings, leaves=leaves, pin=cuda)
     else:
         slots = [
             (name, _cpu_copy(_float32(a), pin=cuda).requires_grad_(leaves))
@@ -95,88 +106,58 @@ def build_tensors(
         labels=[_cpu_copy(a, pin=cuda) for a in labels],
         embeddings=slots,
         requires_grad=requires_grad,
+        model_embeddings=model,
     )
 
 
 def _gathered_tensors(
     embeddings: SlotEmbeddings, *, leaves: bool, pin: bool
-) -> list[tuple[str, torch.Tensor]]:
+) -> tuple[list[tuple[str, torch.Tensor]], list[torch.Tensor] | None]:
     """Slot tensors of a gathered answer: pooled slots copied, each table gathered in one op
-    into a ``(slots, batch, dim)`` block whose rows are the slots' (leaf) tensors."""
+    into a block whose slots are the slots' (leaf) tensors; then the model's tensors (None
+    when they are those)."""
     table = embeddings.single_table
     if table is not None:  # every slot, in order (one dim: Census-Income, Criteo)
-        return list(zip(table.slots, _table_tensors(table, leaves=leaves, pin=pin), strict=True))
+        rows, model = _table_tensors(table, leaves=leaves, pin=pin)
+        return list(zip(table.slots, rows, strict=True)), model
     out: list = [None] * len(embeddings)
+    for_model: list = [None] * len(embeddings)
     for position, name, data in embeddings.pooled:
         out[position] = (name, _cpu_copy(_float32(data), pin=pin).requires_grad_(leaves))
+        for_model[position] = out[position][1]
     where = {name: i for i, name in enumerate(embeddings.names)}
     for table in embeddings.tables:
-        rows = _table_tensors(table, leaves=leaves, pin=pin)
-        for name, tensor in zip(table.slots, rows, strict=True):
+        rows, model = _table_tensors(table, leaves=leaves, pin=pin)
+        for k, (name, tensor) in enumerate(zip(table.slots, rows, strict=True)):
             out[where[name]] = (name, tensor)
-    return out
+            for_model[where[name]] = tensor if model is None else model[k]
+    return out, None if pin else for_model
 
 
-def _table_tensors(table: EmbeddingTable, *, leaves: bool, pin: bool) -> tuple[torch.Tensor, ...]:
-    """A table's slot tensors: one gather into a ``(slots, batch, dim)`` block, whose rows
-    they are."""
+def _table_tensors(
+    table: EmbeddingTable, *, leaves: bool, pin: bool
+) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor] | None]:
+    """A table's slot tensors, gathered in one op, and the model's (None: the same).
+
+    On the CPU the block is ``(batch, slots, dim)``: a sample's slots side by side, as the
+    model joins them (``slot_columns``); for a CUDA device ``(slots, batch, dim)``, each
+    slot one contiguous run for its copy to the device.
+    """
     # np.take reads the read-only wire arrays in place and writes a fresh array: half the CPU
     # of copying both for torch's index_select, which copies row by row
-    gathered = table.block  # embedded mode's engines gathered them already
-    if gathered is None:
-        gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
-    block = torch.from_numpy(gathered.reshape(len(table.slots), -1, table.dim))
+    slots, dim = len(table.slots), table.dim
+    gathered = table.block  # embedded mode's engines gathered them already, sample-major
     if pin:
-        block = block.pin_memory()
-    return slot_rows(block) if leaves else block.unbind(0)
-
-
-class _SlotRows(torch.autograd.Function):
-    """A gathered block's rows as its slots' tensors. Backward sets each slot tensor's
-    ``.grad`` to the gradient autograd hands over, as it is: where the model concatenates
-    the slots, a view of the concatenation's gradient. As 33 leaves, the Census slots cost
-    33 gradient copies and accumulations on the training thread (~0.8 ms of a 17 ms
-    forward and backward in isolation)."""
-
-    @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.set_materialize_grads(False)  # an unused slot keeps no gradient, as a leaf does
-        ctx.given = [False] * block.shape[0]  # which slots got one (read by slot_gradient)
-        return block.unbind(0)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None]:
-        for k, (ref, grad) in enumerate(zip(ctx.slots, grads, strict=True)):
-            tensor = ref()
-            if tensor is None or grad is None:
-                continue
-            tensor.grad = tensor.grad + grad if ctx.given[k] else grad  # accumulated, as a leaf's
-            ctx.given[k] = True
-        return None, None
-
-
-_SLOT_ROWS_NODE = _SlotRows._backward_cls
-
-
-def slot_gradient(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The gradient ``backward()`` left on an embedding tensor (a leaf or one of
-    :func:`slot_rows`), None where it got none; reading ``.grad`` of a slot row that got
-    none would make torch warn that it is not a leaf."""
-    node = tensor.grad_fn
-    if type(node) is _SLOT_ROWS_NODE and not node.given[tensor.output_nr]:
-        return None
-    return tensor.grad
-
-
-def slot_rows(block: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``block.unbind(0)`` as tensors that require grad and get their ``.grad`` after
-    ``backward()`` as leaves do (accumulated over several calls; None where unused), without
-    the copy a leaf makes of a gradient that is a view (:class:`_SlotRows`)."""
-    anchor = torch.empty(0, requires_grad=True)  # what makes autograd record the rows
-    rows = _SlotRows.apply(anchor, block)
-    # weak: a strong reference would keep each batch's tensors in a cycle through the graph
-    rows[0].grad_fn.slots = [weakref.ref(t) for t in rows]
-    return rows
+        if gathered is None:
+            gathered = np.take(table.data, np.asarray(table.index).reshape(-1), axis=0)
+        else:
+            gathered = np.ascontiguousarray(gathered.transpose(1, 0, 2))
+        return torch.from_numpy(gathered.reshape(slots, -1, dim)).pin_memory().unbind(0), None
+    if gathered is None:
+        gathered = np.take(table.data, np.asarray(table.index).T.reshape(-1), axis=0)
+    block = torch.from_numpy(gathered.reshape(-1, slots, dim))
+    rows = slot_rows(block) if leaves else block.unbind(1)
+    return rows, model_slots(SlotBlock(block, rows if leaves else None), rows)
 
 
 def place(tensors: BatchTensors, device_id: int | None) -> BatchTensors:

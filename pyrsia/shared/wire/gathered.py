@@ -43,8 +43,8 @@ class EmbeddingTable:
     slots: tuple[str, ...]
     block: np.ndarray | None = field(default=None, repr=False)
     """In process only (embedded mode; never on the wire): the slots' rows already gathered,
-    float32 ``(len(slots), batch, dim)``, ``block[k]`` being slot k's tensor; the NN worker
-    uses it as that memory instead of gathering a copy."""
+    float32 ``(batch, len(slots), dim)``, ``block[:, k]`` being slot k's tensor; the NN
+    worker uses it as that memory instead of gathering a copy."""
 
     @property
     def rows(self) -> int:
