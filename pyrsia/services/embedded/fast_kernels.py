@@ -11,7 +11,7 @@ one pass over that inverse, both the table's ``int32`` index and the slots' gath
     block    float32 (batch, slots, dim)   block[i, s] = vectors[index[s, i]]
 
 ``block[:, s]`` is then slot ``s``'s ``(batch, dim)`` tensor (``torch.from_numpy``, no copy;
-a sample's slots side by side, as the model joins them: ``nn_worker/slot_columns.py``):
+a sample's slots side by side, as the model joins them: ``nn_worker/slot_tensors.py``):
 the gather the NN worker's ``build_tensors`` otherwise makes with ``np.take`` after the
 answer's index was converted, done here with the GIL released.
 """

@@ -47,7 +47,7 @@ class BatchTensors:
     """Whether the embedding tensors require grad (training)."""
     model_embeddings: list[torch.Tensor] | None = None
     """The embedding tensors as the model gets them, where they are not ``embeddings``' own:
-    a gathered block's slots as ``slot_columns.SlotTensor`` aliases, which ``torch.cat``
+    a gathered block's slots as ``slot_tensors.SlotTensor`` aliases, which ``torch.cat``
     joins as the block's columns. None: ``embeddings``' tensors."""
 
     def model_tensors(self) -> list[torch.Tensor]:
@@ -140,7 +140,7 @@ def _table_tensors(
     """A table's slot tensors, gathered in one op, and the model's (None: the same).
 
     On the CPU the block is ``(batch, slots, dim)``: a sample's slots side by side, as the
-    model joins them (``slot_columns``); for a CUDA device ``(slots, batch, dim)``, each
+    model joins them (``slot_tensors``); for a CUDA device ``(slots, batch, dim)``, each
     slot one contiguous run for its copy to the device.
     """
     # np.take reads the read-only wire arrays in place and writes a fresh array: half the CPU
