@@ -34,6 +34,7 @@ from pyrsia.shared.constants import (
     PYTHON_DEFAULT_SWITCH_INTERVAL_S,
     RUNTIME_STOP_TIMEOUT_S,
 )
+from pyrsia.shared.cpu_priority import apply_thread_cpu_priority
 from pyrsia.shared.errors import MisuseError, RuntimeClosedError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.serial_ops import run_torch_ops_serially_on_this_thread
@@ -67,6 +68,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._closed = False
         self._client: HttpClient | None = None
+        self._class_holders = 0
+        self._class_lock = threading.Lock()
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -129,6 +132,23 @@ class Runtime:
             log.warning(
                 "the NN-worker runtime thread did not stop within %.0fs", RUNTIME_STOP_TIMEOUT_S
             )
+
+    # --- the loop thread's CPU class ------------------------------------------------------
+    def hold_cpu_class(self, priority: str) -> None:
+        """One more holder (an open NN-worker session) keeps the loop thread in ``priority``'s
+        CPU class (``pyrsia.shared.cpu_priority``); the first one sets it. Call
+        :meth:`release_cpu_class` once for each call."""
+        with self._class_lock:
+            self._class_holders += 1
+            if self._class_holders == 1 and self.native_id is not None:
+                apply_thread_cpu_priority(priority, self.native_id)
+
+    def release_cpu_class(self) -> None:
+        """One holder fewer; after the last one the loop thread is back in the default class."""
+        with self._class_lock:
+            self._class_holders = max(0, self._class_holders - 1)
+            if self._class_holders == 0 and self.running and self.native_id is not None:
+                apply_thread_cpu_priority("normal", self.native_id)
 
     @property
     def native_id(self) -> int | None:

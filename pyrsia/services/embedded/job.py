@@ -86,8 +86,6 @@ class EmbeddedJob:
         self.loader_script = loader_script
         self.cpu_priority = cpu_priority
         """The CPU class of the engine threads (``normal`` or ``background``)."""
-        self._sessions = 0
-        self._sessions_lock = threading.Lock()
         self._queue: BatchQueue | None = None
         self._queue_set = threading.Condition()
         self._loader: threading.Thread | None = None
@@ -124,21 +122,6 @@ class EmbeddedJob:
             cpu_priority=priority,
             settings=settings,
         )
-
-    # --- the engine threads' CPU class -------------------------------------------------
-    def session_opened(self, runtime: Runtime) -> None:
-        """A context opened: the runtime's loop thread takes the engines' CPU class."""
-        with self._sessions_lock:
-            self._sessions += 1
-            if self._sessions == 1 and runtime.native_id is not None:
-                apply_thread_cpu_priority(self.cpu_priority, runtime.native_id)
-
-    def session_closed(self, runtime: Runtime) -> None:
-        """A context closed: the loop thread is back in the default class after the last one."""
-        with self._sessions_lock:
-            self._sessions -= 1
-            if self._sessions == 0 and runtime.running and runtime.native_id is not None:
-                apply_thread_cpu_priority("normal", runtime.native_id)
 
     # --- the batch queue ---------------------------------------------------------------
     def attach_queue(self, queue: BatchQueue, runtime: Runtime) -> None:
@@ -255,7 +238,6 @@ class EmbeddedSession(Session):
         super().__init__(runtime, job.client, None, None, job.settings)
         self.job = job
         self._queue: BatchQueue | None = None
-        self._open = False  # counted in the job's open sessions (the loop thread's CPU class)
 
     @classmethod
     def open(  # type: ignore[override]
@@ -269,8 +251,7 @@ class EmbeddedSession(Session):
         job = get_embedded_job(environment)
         job.start_loader(runtime)
         session = cls(runtime, job)
-        job.session_opened(runtime)
-        session._open = True
+        session.hold_cpu_class(job.cpu_priority)
         return session
 
     def ingress(
@@ -309,6 +290,4 @@ class EmbeddedSession(Session):
         queue, self._queue = self._queue, None
         if queue is not None:
             self.job.detach_queue(queue)
-        if self._open:
-            self._open = False
-            self.job.session_closed(self.runtime)
+        self.release_cpu_class()
