@@ -11,6 +11,7 @@ update.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -205,8 +206,9 @@ async def _feed(n_batches: int) -> None:
 
 
 def test_training_carries_gradients_and_reads_each_batch_after_the_last_update(
-    redis_server, tmp_path
+    redis_server, tmp_path, caplog
 ):
+    caplog.set_level(logging.INFO, logger="pyrsia.services.nn_worker.backward")
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"carry-{uuid.uuid4().hex[:8]}"}
     n_batches = 6
     errors: list[BaseException] = []
@@ -235,6 +237,10 @@ def test_training_carries_gradients_and_reads_each_batch_after_the_last_update(
     assert all(not torch.equal(a, b) for a, b in zip(read, read[1:], strict=False))
     # applied exactly once each: the batch's 5 rows (ids 7, 8 in "a"; 7, 8, 9 in "r")
     assert stats.ps[0].updates_applied == n_batches * stats.ps[0].entries == n_batches * 5
+    # flushed twice (wait_for_gradients, then the context's exit) with nothing sent between:
+    # the counts are logged once
+    counts = [r for r in caplog.records if "embedding gradients so far" in r.getMessage()]
+    assert len(counts) == 1, [r.getMessage() for r in counts]
 
 
 def _run(coro) -> list[BaseException]:

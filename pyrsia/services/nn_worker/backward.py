@@ -60,6 +60,7 @@ class BackwardEngine:
         self.sent = 0
         self.handed_over = 0
         """Batches handed to the loop (by ``submit``, or a held one by ``hand_over``)."""
+        self._counts_logged: tuple[int, int] | None = None  # the carry counts last logged
 
     def submit(
         self,
@@ -211,7 +212,8 @@ class BackwardEngine:
                 )
                 self._errors.append(TimeoutError("gradient sends cancelled at shutdown"))
         carrier = self.client.carrier
-        if carrier is not None:
+        if carrier is not None and (carrier.carried, carrier.alone) != self._counts_logged:
+            self._counts_logged = (carrier.carried, carrier.alone)  # once per change, not per flush
             log.info(
                 "embedding gradients so far: %d batches carried on lookups, %d sent alone",
                 carrier.carried,
