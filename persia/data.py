@@ -29,6 +29,7 @@ from pyrsia.services.nn_worker.batch import PersiaTrainingBatch
 from pyrsia.services.nn_worker.even_steps import EvenSteps, agreeing
 from pyrsia.services.nn_worker.lookups import DirectLookups, StreamedLookups
 from pyrsia.services.nn_worker.prefetch import Prefetcher
+from pyrsia.services.nn_worker.session import TrainingLoopClass
 from pyrsia.shared.constants import AUTO_EMBEDDING_STALENESS, DATALOADER_TIMEOUT_MS
 from pyrsia.shared.errors import InvalidInputError, InvalidTypeError, MisuseError
 from pyrsia.shared.validate import positive_int
@@ -179,6 +180,11 @@ class DataLoader:
         prefetcher = self._prefetcher(ctx).start()
         timeout_s = self.timeout_ms / 1000.0
         yielded = 0
+        loop_class = (
+            TrainingLoopClass(ctx.session)
+            if isinstance(ctx, TrainCtx) and self.is_training
+            else None
+        )
 
         def fetch() -> PersiaTrainingBatch | None:
             try:
@@ -205,9 +211,13 @@ class DataLoader:
                 batch = fetch() if even is None else even.next()
                 if batch is None:
                     return
+                if loop_class is not None:
+                    loop_class.settle()
                 yielded += 1
                 yield batch
         finally:
+            if loop_class is not None:
+                loop_class.release()
             if even is not None:
                 even.close()
             prefetcher.close()

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,6 +36,7 @@ from pyrsia.shared.errors import InvalidInputError, NotFoundError, ProtocolError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.registry import Registry, RegistrySettings
 from pyrsia.shared.settings import Settings
+from pyrsia.shared.warming import warming_in_progress
 from pyrsia.shared.wire.worker import Embeddings, Gradients, Lookup, PutBatch
 from tests.nn_helpers import SmallModel, environ, job_services, make_batch
 from tests.test_embedded_client import ADAGRAD, HYPER, arrays, batch
@@ -217,20 +220,28 @@ def test_training_carries_gradients_and_reads_each_batch_after_the_last_update(
         from persia import env as persia_env
 
         persia_env.reload_env()
-        model, read = SmallModel(), []
+        model, read, classes = SmallModel(), [], []
         with TrainCtx(SGD(lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1), model=model) as ctx:
+            loop_thread = ctx.session.runtime.native_id
+            deadline = time.monotonic() + 60
+            while warming_in_progress() and time.monotonic() < deadline:  # the kernel warm-up
+                time.sleep(0.05)
             feeder.start()
             loader = DataLoader(StreamingDataset(buffer_size=2), embedding_staleness=1)
             for b in loader:
+                classes.append(os.sched_getscheduler(loop_thread))
                 output, labels = ctx.forward(b)
                 read.append(ctx._current_embeddings[0][1].detach().clone())  # slot "a"
                 ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
+            classes.append(os.sched_getscheduler(loop_thread))
             client = ctx.session.client
             ctx.wait_for_gradients()
             stats = ctx.session.runtime.run(client.stats())
         feeder.join()
         persia_env.reload_env()
     assert not errors, errors
+    # the loop thread in the idle class while the training loop ran, the default one after it
+    assert classes == [os.SCHED_IDLE] * n_batches + [os.SCHED_OTHER]
     assert client.carrier is not None and client.carrier.carried >= n_batches - 2
     assert client.carrier.carried + client.carrier.alone == n_batches
     # bound 1: each batch reads its predecessor's update (same ids, so every read differs)

@@ -251,6 +251,7 @@ class EmbeddedSession(Session):
         job = get_embedded_job(environment)
         job.start_loader(runtime)
         session = cls(runtime, job)
+        session.cpu_priority = job.cpu_priority
         session.hold_cpu_class(job.cpu_priority)
         return session
 

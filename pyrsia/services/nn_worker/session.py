@@ -4,13 +4,14 @@ A :class:`Session` is opened by ``EmbeddingCtx.__enter__`` (never in ``__init__`
 closed by ``__exit__``; a context nested in another one reuses its parent's session.
 Everything async runs on the process's :class:`~pyrsia.shared.runtime.Runtime`.
 
-While a session is open the runtime's loop thread (lookups, tensors, gradients, the ingress
-server) runs in the ``background`` CPU class (Linux's ``SCHED_IDLE``) unless
-``$PERSIA_CPU_PRIORITY=normal``, as embedded mode's engine threads do: torch splits each
-operator of a CPU step over every core and waits for its slowest thread, so a loop thread that
-preempts one stalls the whole step (services mode on 2 cores: backward 15.2 ms instead of 8.8);
-in the idle class the loop runs when the training threads leave a core, above all while the
-training thread waits for its next batch (docs/guides/scaling.md).
+While a training loop runs (:class:`TrainingLoopClass`) the runtime's loop thread (lookups,
+tensors, gradients, the ingress server) is in the ``background`` CPU class (Linux's
+``SCHED_IDLE``) unless ``$PERSIA_CPU_PRIORITY=normal``, as embedded mode's engine threads are
+while its session is open: torch splits each operator of a CPU step over every core and waits
+for its slowest thread, so a loop thread that preempts one stalls the whole step (services
+mode on 2 cores: backward 15.2 ms instead of 8.8); in the idle class the loop runs when the
+training threads leave a core, above all while the training thread waits for its next batch
+(docs/guides/scaling.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
 from pyrsia.shared.runtime import Runtime, get_runtime
 from pyrsia.shared.settings import Settings
+from pyrsia.shared.warming import warming_in_progress
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class Session:
         self.stats = RankStats()
         """What this rank's training did; its ingress serves it on ``/metrics``."""
         self._holds_cpu_class = False
+        self.cpu_priority = resolve_cpu_priority(None, environment, default="background")
+        """The loop thread's CPU class while a training loop runs (``$PERSIA_CPU_PRIORITY``)."""
 
     @classmethod
     def open(
@@ -96,14 +100,12 @@ class Session:
                 raise
 
         client, registry = runtime.run(connect())
-        session = cls(runtime, client, registry, settings, environment)
-        session.hold_cpu_class(resolve_cpu_priority(None, environment, default="background"))
-        return session
+        return cls(runtime, client, registry, settings, environment)
 
     # --- the loop thread's CPU class ------------------------------------------------------
     def hold_cpu_class(self, priority: str) -> None:
         """Keep the runtime's loop thread in ``priority``'s CPU class while this session is
-        open (the runtime counts the open sessions; see the module docstring)."""
+        open (embedded mode's; the runtime counts the holders)."""
         if not self._holds_cpu_class:
             self._holds_cpu_class = True
             self.runtime.hold_cpu_class(priority)
@@ -187,3 +189,30 @@ class Session:
         if self.runtime.running and (ingress is not None or registry is not None):
             self.runtime.run(close())
         self.release_cpu_class()
+
+
+class TrainingLoopClass:
+    """The loop thread in its session's CPU class while one training loop runs: from the
+    first batch taken once this process's kernel warm-up is over, to :meth:`release`.
+
+    A warm-up that compiles (a cold start: tens of seconds) runs in the default class on
+    every core; an idle-class loop thread beside it got no CPU for its registry heartbeat,
+    and the rank dropped out of the registry (seen under docker compose, 2 ranks on 2
+    cores). Between training steps the training thread waits for the loop, so the loop
+    always gets a core then."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.held = False
+
+    def settle(self) -> None:
+        """Called as each batch is taken: take the class once no warm-up is running."""
+        if not self.held and not warming_in_progress():
+            self.held = True
+            self.session.runtime.hold_cpu_class(self.session.cpu_priority)
+
+    def release(self) -> None:
+        """The loop ended: the class goes with the last holder (idempotent)."""
+        if self.held:
+            self.held = False
+            self.session.runtime.release_cpu_class()
