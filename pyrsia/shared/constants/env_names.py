@@ -31,8 +31,8 @@ ENV_INSECURE = "PERSIA_INSECURE"
 """1 allows a server to listen on a non-loopback address without a token (``--insecure``)."""
 ENV_CPU_PRIORITY = "PERSIA_CPU_PRIORITY"
 """normal or background (SCHED_IDLE): a service's scheduling class (``--cpu-priority``; default
-normal) and, while a training context is open, that of the NN worker's loop thread and, in
-embedded mode, of the data loader's thread (default background)."""
+normal) and that of the NN worker's loop thread while a training loop runs (in embedded mode
+while a context is open, and of the data loader's thread; default background)."""
 ENV_MALLOC_TUNING = "PERSIA_MALLOC_TUNING"
 """1 (default) or 0: whether a training process keeps freed heap memory for reuse
 (pyrsia/shared/allocator.py)."""
