@@ -238,6 +238,8 @@ class EmbeddedSession(Session):
         super().__init__(runtime, job.client, None, None, job.settings)
         self.job = job
         self._queue: BatchQueue | None = None
+        self.cpu_priority = job.cpu_priority
+        self._holds_cpu_class = False  # the loop thread's class, from open to close
 
     @classmethod
     def open(  # type: ignore[override]
@@ -251,8 +253,8 @@ class EmbeddedSession(Session):
         job = get_embedded_job(environment)
         job.start_loader(runtime)
         session = cls(runtime, job)
-        session.cpu_priority = job.cpu_priority
-        session.hold_cpu_class(job.cpu_priority)
+        runtime.hold_cpu_class(job.cpu_priority)
+        session._holds_cpu_class = True
         return session
 
     def ingress(
@@ -291,4 +293,6 @@ class EmbeddedSession(Session):
         queue, self._queue = self._queue, None
         if queue is not None:
             self.job.detach_queue(queue)
-        self.release_cpu_class()
+        if self._holds_cpu_class:  # once, however often closed
+            self._holds_cpu_class = False
+            self.runtime.release_cpu_class()

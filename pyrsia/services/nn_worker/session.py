@@ -61,7 +61,6 @@ class Session:
         self.resume_skip: frozenset[int] = frozenset()  # batch ids trained before a --resume
         self.stats = RankStats()
         """What this rank's training did; its ingress serves it on ``/metrics``."""
-        self._holds_cpu_class = False
         self.cpu_priority = resolve_cpu_priority(None, environment, default="background")
         """The loop thread's CPU class while a training loop runs (``$PERSIA_CPU_PRIORITY``)."""
 
@@ -101,20 +100,6 @@ class Session:
 
         client, registry = runtime.run(connect())
         return cls(runtime, client, registry, settings, environment)
-
-    # --- the loop thread's CPU class ------------------------------------------------------
-    def hold_cpu_class(self, priority: str) -> None:
-        """Keep the runtime's loop thread in ``priority``'s CPU class while this session is
-        open (embedded mode's; the runtime counts the holders)."""
-        if not self._holds_cpu_class:
-            self._holds_cpu_class = True
-            self.runtime.hold_cpu_class(priority)
-
-    def release_cpu_class(self) -> None:
-        """This session no longer holds the loop thread's class (once, however often called)."""
-        if self._holds_cpu_class:
-            self._holds_cpu_class = False
-            self.runtime.release_cpu_class()
 
     def ingress(
         self, *, rank: int, world_size: int, capacity: int, reproducible: bool
@@ -188,7 +173,6 @@ class Session:
 
         if self.runtime.running and (ingress is not None or registry is not None):
             self.runtime.run(close())
-        self.release_cpu_class()
 
 
 class TrainingLoopClass:
