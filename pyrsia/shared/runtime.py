@@ -56,6 +56,19 @@ def shorten_gil_switch_interval() -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
+class CpuClassHold:
+    """One holder of the loop thread's CPU class (:meth:`Runtime.hold_cpu_class`)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime: Runtime | None = runtime
+
+    def release(self) -> None:
+        """Give the hold back (once, however often called)."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime._release_cpu_class()
+
+
 class Runtime:
     """An event loop in a daemon thread plus the process's HTTP client."""
 
@@ -134,16 +147,17 @@ class Runtime:
             )
 
     # --- the loop thread's CPU class ------------------------------------------------------
-    def hold_cpu_class(self, priority: str) -> None:
-        """One more holder (an open NN-worker session) keeps the loop thread in ``priority``'s
-        CPU class (``pyrsia.shared.cpu_priority``); the first one sets it. Call
-        :meth:`release_cpu_class` once for each call."""
+    def hold_cpu_class(self, priority: str) -> CpuClassHold:
+        """One more holder (a training loop, embedded mode's session) keeps the loop thread in
+        ``priority``'s CPU class (``pyrsia.shared.cpu_priority``); the first one sets it.
+        Give it back with the hold's ``release()``."""
         with self._class_lock:
             self._class_holders += 1
             if self._class_holders == 1 and self.native_id is not None:
                 apply_thread_cpu_priority(priority, self.native_id)
+        return CpuClassHold(self)
 
-    def release_cpu_class(self) -> None:
+    def _release_cpu_class(self) -> None:
         """One holder fewer; after the last one the loop thread is back in the default class."""
         with self._class_lock:
             self._class_holders = max(0, self._class_holders - 1)

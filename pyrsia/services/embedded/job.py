@@ -61,7 +61,7 @@ from pyrsia.shared.constants import (
 )
 from pyrsia.shared.cpu_priority import apply_thread_cpu_priority, resolve_cpu_priority
 from pyrsia.shared.errors import ConfigError, InvalidInputError, RegistryError
-from pyrsia.shared.runtime import Runtime, get_runtime, shutdown_runtime
+from pyrsia.shared.runtime import CpuClassHold, Runtime, get_runtime, shutdown_runtime
 from pyrsia.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ class EmbeddedSession(Session):
         self.job = job
         self._queue: BatchQueue | None = None
         self.cpu_priority = job.cpu_priority
-        self._holds_cpu_class = False  # the loop thread's class, from open to close
+        self._class_hold: CpuClassHold | None = None  # the loop thread's class, open to close
 
     @classmethod
     def open(  # type: ignore[override]
@@ -253,8 +253,7 @@ class EmbeddedSession(Session):
         job = get_embedded_job(environment)
         job.start_loader(runtime)
         session = cls(runtime, job)
-        runtime.hold_cpu_class(job.cpu_priority)
-        session._holds_cpu_class = True
+        session._class_hold = runtime.hold_cpu_class(job.cpu_priority)
         return session
 
     def ingress(
@@ -293,6 +292,5 @@ class EmbeddedSession(Session):
         queue, self._queue = self._queue, None
         if queue is not None:
             self.job.detach_queue(queue)
-        if self._holds_cpu_class:  # once, however often closed
-            self._holds_cpu_class = False
-            self.runtime.release_cpu_class()
+        if self._class_hold is not None:
+            self._class_hold.release()

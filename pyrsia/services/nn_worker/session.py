@@ -32,7 +32,7 @@ from pyrsia.shared.constants import (
 from pyrsia.shared.cpu_priority import resolve_cpu_priority
 from pyrsia.shared.errors import InvalidInputError, RegistryError
 from pyrsia.shared.registry import Registry, RegistrySettings
-from pyrsia.shared.runtime import Runtime, get_runtime
+from pyrsia.shared.runtime import CpuClassHold, Runtime, get_runtime
 from pyrsia.shared.settings import Settings
 from pyrsia.shared.warming import warming_in_progress
 
@@ -187,16 +187,15 @@ class TrainingLoopClass:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.held = False
+        self._hold: CpuClassHold | None = None
 
     def settle(self) -> None:
         """Called as each batch is taken: take the class once no warm-up is running."""
-        if not self.held and not warming_in_progress():
-            self.held = True
-            self.session.runtime.hold_cpu_class(self.session.cpu_priority)
+        if self._hold is None and not warming_in_progress():
+            self._hold = self.session.runtime.hold_cpu_class(self.session.cpu_priority)
 
     def release(self) -> None:
         """The loop ended: the class goes with the last holder (idempotent)."""
-        if self.held:
-            self.held = False
-            self.session.runtime.release_cpu_class()
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
