@@ -280,7 +280,8 @@ class EmbeddingCtx(BaseCtx):
     def _wait(self, kind: str) -> None:
         future = self._pending.pop(kind, None)
         if future is not None:
-            future.result()
+            with self.session.runtime.waiting_on_loop():
+                future.result()
 
     def dump_embedding(self, dst_dir: str, blocking: bool = True) -> None:
         """Every PS replica writes its shard to ``dst_dir`` (see :meth:`wait_for_dump_embedding`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -94,12 +95,12 @@ def test_inflight_limits_check_their_arguments_and_bound_the_slots():
         asyncio.run(lookup_limits(-1))
     assert asyncio.run(lookup_limits(None)).permit_releaser() is None
     limits = InflightLimits(backward_buffer=1, backward_workers=3)
-    limits.take_slot(lambda: True)
+    limits.take_slot(lambda: True, contextlib.nullcontext)
     # the one slot is taken: a stopped runtime turns the wait into an error, not a hang
     with pytest.raises(RuntimeClosedError):
-        limits.take_slot(lambda: False)
+        limits.take_slot(lambda: False, contextlib.nullcontext)
     limits.give_slot()
-    limits.take_slot(lambda: True)  # free again
+    limits.take_slot(lambda: True, contextlib.nullcontext)  # free again
     limits.give_slot()
 
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from pyrsia.shared.auth import auth_token_from_env
@@ -82,6 +83,9 @@ class Runtime:
         self._closed = False
         self._client: HttpClient | None = None
         self._class_holders = 0
+        self._class_priority = "normal"  # what the holders asked for
+        self._loop_waiters = 0  # threads blocked on the loop (they lend it the default class)
+        self._class_applied = "normal"
         self._class_lock = threading.Lock()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -150,19 +154,50 @@ class Runtime:
     def hold_cpu_class(self, priority: str) -> CpuClassHold:
         """One more holder (a training loop, embedded mode's session) keeps the loop thread in
         ``priority``'s CPU class (``pyrsia.shared.cpu_priority``); the first one sets it.
-        Give it back with the hold's ``release()``."""
+        Give it back with the hold's ``release()``. While a thread waits on the loop
+        (:meth:`waiting_on_loop`) the loop runs in the default class all the same."""
         with self._class_lock:
             self._class_holders += 1
-            if self._class_holders == 1 and self.native_id is not None:
-                apply_thread_cpu_priority(priority, self.native_id)
+            if self._class_holders == 1:
+                self._class_priority = priority
+                self._apply_class()
         return CpuClassHold(self)
 
     def _release_cpu_class(self) -> None:
         """One holder fewer; after the last one the loop thread is back in the default class."""
         with self._class_lock:
             self._class_holders = max(0, self._class_holders - 1)
-            if self._class_holders == 0 and self.running and self.native_id is not None:
-                apply_thread_cpu_priority("normal", self.native_id)
+            if self._class_holders == 0:
+                self._class_priority = "normal"
+                self._apply_class()
+
+    @contextlib.contextmanager
+    def waiting_on_loop(self) -> Iterator[None]:
+        """Bracket a block in which the calling thread waits for the loop (a batch, a send
+        slot, :meth:`run`): meanwhile the loop thread runs in the default class.
+
+        The idle class keeps the loop off the cores while the training threads compute; it
+        assumes that the cores then have gaps. Other processes that keep every core busy
+        (several ranks and the services on two cores, another job) leave it none, and an
+        idle-class thread then waited seconds per wake-up: the registry heartbeat lapsed and
+        Prometheus's scrapes timed out while the rank trained (``make compose-test``). A
+        thread that waits on the loop has nothing better for the core to do."""
+        with self._class_lock:
+            self._loop_waiters += 1
+            self._apply_class()
+        try:
+            yield
+        finally:
+            with self._class_lock:
+                self._loop_waiters -= 1
+                self._apply_class()
+
+    def _apply_class(self) -> None:
+        """Put the loop thread in the class its holders and waiters call for (under the lock)."""
+        wanted = "normal" if self._loop_waiters else self._class_priority
+        if wanted != self._class_applied and self.running and self.native_id is not None:
+            apply_thread_cpu_priority(wanted, self.native_id)
+            self._class_applied = wanted
 
     @property
     def native_id(self) -> int | None:
@@ -206,7 +241,8 @@ class Runtime:
         """
         future = self.submit(coro)
         try:
-            return future.result(timeout_s)
+            with self.waiting_on_loop():
+                return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"operation did not finish within {timeout_s:.1f}s") from None

@@ -111,30 +111,52 @@ def _record(key: str, value: object) -> None:
     RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
-def _query(port: str, promql: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def _get(port: str, path: str) -> dict | None:
     try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return json.loads(answer.read())["data"]["result"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return json.loads(answer.read())["data"]
     except OSError:
-        return []  # Prometheus still starting
+        return None  # Prometheus still starting
+
+
+def _query(port: str, promql: str) -> list[dict]:
+    data = _get(port, "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    return [] if data is None else data["result"]
+
+
+def _targets(port: str) -> list[str]:
+    """Each target Prometheus knows: role, health and its last scrape's error."""
+    data = _get(port, "/api/v1/targets") or {"activeTargets": []}
+    return [
+        f"{t['labels'].get('role')}/{t['labels'].get('replica_index')} {t['scrapeUrl']}: "
+        f"{t['health']} {t.get('lastError', '')}".rstrip()
+        for t in data["activeTargets"]
+    ]
 
 
 def _watch_prometheus(compose: ComposeProject, timeout_s: float = 300) -> dict:
-    """Until every role is scraped (``up == 1``) and rank 0 has trained: the query results."""
+    """Until every role has been scraped (``up == 1`` at least once) and a scrape saw a rank
+    trained: the query results. Over the whole run, not at one instant: the Adult job trains
+    for a few seconds after its warm-up, one or two scrape intervals (5 s)."""
     port = compose.variables["PROMETHEUS_PORT"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        up = _query(port, "up == 1")
+        up = _query(port, "max_over_time(up[1h]) == 1")
         roles = {r["metric"].get("role") for r in up}
-        steps = _query(port, "pyrsia_nn_worker_steps")
+        steps = _query(port, "max_over_time(pyrsia_nn_worker_steps[1h])")
         if ROLES <= roles and any(float(r["value"][1]) > 0 for r in steps):
             return {
                 "up": [r["metric"] for r in up],
                 "pyrsia_nn_worker_steps": [(r["metric"], r["value"][1]) for r in steps],
             }
         time.sleep(2)
-    pytest.fail(f"Prometheus did not scrape every role {sorted(ROLES)} within {timeout_s}s")
+    pytest.fail(
+        f"Prometheus did not scrape every role {sorted(ROLES)} within {timeout_s}s; its "
+        "targets:\n"
+        + "\n".join(_targets(port))
+        + "\nnn_worker's log:\n"
+        + compose.logs("nn_worker")[-3000:]
+    )
 
 
 def _finish(compose: ComposeProject, label: str, started: float) -> tuple[float, int, str]:

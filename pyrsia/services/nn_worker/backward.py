@@ -122,7 +122,7 @@ class BackwardEngine:
 
     def _send_soon(self, worker, batch_id, loss_scale, grads, on_done) -> None:
         loop = self.runtime.loop
-        self.limits.take_slot(lambda: self.runtime.running)
+        self.limits.take_slot(lambda: self.runtime.running, self.runtime.waiting_on_loop)
         try:
             loop.call_soon_threadsafe(self._start, worker, batch_id, loss_scale, grads, on_done)
         except BaseException:

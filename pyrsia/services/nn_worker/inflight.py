@@ -58,6 +58,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from pyrsia.shared.constants import RUNTIME_CLOSED_POLL_S
 from pyrsia.shared.errors import RuntimeClosedError
@@ -94,11 +95,17 @@ class InflightLimits:
         )
 
     # --- backward slots (training thread) ---------------------------------------------
-    def take_slot(self, running: Callable[[], bool]) -> None:
-        """Block until a backward slot is free; RuntimeClosedError once ``running()`` is False."""
-        while not self._slots.acquire(timeout=RUNTIME_CLOSED_POLL_S):
-            if not running():
-                raise RuntimeClosedError("the NN-worker runtime has been stopped")
+    def take_slot(
+        self, running: Callable[[], bool], waiting: Callable[[], AbstractContextManager[None]]
+    ) -> None:
+        """Block until a backward slot is free; RuntimeClosedError once ``running()`` is False.
+        ``waiting``: the runtime's ``waiting_on_loop`` (the sends that free a slot run there)."""
+        if self._slots.acquire(blocking=False):
+            return
+        with waiting():
+            while not self._slots.acquire(timeout=RUNTIME_CLOSED_POLL_S):
+                if not running():
+                    raise RuntimeClosedError("the NN-worker runtime has been stopped")
 
     def give_slot(self) -> None:
         """Give a backward slot back (the send finished, or never started)."""

@@ -198,22 +198,23 @@ class Prefetcher:
     def _take(self, timeout_s: float | None) -> Any:
         """The next entry of the hand-over queue (no event-loop round trip when one is ready)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if self._before_wait is not None:
-            try:
-                return self._ready.get_nowait()
-            except queue.Empty:
+        try:
+            return self._ready.get_nowait()
+        except queue.Empty:
+            if self._before_wait is not None:
                 self._before_wait()
-        while True:
-            wait = RUNTIME_CLOSED_POLL_S
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    raise TimeoutError(f"no batch within {timeout_s:.1f}s")
-            try:
-                return self._ready.get(timeout=wait)
-            except queue.Empty:
-                if not self.runtime.running:
-                    raise RuntimeClosedError("the NN-worker runtime has been stopped") from None
+        with self.runtime.waiting_on_loop():
+            while True:
+                wait = RUNTIME_CLOSED_POLL_S
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise TimeoutError(f"no batch within {timeout_s:.1f}s")
+                try:
+                    return self._ready.get(timeout=wait)
+                except queue.Empty:
+                    if not self.runtime.running:
+                        raise RuntimeClosedError("the NN-worker runtime has been stopped") from None
 
     def next(self, timeout_s: float | None) -> PersiaTrainingBatch | None:
         """The next batch in source order, None at the end; TimeoutError after ``timeout_s``."""

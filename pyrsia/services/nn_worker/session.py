@@ -10,8 +10,10 @@ tensors, gradients, the ingress server) is in the ``background`` CPU class (Linu
 while its session is open: torch splits each operator of a CPU step over every core and waits
 for its slowest thread, so a loop thread that preempts one stalls the whole step (services
 mode on 2 cores: backward 15.2 ms instead of 8.8); in the idle class the loop runs when the
-training threads leave a core, above all while the training thread waits for its next batch
-(docs/guides/scaling.md).
+training threads leave a core. While the training thread waits on the loop (its next batch,
+a gradient-send slot, ``Runtime.run``) the loop runs in the default class
+(``Runtime.waiting_on_loop``): other processes that keep every core busy would otherwise
+starve it, heartbeat and scrapes included (docs/guides/scaling.md).
 """
 
 from __future__ import annotations
