@@ -83,7 +83,7 @@ class Runtime:
         self._closed = False
         self._client: HttpClient | None = None
         self._class_holders = 0
-        self._class_priority = "normal"  # what the holders asked for
+        self._class_priority = "normal"  # what the first holder asked for
         self._loop_waiters = 0  # threads blocked on the loop (they lend it the default class)
         self._class_applied = "normal"
         self._class_lock = threading.Lock()
@@ -168,7 +168,6 @@ class Runtime:
         with self._class_lock:
             self._class_holders = max(0, self._class_holders - 1)
             if self._class_holders == 0:
-                self._class_priority = "normal"
                 self._apply_class()
 
     @contextlib.contextmanager
@@ -194,7 +193,8 @@ class Runtime:
 
     def _apply_class(self) -> None:
         """Put the loop thread in the class its holders and waiters call for (under the lock)."""
-        wanted = "normal" if self._loop_waiters else self._class_priority
+        held = self._class_holders and not self._loop_waiters
+        wanted = self._class_priority if held else "normal"
         if wanted != self._class_applied and self.running and self.native_id is not None:
             apply_thread_cpu_priority(wanted, self.native_id)
             self._class_applied = wanted

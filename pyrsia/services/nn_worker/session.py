@@ -184,8 +184,8 @@ class TrainingLoopClass:
     A warm-up that compiles (a cold start: tens of seconds) runs in the default class on
     every core; an idle-class loop thread beside it got no CPU for its registry heartbeat,
     and the rank dropped out of the registry (seen under docker compose, 2 ranks on 2
-    cores). Between training steps the training thread waits for the loop, so the loop
-    always gets a core then."""
+    cores). Between training steps the training thread waits for the loop and lends it the
+    default class meanwhile (``Runtime.waiting_on_loop``)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
