@@ -145,7 +145,7 @@ class EmbeddingCtx(BaseCtx):
             self.device_id, self._device_inherited = None, False
         session, self._session = self._session, None
         if session is not None and self._owns_session:
-            session.close()
+            session.close(final_scrape=not failed)
 
     @property
     def session(self) -> Session:

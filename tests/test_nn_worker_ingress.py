@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 
-import numpy as np
+import aiohttp
 import pytest
 import torch
 
@@ -163,11 +164,12 @@ async def _feed(n_batches: int) -> None:
         await registry.close()
 
 
-def test_streaming_dataset_ends_when_the_loaders_are_done(redis_server, tmp_path):
-    """A fake data loader pushes id parts to the embedding worker and dense parts to the ingress."""
+def _train_from_a_fake_loader(
+    redis_server, tmp_path, n_batches: int, *, after_training=None, **extra_env: str
+) -> list[int]:
+    """One rank trains on what :func:`_feed` sends; ``after_training(env)`` runs in the
+    ``with TrainCtx`` block once the stream ended. The batch ids seen, in order."""
     env = {"PERSIA_REDIS_URL": redis_server.url, "PERSIA_JOB_ID": f"stream-{uuid.uuid4().hex[:8]}"}
-    n_batches = 6
-
     errors: list[BaseException] = []
 
     def loader_thread() -> None:
@@ -176,28 +178,158 @@ def test_streaming_dataset_ends_when_the_loaders_are_done(redis_server, tmp_path
         except BaseException as exc:  # reported by the test below
             errors.append(exc)
 
-    with environ(**env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"), job_services(env, tmp_path):
+    with (
+        environ(**env, **extra_env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
+        job_services(env, tmp_path),
+    ):
         from persia import env as persia_env
 
         persia_env.reload_env()
         model = SmallModel()
         seen = []
         feeder = threading.Thread(target=loader_thread)
-        with TrainCtx(
-            SGD(lr=0.1),
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            model=model,
-            mixed_precision=False,
-        ) as ctx:
-            feeder.start()
-            for batch in DataLoader(
-                StreamingDataset(buffer_size=2), embedding_staleness=2, timeout_ms=90000
-            ):
-                output, labels = ctx.forward(batch)
-                ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
-                seen.append(batch.batch_id)
-        feeder.join()
-        persia_env.reload_env()
+        try:
+            with TrainCtx(
+                SGD(lr=0.1),
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
+                mixed_precision=False,
+            ) as ctx:
+                feeder.start()
+                for batch in DataLoader(
+                    StreamingDataset(buffer_size=2), embedding_staleness=2, timeout_ms=90000
+                ):
+                    output, labels = ctx.forward(batch)
+                    ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
+                    seen.append(batch.batch_id)
+                if after_training is not None:
+                    after_training(env)
+        finally:
+            feeder.join()
+            persia_env.reload_env()
     assert not errors, errors
-    assert seen == list(range(n_batches))
-    assert np.isfinite(seen).all()
+    return seen
+
+
+def test_streaming_dataset_ends_when_the_loaders_are_done(redis_server, tmp_path):
+    """A fake data loader pushes id parts to the embedding worker and dense parts to the ingress."""
+    assert _train_from_a_fake_loader(redis_server, tmp_path, 6) == list(range(6))
+
+
+def _scrape_rank0_later(env: dict[str, str], delay_s: float, scrapes: list) -> threading.Thread:
+    """A thread that scrapes rank 0's ``/metrics`` ``delay_s`` after it starts: (steps, when)."""
+
+    async def scrape() -> None:
+        await asyncio.sleep(delay_s)
+        registry = Registry(RegistrySettings(env["PERSIA_REDIS_URL"], env["PERSIA_JOB_ID"]))
+        try:
+            rank0 = (await registry.discover(ROLE_NN_WORKER))[0]
+        finally:
+            await registry.close()
+        scrapes.append((await _steps_scraped(rank0.address), time.monotonic()))
+
+    thread = threading.Thread(target=asyncio.run, args=(scrape(),))
+    thread.start()
+    return thread
+
+
+def test_a_job_that_ends_waits_for_its_final_scrape(redis_server, tmp_path):
+    """PYRSIA_FINAL_SCRAPE_S through TrainCtx: leaving the block at the end of the job waits
+    for the next scrape, which reads every step; the rank then leaves."""
+    scrapes: list[tuple[float, float]] = []
+    threads: list[threading.Thread] = []
+
+    def scrape_after_a_while(env: dict[str, str]) -> None:
+        threads.append(_scrape_rank0_later(env, 1.0, scrapes))
+
+    seen = _train_from_a_fake_loader(
+        redis_server, tmp_path, 5, after_training=scrape_after_a_while, PYRSIA_FINAL_SCRAPE_S="60"
+    )
+    left = time.monotonic()
+    threads[0].join()
+    assert seen == list(range(5))
+    assert scrapes and scrapes[0][0] == 5  # the final counters
+    assert scrapes[0][1] <= left < scrapes[0][1] + 10  # the block ended after that scrape
+
+
+def test_a_job_that_fails_does_not_wait_for_a_scrape(redis_server, tmp_path):
+    raised_at: list[float] = []
+
+    def fail(env: dict[str, str]) -> None:
+        raised_at.append(time.monotonic())
+        raise RuntimeError("the user's loop failed")
+
+    with pytest.raises(RuntimeError, match="loop failed"):
+        _train_from_a_fake_loader(
+            redis_server, tmp_path, 2, after_training=fail, PYRSIA_FINAL_SCRAPE_S="60"
+        )
+    assert time.monotonic() - raised_at[0] < 30  # services stopped too; no 60 s wait
+
+
+def _final_scrape_settings(registry_settings: RegistrySettings, value: str) -> RegistrySettings:
+    environment = Settings.from_env({"PYRSIA_FINAL_SCRAPE_S": value})
+    return RegistrySettings(
+        redis_url=registry_settings.redis_url,
+        job_id=registry_settings.job_id,
+        environment=environment,
+    )
+
+
+async def _steps_scraped(address: str) -> float:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://{address}/metrics") as response:
+            text = await response.text()
+    line = next(x for x in text.splitlines() if x.startswith("pyrsia_nn_worker_steps"))
+    return float(line.split()[-1])
+
+
+async def test_stop_waits_for_a_final_scrape_that_sees_the_last_step(registry_settings):
+    """PYRSIA_FINAL_SCRAPE_S: a job shorter than a few scrape intervals still reaches
+    Prometheus with its final counters; the rank stays registered until that scrape."""
+    settings = _final_scrape_settings(registry_settings, "30")
+    ingress = Ingress(BatchQueue(1, rank=0, world_size=1), registry_settings=settings)
+    address = await ingress.start()
+    registry = Registry(registry_settings)
+    try:
+        ingress.stats.steps = 7
+        stopping = asyncio.create_task(ingress.stop(final_scrape=True))
+        await asyncio.sleep(0.3)
+        assert not stopping.done()  # serving, registered, waiting for its scrape
+        assert 0 in await registry.discover(ROLE_NN_WORKER)
+        assert await _steps_scraped(address) == 7
+        await asyncio.wait_for(stopping, 5)
+        assert 0 not in await registry.discover(ROLE_NN_WORKER)
+    finally:
+        await ingress.stop()
+        await registry.close()
+
+
+async def test_stop_gives_up_on_the_final_scrape_after_its_limit(registry_settings):
+    settings = _final_scrape_settings(registry_settings, "0.3")
+    ingress = Ingress(BatchQueue(1, rank=0, world_size=1), registry_settings=settings)
+    await ingress.start()
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(ingress.stop(final_scrape=True), 5)
+    assert 0.3 <= asyncio.get_running_loop().time() - started < 3
+
+
+async def test_stop_waits_for_no_scrape_unset_or_after_a_failure(registry_settings):
+    unset = Ingress(BatchQueue(1, rank=0, world_size=1), registry_settings=registry_settings)
+    await unset.start()
+    started = asyncio.get_running_loop().time()
+    await unset.stop(final_scrape=True)
+    assert asyncio.get_running_loop().time() - started < 0.3
+    settings = _final_scrape_settings(registry_settings, "30")
+    failed = Ingress(BatchQueue(1, rank=0, world_size=1), registry_settings=settings)
+    await failed.start()
+    started = asyncio.get_running_loop().time()
+    await failed.stop()  # a job that failed, or got SIGTERM: its supervisor's grace is short
+    assert asyncio.get_running_loop().time() - started < 0.3
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_a_bad_final_scrape_setting_names_the_variable(value):
+    from pyrsia.shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"PYRSIA_FINAL_SCRAPE_S.*{value}"):
+        _ = Settings.from_env({"PYRSIA_FINAL_SCRAPE_S": value}).final_scrape_s

@@ -139,6 +139,7 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     payload = prom.generate_latest(request.app[METRICS])
+    request.app[STATE].scraped.set()  # the counters are read: stopping now loses nothing
     return web.Response(body=payload, headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
 
 

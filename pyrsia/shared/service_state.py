@@ -44,6 +44,8 @@ class ServiceState:
     """Bodies that never arrived in full, by reason (disconnect, timeout)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     handlers: set[asyncio.Task] = field(default_factory=set)  # cancelled after the grace period
+    scraped: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set as each ``GET /metrics`` is answered (an NN worker's final scrape waits on it)."""
     details: dict[str, Any] = field(default_factory=dict)
 
     def set_ready(self) -> None:

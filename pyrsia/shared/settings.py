@@ -28,12 +28,14 @@ from pyrsia.shared.constants import (
     DEFAULT_JOB_ID,
     DEFAULT_REDIS_URL,
     ENV_BIND_HOST,
+    ENV_FINAL_SCRAPE_S,
     ENV_JOB_ID,
     ENV_LOG_LEVEL,
     ENV_NATS_URLS,
     ENV_REDIS_URL,
     ENV_VERBOSE,
     ENV_WAIT_TIMEOUT_S,
+    MAX_FINAL_SCRAPE_S,
 )
 from pyrsia.shared.errors import ConfigError, RegistryError
 from pyrsia.shared.option_kinds import TRUE_WORDS
@@ -161,6 +163,23 @@ class Settings:
         if not value > 0:
             raise ConfigError(
                 f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
+            )
+        return value
+
+    @property
+    def final_scrape_s(self) -> float:
+        """``PYRSIA_FINAL_SCRAPE_S``: seconds from 0 to 3600 (unset or empty: 0, no wait)."""
+        raw = self.environ.get(ENV_FINAL_SCRAPE_S, "").strip()
+        if not raw:
+            return 0.0
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= MAX_FINAL_SCRAPE_S:
+            raise ConfigError(
+                f"{ENV_FINAL_SCRAPE_S}: expected a number of seconds from 0 to "
+                f"{MAX_FINAL_SCRAPE_S}, got {raw!r}"
             )
         return value
 

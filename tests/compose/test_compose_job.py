@@ -5,8 +5,10 @@ in its own container on the compose network, finding each other only through the
 registry and compose's DNS (no host networking). In order:
 
 1. an unfaulted run with the ``monitoring`` profile: Prometheus (Debian's package) scrapes
-   every role through the registry-fed target file, and one metric is queried from it; the
-   test AUC must be >= 0.89; the PS replicas' acknowledged updates are counted at their stop;
+   every role through the registry-fed target file; each rank waits for a final scrape
+   (``PYRSIA_FINAL_SCRAPE_S``), so the highest ``pyrsia_nn_worker_steps`` Prometheus holds
+   for it is the steps it trained; the test AUC must be >= 0.89; the PS replicas'
+   acknowledged updates are counted at their stop;
 2. a second run with a PS container killed (``docker kill``) right after the step-50
    checkpoint: the job stops by itself, naming the lost replica; it is then started again
    with ``PERSIA_RESUME=1``, resumes from the checkpoint and completes: AUC >= 0.89 and no
@@ -20,6 +22,7 @@ Figures go to ``bench_results/compose.json``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -50,6 +53,9 @@ JOB = ["redis", *PS, "embedding_worker_0", "nn_worker", "data_loader_0"]
 JOB_TIMEOUT_S = 900
 RESULTS = REPO / "bench_results" / "compose.json"
 ROLES = {"embedding_parameter_server", "embedding_worker", "nn_worker"}
+FINAL_SCRAPE_S = 60
+"""Each rank's wait for its final scrape: the target file's refresh (5 s) and Prometheus's
+first scrape of a new target (within its 5 s interval), many times over."""
 
 
 def _skip_reason() -> str | None:
@@ -134,28 +140,41 @@ def _targets(port: str) -> list[str]:
     ]
 
 
-def _watch_prometheus(compose: ComposeProject, timeout_s: float = 300) -> dict:
-    """Until every role has been scraped (``up == 1`` at least once) and a scrape saw a rank
-    trained: the query results. Over the whole run, not at one instant: the Adult job trains
-    for a few seconds after its warm-up, one or two scrape intervals (5 s)."""
+def _trained_steps(log: str) -> dict[str, tuple[int, int]]:
+    """Each rank's steps from the example's log: (trained, shadow steps at the end)."""
+    trained = {m[1]: int(m[2]) for m in re.finditer(r"rank (\d+): trained (\d+) steps", log)}
+    shadow = {m[1]: int(m[2]) for m in re.finditer(r"rank (\d+): (\d+) shadow step", log)}
+    return {rank: (n, shadow.get(rank, 0)) for rank, n in trained.items()}
+
+
+def _prometheus_saw_the_job(compose: ComposeProject, log: str, timeout_s: float = 60) -> dict:
+    """After the job: every role was scraped (``up == 1`` at least once), and the highest
+    ``pyrsia_nn_worker_steps`` Prometheus holds for each rank is the steps it trained: the
+    ranks waited for a final scrape (``PYRSIA_FINAL_SCRAPE_S``). The query results."""
     port = compose.variables["PROMETHEUS_PORT"]
+    expected = _trained_steps(log)
+    assert expected, log[-3000:]
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         up = _query(port, "max_over_time(up[1h]) == 1")
         roles = {r["metric"].get("role") for r in up}
-        steps = _query(port, "max_over_time(pyrsia_nn_worker_steps[1h])")
-        if ROLES <= roles and any(float(r["value"][1]) > 0 for r in steps):
-            return {
-                "up": [r["metric"] for r in up],
-                "pyrsia_nn_worker_steps": [(r["metric"], r["value"][1]) for r in steps],
-            }
+        steps = {
+            r["metric"].get("replica_index"): float(r["value"][1])
+            for r in _query(port, "max_over_time(pyrsia_nn_worker_steps[1h])")
+        }
+        final = all(
+            rank in steps and n <= steps[rank] <= n + shadow
+            for rank, (n, shadow) in expected.items()
+        )
+        if ROLES <= roles and final:
+            return {"up": [r["metric"] for r in up], "pyrsia_nn_worker_steps": steps}
+        if time.monotonic() >= deadline:
+            break
         time.sleep(2)
     pytest.fail(
-        f"Prometheus did not scrape every role {sorted(ROLES)} within {timeout_s}s; its "
-        "targets:\n"
-        + "\n".join(_targets(port))
-        + "\nnn_worker's log:\n"
-        + compose.logs("nn_worker")[-3000:]
+        f"Prometheus: roles scraped {sorted(roles)} (expected {sorted(ROLES)}); highest "
+        f"pyrsia_nn_worker_steps per rank {steps}, trained (steps, shadow steps) {expected}; "
+        "its targets:\n" + "\n".join(_targets(port)) + "\nnn_worker's log:\n" + log[-3000:]
     )
 
 
@@ -234,13 +253,21 @@ def test_adult_job_across_containers_survives_a_killed_ps(project: ComposeProjec
     ckpt = Path(project.workspace) / "ckpt"
     # 1. unfaulted, with Prometheus
     started = time.monotonic()
-    project.run("--profile", "monitoring", "up", "-d", "--no-build", *JOB, "prometheus")
-    scraped = _watch_prometheus(project)
-    print(
-        f"prometheus: every role scraped {time.monotonic() - started:.1f} s after up; "
-        f"pyrsia_nn_worker_steps = {scraped['pyrsia_nn_worker_steps']}"
+    project.run(
+        "--profile",
+        "monitoring",
+        "up",
+        "-d",
+        "--no-build",
+        *JOB,
+        "prometheus",
+        PYRSIA_FINAL_SCRAPE_S=str(FINAL_SCRAPE_S),
     )
-    auc, unfaulted_updates, _ = _finish(project, "unfaulted run", started)
+    auc, unfaulted_updates, log = _finish(project, "unfaulted run", started)
+    scraped = _prometheus_saw_the_job(project, log)
+    print(
+        f"prometheus: every role scraped; pyrsia_nn_worker_steps {scraped['pyrsia_nn_worker_steps']}"
+    )
     _record(
         "unfaulted",
         {

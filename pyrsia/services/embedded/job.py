@@ -288,7 +288,9 @@ class EmbeddedSession(Session):
         self.job.attach_queue(queue, self.runtime)
         return queue
 
-    def close(self) -> None:
+    def close(self, *, final_scrape: bool = False) -> None:
+        """Detach the queue and give back the loop's CPU class (no server: no scrape to
+        wait for)."""
         queue, self._queue = self._queue, None
         if queue is not None:
             self.job.detach_queue(queue)

@@ -33,6 +33,7 @@ from pyrsia.shared.auth import auth_token_from_env, check_bind, insecure_from_en
 from pyrsia.shared.config import load_global_config
 from pyrsia.shared.config_schema import MetricsConfig
 from pyrsia.shared.constants import (
+    ENV_FINAL_SCRAPE_S,
     ENV_GLOBAL_CONFIG,
     INGRESS_ROOM_WAIT_S,
     ROLE_NN_WORKER,
@@ -243,6 +244,7 @@ class Ingress:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._registry: Registry | None = None
+        self._final_scrape_s = 0.0
 
     async def start(self) -> str:
         """Serve, register as ``nn_worker/<rank>``, and return the advertised address.
@@ -253,6 +255,7 @@ class Ingress:
         settings = self.environment
         token = auth_token_from_env(settings)
         check_bind(self.host, token=token, insecure=insecure_from_env(settings))
+        self._final_scrape_s = settings.final_scrape_s
         app = make_app(f"nn_worker/{self.queue.rank}", auth_token=token, settings=settings)
         app[QUEUE] = self.queue
         register_rank_metrics(self.stats, app[METRICS])
@@ -287,8 +290,12 @@ class Ingress:
         log.info("NN worker rank %d ingress at %s", self.queue.rank, self.address)
         return self.address
 
-    async def stop(self) -> None:
-        """Deregister, then stop serving (idempotent)."""
+    async def stop(self, *, final_scrape: bool = False) -> None:
+        """Deregister, then stop serving (idempotent). ``final_scrape`` (the job ended
+        normally): first, with ``PYRSIA_FINAL_SCRAPE_S`` set, wait up to that long for a
+        scrape of ``/metrics`` that starts now, so the final counters reach Prometheus."""
+        if final_scrape and self._final_scrape_s > 0 and self._runner is not None:
+            await self._await_final_scrape()
         registry, self._registry = self._registry, None
         if registry is not None:
             await registry.close()
@@ -298,3 +305,25 @@ class Ingress:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def _await_final_scrape(self) -> None:
+        """Serve, registered, until ``/metrics`` has been answered once more, or the limit."""
+        runner = self._runner
+        assert runner is not None
+        scraped = runner.app[STATE].scraped
+        scraped.clear()
+        log.info(
+            "NN worker rank %d: waiting up to %gs for a final scrape of /metrics (%s)",
+            self.queue.rank,
+            self._final_scrape_s,
+            ENV_FINAL_SCRAPE_S,
+        )
+        try:
+            await asyncio.wait_for(scraped.wait(), self._final_scrape_s)
+        except asyncio.TimeoutError:
+            log.warning(
+                "NN worker rank %d: no scrape of /metrics within %gs of the job's end; "
+                "stopping without it",
+                self.queue.rank,
+                self._final_scrape_s,
+            )

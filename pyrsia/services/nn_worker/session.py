@@ -162,14 +162,16 @@ class Session:
 
         return self.runtime.run(wait())
 
-    def close(self) -> None:
-        """Stop the ingress (deregistering it) and close the registry connection."""
+    def close(self, *, final_scrape: bool = False) -> None:
+        """Stop the ingress (deregistering it) and close the registry connection.
+        ``final_scrape``: the job ended normally; the ingress first waits for Prometheus's
+        last scrape when ``PYRSIA_FINAL_SCRAPE_S`` asks it to (``Ingress.stop``)."""
         ingress, self._ingress = self._ingress, None
         registry, self.registry = self.registry, None
 
         async def close() -> None:
             if ingress is not None:
-                await ingress.stop()
+                await ingress.stop(final_scrape=final_scrape)
             if registry is not None:
                 await registry.close()
 

@@ -50,6 +50,11 @@ ENV_WAIT_TIMEOUT_S = "PERSIA_WAIT_TIMEOUT_S"
 """Seconds every process of this job waits for the services it needs to register (and for
 Redis at start-up) before it gives up with one line naming what is missing; unset: each
 wait's own default (120 s for the replicas, 3 s for Redis)."""
+ENV_FINAL_SCRAPE_S = "PYRSIA_FINAL_SCRAPE_S"
+"""Seconds an NN worker rank, at the end of its job, keeps serving ``/metrics`` (and stays
+in the registry) until a scrape that starts after the end has been answered, so Prometheus
+records the final counters of a job shorter than a few scrape intervals; unset or 0: the rank
+stops at once. A number from 0 to 3600."""
 ENV_ALLOW_UNKNOWN_CONFIG_KEYS = "PERSIA_ALLOW_UNKNOWN_CONFIG_KEYS"
 """1: a key of embedding_config.yml or global_config.yml this version does not know is a
 warning and ignored (for a file written for a newer version), as with

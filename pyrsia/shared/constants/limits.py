@@ -75,3 +75,5 @@ HB_GRADIENT_SENDERS = 8
 """Gradient senders (``backward_workers``) of a HybridBackend rank's embedding session."""
 HELPER_START_ATTEMPTS = 3
 """``PersiaServiceCtx`` tries this many ports before a service's start fails."""
+MAX_FINAL_SCRAPE_S = 3600
+"""The longest ``PYRSIA_FINAL_SCRAPE_S`` an NN worker rank accepts (an hour)."""
