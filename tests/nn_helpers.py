@@ -129,3 +129,16 @@ class SmallModel(torch.nn.Module):
     def forward(self, non_id, embeddings):
         raw = embeddings[1].reshape(embeddings[1].shape[0], -1)
         return torch.sigmoid(self.linear(torch.cat([non_id[0], embeddings[0], raw], dim=1)))
+
+
+def small_train_ctx(model: torch.nn.Module):
+    """A ``TrainCtx`` training ``model`` with plain SGD on both sides (lr 0.1), in fp32."""
+    from persia.ctx import TrainCtx
+    from persia.embedding.optim import SGD
+
+    return TrainCtx(
+        SGD(lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        mixed_precision=False,
+    )

@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from persia.ctx import DataCtx, TrainCtx
+from persia.ctx import DataCtx
 from persia.data import DataLoader, StreamingDataset
-from persia.embedding.optim import SGD
 from pyrsia.shared.auth import check_bind, check_token, is_authorized, is_loopback
 from pyrsia.shared.constants import ROLE_EMBEDDING_PS
 from pyrsia.shared.errors import AuthError, ConfigError
 from pyrsia.shared.http_client import HttpClient
 from pyrsia.shared.runtime import shutdown_runtime
 from pyrsia.shared.settings import Settings
-from tests.nn_helpers import SmallModel, environ, job_services, make_batch
+from tests.nn_helpers import SmallModel, environ, job_services, make_batch, small_train_ctx
 from tests.service_procs import REPO
 
 TOKEN = "t0ken-" + "x" * 26
@@ -176,12 +175,7 @@ def test_a_whole_job_runs_with_a_token(redis_server, tmp_path):
             model = SmallModel()
             seen = []
             feeder = threading.Thread(target=data_loader)
-            with TrainCtx(
-                SGD(lr=0.1),
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                model=model,
-                mixed_precision=False,
-            ) as ctx:
+            with small_train_ctx(model) as ctx:
                 feeder.start()
                 for batch in DataLoader(StreamingDataset(buffer_size=2), timeout_ms=90000):
                     output, labels = ctx.forward(batch)

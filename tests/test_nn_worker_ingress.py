@@ -11,9 +11,7 @@ import aiohttp
 import pytest
 import torch
 
-from persia.ctx import TrainCtx
 from persia.data import DataLoader, StreamingDataset
-from persia.embedding.optim import SGD
 from pyrsia.services.nn_worker.ingress import BatchQueue, Ingress
 from pyrsia.shared.constants import ROLE_EMBEDDING_WORKER, ROLE_NN_WORKER
 from pyrsia.shared.errors import BackPressureError, ConflictError, InvalidInputError
@@ -21,7 +19,7 @@ from pyrsia.shared.http_client import HttpClient, RemoteBadRequestError
 from pyrsia.shared.registry import Registry, RegistrySettings
 from pyrsia.shared.settings import Settings
 from pyrsia.shared.wire.ingress import IngressBatch
-from tests.nn_helpers import SmallModel, environ, job_services, make_batch
+from tests.nn_helpers import SmallModel, environ, job_services, make_batch, small_train_ctx
 
 
 def _item(batch_id: int, loader: int = 0) -> IngressBatch:
@@ -189,12 +187,7 @@ def _train_from_a_fake_loader(
         seen = []
         feeder = threading.Thread(target=loader_thread)
         try:
-            with TrainCtx(
-                SGD(lr=0.1),
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                model=model,
-                mixed_precision=False,
-            ) as ctx:
+            with small_train_ctx(model) as ctx:
                 feeder.start()
                 for batch in DataLoader(
                     StreamingDataset(buffer_size=2), embedding_staleness=2, timeout_ms=90000

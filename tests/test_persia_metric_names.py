@@ -14,10 +14,8 @@ import uuid
 
 import torch
 
-from persia.ctx import TrainCtx
 from persia.data import DataLoader, IterableDataset
-from persia.embedding.optim import SGD
-from tests.nn_helpers import SmallModel, environ, job_services, make_batch
+from tests.nn_helpers import SmallModel, environ, job_services, make_batch, small_train_ctx
 
 BOARD = (
     "staleness",
@@ -64,12 +62,7 @@ def test_a_jobs_services_serve_every_name_persias_board_queries(redis_server, tm
     with environ(**env, RANK=None, WORLD_SIZE=None, LOCAL_RANK=None):
         with job_services(env, tmp_path / "svc") as (ps, worker):
             model = SmallModel()
-            with TrainCtx(
-                SGD(lr=0.1),
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                model=model,
-                mixed_precision=False,
-            ) as ctx:
+            with small_train_ctx(model) as ctx:
                 for batch in DataLoader(_Batches(batches), embedding_staleness=1):
                     output, labels = ctx.forward(batch)
                     ctx.backward(torch.nn.functional.binary_cross_entropy(output, labels[0]))
