@@ -112,8 +112,10 @@ def test_an_idle_class_loop_answers_scrapes_while_the_training_waits_and_every_c
     )
     steps = 0
     try:
-        deadline = time.monotonic() + SATURATED_S
-        while time.monotonic() < deadline:  # the training thread, waiting for its batches
+        # the training thread, waiting for its batches until the last scrape is answered (a
+        # scrape still in flight when it stops waiting is, under this load, starved)
+        deadline = time.monotonic() + SATURATED_S + 60
+        while scraper.poll() is None and time.monotonic() < deadline:
             runtime.run(asyncio.sleep(BATCH_WAIT_S))
             steps += 1
         took = json.loads(scraper.communicate(timeout=120)[0])
