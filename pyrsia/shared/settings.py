@@ -19,9 +19,10 @@ expected and what came.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from pyrsia.shared.constants import (
     DEFAULT_BIND_HOST,
@@ -92,19 +93,8 @@ class Settings:
     def positive(self, name: str, kind: type, int_unit: str = " (bytes)") -> int | float | None:
         """The positive ``kind`` set in ``name``, or None when it is unset or empty; anything
         else is a ConfigError naming the variable (``int_unit`` follows "integer")."""
-        raw = self.environ.get(name)
-        if not raw:
-            return None
-        try:
-            value = kind(raw)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            expected = (
-                f"a positive integer{int_unit}" if kind is int else "a positive number (seconds)"
-            )
-            raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
-        return value
+        expected = f"a positive integer{int_unit}" if kind is int else "a positive number (seconds)"
+        return _checked(name, self.environ.get(name), kind, lambda v: v > 0, expected)
 
     @property
     def redis_url(self) -> str:
@@ -154,34 +144,39 @@ class Settings:
     def wait_timeout_s(self, default_s: float) -> float:
         """``PERSIA_WAIT_TIMEOUT_S`` when set (a positive number of seconds), else ``default_s``."""
         raw = self.environ.get(ENV_WAIT_TIMEOUT_S, "").strip()
-        if not raw:
-            return default_s
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ConfigError(
-                f"{ENV_WAIT_TIMEOUT_S}: expected a positive number of seconds, got {raw!r}"
-            )
-        return value
+        value = _checked(
+            ENV_WAIT_TIMEOUT_S, raw, float, lambda v: v > 0, "a positive number of seconds"
+        )
+        return default_s if value is None else value
 
     @property
     def final_scrape_s(self) -> float:
         """``PYRSIA_FINAL_SCRAPE_S``: seconds from 0 to 3600 (unset or empty: 0, no wait)."""
         raw = self.environ.get(ENV_FINAL_SCRAPE_S, "").strip()
-        if not raw:
-            return 0.0
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not 0 <= value <= MAX_FINAL_SCRAPE_S:
-            raise ConfigError(
-                f"{ENV_FINAL_SCRAPE_S}: expected a number of seconds from 0 to "
-                f"{MAX_FINAL_SCRAPE_S}, got {raw!r}"
-            )
-        return value
+        value = _checked(
+            ENV_FINAL_SCRAPE_S,
+            raw,
+            float,
+            lambda v: 0 <= v <= MAX_FINAL_SCRAPE_S,
+            f"a number of seconds from 0 to {MAX_FINAL_SCRAPE_S}",
+        )
+        return value or 0.0
+
+
+def _checked(
+    name: str, raw: str | None, kind: type, accepts: Callable[[Any], bool], expected: str
+) -> Any:
+    """``raw`` as ``kind`` when ``accepts`` it; None when unset or empty; anything else is a
+    ConfigError naming ``name`` and what was ``expected``."""
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not accepts(value):
+        raise ConfigError(f"{name}: expected {expected}, got {raw!r}")
+    return value
 
 
 def current() -> Settings:
