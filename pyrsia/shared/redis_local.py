@@ -55,6 +55,7 @@ NOISE = (
     "Ready to accept connections",
     "Warning: no config file specified",
     "WARNING Memory overcommit must be enabled",
+    "WARNING overcommit_memory is set to 0",
     "WARNING you have Transparent Huge Pages",
     "WARNING: The TCP backlog setting",
     "scheduling shutdown...",
